@@ -1,0 +1,364 @@
+"""Settings: the connector's configuration from a TOML file and CONNECTOR_* environment variables.
+
+Precedence is environment > TOML file > defaults. `load_settings` is the only entry point that reads files;
+every problem it finds becomes a `ConfigError` naming the file (or "environment") and the dotted key, never
+the value.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import re
+import tomllib
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic_core import ErrorDetails
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+from pydantic_settings.exceptions import SettingsError
+
+from service.errors import ConfigError
+
+__all__ = [
+    "CONFIG_ENV_VAR",
+    "DEFAULT_CONFIG_PATH",
+    "ENV_PREFIX",
+    "DatabaseSettings",
+    "ElicitationSettings",
+    "IdentitySettings",
+    "ProvidersSettings",
+    "ServerSettings",
+    "Settings",
+    "VaultSettings",
+    "is_loopback_host",
+    "load_settings",
+]
+
+ENV_PREFIX = "CONNECTOR_"
+ENV_NESTED_DELIMITER = "__"
+CONFIG_ENV_VAR = "CONNECTOR_CONFIG"
+DEFAULT_CONFIG_PATH = Path("config/connector.toml")
+ENVIRONMENT = "environment"
+
+# The loader hands the TOML file and the environment to `Settings.settings_customise_sources` through these,
+# so that a plain `Settings()` still works (os.environ, no file) and concurrent loads do not interfere.
+_toml_file: ContextVar[Path | None] = ContextVar("connector_toml_file", default=None)
+_environ: ContextVar[Mapping[str, str] | None] = ContextVar("connector_environ", default=None)
+
+# Keys of the TOML file that are refused although they name settings, with the reason.
+_FORBIDDEN_TOML_KEYS: dict[tuple[str, ...], str] = {
+    ("config_file",): "unknown key: config_file is set by the loader, not read from the file",
+    ("vault", "keys"): (
+        "key material does not belong in the config file: use vault.key_file (a file only its owner can "
+        "read) or the CONNECTOR_VAULT__KEYS environment variable"
+    ),
+}
+
+
+def is_loopback_host(host: str | None) -> bool:
+    """True for `localhost`, any 127.0.0.0/8 address and ::1 (brackets allowed)."""
+    if not host:
+        return False
+    host = host.strip().lower().removeprefix("[").removesuffix("]")
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _optional_str(value: Any) -> Any:
+    """An empty or blank string means "not set" (TOML has no null)."""
+    if isinstance(value, str) and not value.strip():
+        return None
+    return value
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ServerSettings(_Section):
+    host: str = Field(default="127.0.0.1", min_length=1)
+    port: int = Field(default=8700, ge=1, le=65535)
+
+
+class DatabaseSettings(_Section):
+    url: str = Field(default="sqlite+aiosqlite:///./var/connector.db", min_length=1)
+
+
+class ElicitationSettings(_Section):
+    ttl_seconds: int = Field(default=600, gt=0)
+
+
+class IdentitySettings(_Section):
+    verifier: Literal["local"] = "local"
+    local_issuer: str = Field(default="local", min_length=1)
+    local_subject: str = Field(default="local-user", min_length=1)
+
+
+class VaultSettings(_Section):
+    # NoDecode: the environment may give `CONNECTOR_VAULT__KEYS="k1:AAA,k0:BBB"` as well as a JSON list.
+    keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
+    key_file: Path | None = None
+    primary_key_id: str | None = None
+
+    @field_validator("keys", mode="before")
+    @classmethod
+    def _split_keys(cls, value: Any) -> Any:
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value()
+        if isinstance(value, str):
+            text = value.strip()
+            if not text:
+                return []
+            if text.startswith("["):
+                try:
+                    return json.loads(text)
+                except ValueError:
+                    raise ValueError("not a JSON list of KID:KEY strings") from None
+            return [part for part in text.replace("\n", ",").split(",") if part.strip()]
+        return value
+
+    @field_validator("keys")
+    @classmethod
+    def _check_key_shape(cls, value: list[SecretStr]) -> list[SecretStr]:
+        for index, key in enumerate(value):
+            kid, sep, material = key.get_secret_value().strip().partition(":")
+            if not sep or not kid.strip() or not material.strip():
+                # Never echo the value: it is key material.
+                raise ValueError(f"entry {index} is not of the form KID:BASE64KEY")
+        return value
+
+    @field_validator("key_file", "primary_key_id", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: Any) -> Any:
+        return _optional_str(value)
+
+
+class ProvidersSettings(_Section):
+    catalog: Path = Path("providers.toml")
+
+
+class Settings(BaseSettings):
+    """All settings of one connector. Build it with `load_settings`; it is immutable once built."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter=ENV_NESTED_DELIMITER,
+        env_ignore_empty=True,
+        case_sensitive=False,
+        extra="forbid",
+        frozen=True,
+    )
+
+    public_base_url: str = "http://127.0.0.1:8700"
+    agent_name: str = Field(default="ACP agent", min_length=1)
+    log_format: Literal["text", "json"] = "text"
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    database: DatabaseSettings = Field(default_factory=DatabaseSettings)
+    elicitation: ElicitationSettings = Field(default_factory=ElicitationSettings)
+    identity: IdentitySettings = Field(default_factory=IdentitySettings)
+    vault: VaultSettings = Field(default_factory=VaultSettings)
+    providers: ProvidersSettings = Field(default_factory=ProvidersSettings)
+    config_file: Path | None = None
+
+    @field_validator("public_base_url")
+    @classmethod
+    def _check_public_base_url(cls, value: str) -> str:
+        value = value.strip()
+        try:
+            parts = urlsplit(value)
+            parts.port  # noqa: B018 - raises ValueError on a bad port
+        except ValueError:
+            raise ValueError("is not a valid URL") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an absolute http(s) URL, e.g. https://connector.example.com")
+        if "?" in value or "#" in value:
+            raise ValueError("must not have a query or fragment")
+        if parts.username is not None or parts.password is not None:
+            raise ValueError("must not contain user credentials")
+        if parts.scheme != "https" and not is_loopback_host(parts.hostname):
+            raise ValueError("must use https unless the host is loopback (127.0.0.1, ::1, localhost)")
+        return value.rstrip("/")
+
+    @property
+    def public_host(self) -> str:
+        """Host name of `public_base_url`."""
+        return urlsplit(self.public_base_url).hostname or ""
+
+    @property
+    def is_loopback_deployment(self) -> bool:
+        """True when both the listening address and the public URL are loopback: a single-machine setup."""
+        return is_loopback_host(self.server.host) and is_loopback_host(self.public_host)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        environ = _environ.get()
+        env_source = env_settings if environ is None else _MappingEnvSource(settings_cls, environ)
+        toml_file = _toml_file.get()
+        if toml_file is None:
+            return init_settings, env_source
+        return init_settings, env_source, TomlConfigSettingsSource(settings_cls, toml_file=toml_file)
+
+
+class _MappingEnvSource(EnvSettingsSource):
+    """The environment source, reading a given mapping instead of os.environ."""
+
+    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
+        self._given_environ = environ
+        super().__init__(settings_cls)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        return {key.lower(): value for key, value in self._given_environ.items() if value != ""}
+
+
+@contextmanager
+def _sources(toml_file: Path | None, environ: Mapping[str, str]) -> Iterator[None]:
+    file_token = _toml_file.set(toml_file)
+    env_token = _environ.set(environ)
+    try:
+        yield
+    finally:
+        _toml_file.reset(file_token)
+        _environ.reset(env_token)
+
+
+def _env_var_for(loc: tuple[str | int, ...], environ: Mapping[str, str]) -> str | None:
+    """The CONNECTOR_* variable that supplied the value at `loc`, if any (nested or whole-section JSON)."""
+    names = [part for part in loc if isinstance(part, str)]
+    present = {key.upper(): key for key, value in environ.items() if value != ""}
+    for depth in range(len(names), 0, -1):
+        candidate = (ENV_PREFIX + ENV_NESTED_DELIMITER.join(names[:depth])).upper()
+        if candidate in present:
+            return present[candidate]
+    return None
+
+
+def _dotted(loc: tuple[str | int, ...]) -> str:
+    key = ""
+    for part in loc:
+        if isinstance(part, int):
+            key += f"[{part}]"
+        else:
+            key += ("." if key else "") + part
+    return key or "<settings>"
+
+
+def _problem(error: ErrorDetails) -> str:
+    if error["type"] == "extra_forbidden":
+        return "unknown key"
+    message = error["msg"]
+    return message.removeprefix("Value error, ")
+
+
+def _config_error_from_validation(exc: ValidationError, file: Path | None, environ: Mapping[str, str]) -> ConfigError:
+    error = exc.errors(include_url=False, include_input=False)[0]
+    loc = tuple(error["loc"])
+    key = _dotted(loc)
+    problem = _problem(error)
+    env_var = _env_var_for(loc, environ)
+    if env_var is not None:
+        return ConfigError(ENVIRONMENT, key, f"{problem} (set by {env_var})")
+    return ConfigError(str(file) if file is not None else ENVIRONMENT, key, problem)
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as handle:
+            data = tomllib.load(handle)
+    except tomllib.TOMLDecodeError as exc:
+        # The decoder's message names line and column but never quotes the content.
+        raise ConfigError(str(path), "<toml>", f"not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(str(path), "<file>", f"cannot be read: {exc.strerror or exc}") from None
+    for key_path, reason in _FORBIDDEN_TOML_KEYS.items():
+        node: Any = data
+        for part in key_path:
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is not None:
+            raise ConfigError(str(path), ".".join(key_path), reason)
+    return data
+
+
+def _choose_config_file(path: str | Path | None, environ: Mapping[str, str]) -> Path | None:
+    if path is not None:
+        chosen = Path(path)
+    elif environ.get(CONFIG_ENV_VAR):
+        chosen = Path(environ[CONFIG_ENV_VAR])
+    elif DEFAULT_CONFIG_PATH.is_file():
+        return DEFAULT_CONFIG_PATH
+    else:
+        return None
+    if not chosen.is_file():
+        origin = CONFIG_ENV_VAR if path is None else "the given path"
+        raise ConfigError(str(chosen), "<file>", f"config file not found (from {origin})")
+    return chosen
+
+
+def _resolve_relative(value: Path, base: Path | None, set_by_env: bool) -> Path:
+    """Relative paths written in the file are relative to the file; those from the environment to the cwd."""
+    if value.is_absolute() or base is None or set_by_env:
+        return value
+    return Path(os.path.normpath(base / value))
+
+
+def load_settings(path: str | Path | None = None, env: Mapping[str, str] | None = None) -> Settings:
+    """Load settings from `path`, else $CONNECTOR_CONFIG, else config/connector.toml if it exists.
+
+    Without a file: defaults and the environment only. `env` replaces os.environ (tests, embedding).
+    Raises ConfigError on the first problem found.
+    """
+    environ: Mapping[str, str] = os.environ if env is None else env
+    config_file = _choose_config_file(path, environ)
+    if config_file is not None:
+        _read_toml(config_file)  # syntax and forbidden keys, with a clear error, before pydantic sees it
+    try:
+        with _sources(config_file, environ):
+            settings = Settings()
+    except ValidationError as exc:
+        raise _config_error_from_validation(exc, config_file, environ) from None
+    except SettingsError as exc:
+        # Raised by pydantic-settings when an environment value cannot be decoded (e.g. bad JSON). Its message
+        # names the top-level field, never the value.
+        match = re.search(r'field "([^"]+)"', str(exc))
+        key = match.group(1) if match else "<environment>"
+        env_var = (ENV_PREFIX + key).upper() if match else "a CONNECTOR_* variable"
+        raise ConfigError(ENVIRONMENT, key, f"{env_var} (or one of its {env_var}__* parts) cannot be parsed") from None
+
+    base = config_file.resolve().parent if config_file is not None else None
+    key_file = settings.vault.key_file
+    if key_file is not None:
+        key_file = _resolve_relative(key_file, base, _env_var_for(("vault", "key_file"), environ) is not None)
+    catalog = _resolve_relative(
+        settings.providers.catalog, base, _env_var_for(("providers", "catalog"), environ) is not None
+    )
+    return settings.model_copy(
+        update={
+            "vault": settings.vault.model_copy(update={"key_file": key_file}),
+            "providers": settings.providers.model_copy(update={"catalog": catalog}),
+            "config_file": config_file.resolve() if config_file is not None else None,
+        }
+    )

@@ -1,0 +1,347 @@
+"""The browser side of an elicitation: open, verify, send to the provider, take the callback.
+
+Each step checks the elicitation's state through the store's atomic transitions, records an audit
+event, and raises `FlowError` (a status code, a stable code and a sentence for the page) when the
+browser must be refused. The web layer renders; this module decides.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from .errors import ConnectorError, ProviderError
+from .events import ElicitationEvent
+from .identity import Identity
+from .lifecycle import finish
+from .oauth import TokenSet, authorization_url, exchange_code, fetch_account, new_flow_secrets
+from .providers import ProviderEntry
+from .runtime import Runtime
+from .states import ElicitationStatus
+from .store import ElicitationRecord, FlowRecord, GrantRecord
+from .vault import flow_aad, grant_aad
+
+log = logging.getLogger("service.flow")
+
+# How long the browser may spend at the provider before the state is no longer accepted.
+FLOW_TTL = timedelta(minutes=10)
+
+
+class FlowError(Exception):
+    """A refusal to show the browser: HTTP status, stable code, title and one human sentence."""
+
+    def __init__(self, status_code: int, code: str, title: str, message: str) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.code = code
+        self.title = title
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class ConsentView:
+    """What the consent page shows."""
+
+    elicitation: ElicitationRecord
+    provider: ProviderEntry
+    agent_name: str
+
+
+_CLOSED_PAGES: dict[ElicitationStatus, tuple[int, str, str, str]] = {
+    ElicitationStatus.COMPLETED: (
+        409,
+        "already_completed",
+        "Already connected",
+        "This authorization link was already used and the connection is complete. You can close this tab.",
+    ),
+    ElicitationStatus.DECLINED: (
+        410,
+        "declined",
+        "Request declined",
+        "This authorization request was declined. Ask the agent again if you change your mind.",
+    ),
+    ElicitationStatus.CANCELLED: (
+        410,
+        "cancelled",
+        "Request cancelled",
+        "This authorization request was cancelled and can no longer be used.",
+    ),
+    ElicitationStatus.EXPIRED: (
+        410,
+        "expired",
+        "Link expired",
+        "This authorization link has expired. Ask the agent to start again.",
+    ),
+    ElicitationStatus.FAILED: (
+        410,
+        "failed",
+        "Request failed",
+        "This authorization request failed and can no longer be used. Ask the agent to start again.",
+    ),
+}
+
+
+def binding_hash(browser_binding: str) -> str:
+    return hashlib.sha256(b"browser-binding\x00" + browser_binding.encode()).hexdigest()
+
+
+def state_hash(state: str) -> str:
+    return hashlib.sha256(b"oauth-state\x00" + state.encode()).hexdigest()
+
+
+class BrowserFlow:
+    def __init__(self, runtime: Runtime) -> None:
+        self.rt = runtime
+
+    # -- shared checks ---------------------------------------------------------------------------------
+    async def open_elicitation(self, elicitation_id: str) -> ElicitationRecord:
+        """The elicitation if the browser may still act on it; expires it lazily when its time is up."""
+        store = self.rt.store
+        record = await store.elicitations.get(elicitation_id)
+        if record is None:
+            raise FlowError(404, "unknown_elicitation", "Link not found", "This authorization link is not known here.")
+        if not record.status.terminal and record.expires_at <= self.rt.now():
+            await finish(self.rt, record, ElicitationStatus.EXPIRED, "expired", reason="expired before completion")
+            record = await store.elicitations.get(elicitation_id) or record
+        if record.status.terminal:
+            raise FlowError(*_CLOSED_PAGES[record.status])
+        return record
+
+    # -- steps -----------------------------------------------------------------------------------------
+    async def consent_view(self, elicitation_id: str) -> ConsentView:
+        record = await self.open_elicitation(elicitation_id)
+        await self.rt.store.audit.record(
+            "opened",
+            elicitation_id=record.id,
+            identity=record.identity,
+            provider=record.provider,
+            now=self.rt.now(),
+        )
+        return ConsentView(record, self.rt.catalog.get(record.provider), self.rt.settings.agent_name)
+
+    async def decline(self, elicitation_id: str) -> None:
+        record = await self.open_elicitation(elicitation_id)
+        await finish(self.rt, record, ElicitationStatus.DECLINED, "declined", reason="declined on the consent page")
+
+    async def start_authorization(self, elicitation_id: str, browser_user: Identity, browser_binding: str) -> str:
+        """Check the browser's verified user against the bound one, then build the provider redirect."""
+        record = await self.open_elicitation(elicitation_id)
+        store, now = self.rt.store, self.rt.now()
+        if browser_user != record.identity:
+            await store.audit.record(
+                "identity_mismatch",
+                elicitation_id=record.id,
+                identity=record.identity,
+                provider=record.provider,
+                detail={"browser_issuer": browser_user.issuer},
+                now=now,
+            )
+            raise FlowError(
+                403,
+                "identity_mismatch",
+                "Different account",
+                "This link was started by a different account. Sign in as the user who asked the agent, "
+                "or ask the agent to start again as yourself.",
+            )
+        try:
+            entry = await self.rt.catalog.resolve(record.provider, self.rt.http)
+        except ConnectorError as exc:
+            raise FlowError(503, exc.code, "Provider unavailable", str(exc)) from None
+        secrets_ = new_flow_secrets(entry)
+        flow_id = secrets.token_urlsafe(16)
+        verifier_key_id: str | None = None
+        verifier_blob: bytes | None = None
+        if secrets_.code_verifier is not None:
+            verifier_key_id, verifier_blob = self.rt.vault.encrypt(
+                secrets_.code_verifier.encode(), aad=flow_aad(flow_id)
+            )
+        redirect_uri = self.rt.callback_url(entry.name)
+        flow = FlowRecord(
+            id=flow_id,
+            elicitation_id=record.id,
+            state_hash=state_hash(secrets_.state),
+            verifier_key_id=verifier_key_id,
+            verifier_ciphertext=verifier_blob,
+            nonce=secrets_.nonce,
+            expected_issuer=entry.issuer,
+            browser_binding_hash=binding_hash(browser_binding),
+            redirect_uri=redirect_uri,
+            created_at=now,
+            expires_at=min(record.expires_at, now + FLOW_TTL),
+            used_at=None,
+        )
+        async with store.transaction() as conn:
+            verified = await store.elicitations.transition(record.id, ElicitationStatus.VERIFIED, now=now, conn=conn)
+            if verified is None:
+                raise FlowError(*_CLOSED_PAGES.get(record.status, _CLOSED_PAGES[ElicitationStatus.FAILED]))
+            # A restarted flow (back button, second click) supersedes the earlier one.
+            await store.flows.invalidate_open(record.id, now, conn=conn)
+            await store.flows.insert(flow, conn=conn)
+            await store.elicitations.transition(record.id, ElicitationStatus.AUTHORIZING, now=now, conn=conn)
+            await store.audit.record(
+                "verified",
+                elicitation_id=record.id,
+                identity=record.identity,
+                provider=record.provider,
+                now=now,
+                conn=conn,
+            )
+        return authorization_url(entry, redirect_uri=redirect_uri, scopes=record.scopes, flow=secrets_)
+
+    async def callback(
+        self, provider_name: str, params: Mapping[str, str], browser_binding: str | None
+    ) -> ElicitationRecord:
+        """Check and finish the provider's redirect; on success the grant is stored and the elicitation completed."""
+        store = self.rt.store
+        state = params.get("state")
+        if not state:
+            raise FlowError(400, "missing_state", "Invalid request", "The provider's answer carries no state.")
+        flow = await store.flows.get_by_state_hash(state_hash(state))
+        if flow is None:
+            await store.audit.record("unknown_state", provider=provider_name, now=self.rt.now())
+            raise FlowError(
+                400,
+                "unknown_state",
+                "Invalid request",
+                "This authorization answer does not match any request.",
+            )
+        record = await self.open_elicitation(flow.elicitation_id)
+        if record.provider != provider_name:
+            raise FlowError(
+                400, "provider_mismatch", "Invalid request", "This answer came back from the wrong provider."
+            )
+        if browser_binding is None or binding_hash(browser_binding) != flow.browser_binding_hash:
+            await store.audit.record(
+                "browser_mismatch",
+                elicitation_id=record.id,
+                identity=record.identity,
+                provider=record.provider,
+                now=self.rt.now(),
+            )
+            raise FlowError(
+                403,
+                "browser_mismatch",
+                "Different browser",
+                "This authorization must be finished in the browser where it was started.",
+            )
+        claimed = await store.flows.claim(flow.state_hash, self.rt.now())
+        if claimed is None:
+            await store.audit.record(
+                "replay_attempt",
+                elicitation_id=record.id,
+                identity=record.identity,
+                provider=record.provider,
+                now=self.rt.now(),
+            )
+            raise FlowError(
+                400,
+                "state_used",
+                "Link already used",
+                "This authorization answer was already used or has expired.",
+            )
+        entry = await self.rt.catalog.resolve(provider_name, self.rt.http)
+        self._check_issuer(entry, claimed, params, record)  # raises
+        if "error" in params:
+            await self._provider_refused(record, params)
+        code = params.get("code")
+        if not code:
+            await finish(self.rt, record, ElicitationStatus.FAILED, "provider_error", reason="no authorization code")
+            raise FlowError(400, "missing_code", "Invalid request", "The provider's answer carries no code.")
+        verifier = None
+        if claimed.verifier_ciphertext is not None and claimed.verifier_key_id is not None:
+            verifier = self.rt.vault.decrypt(
+                claimed.verifier_key_id, claimed.verifier_ciphertext, aad=flow_aad(claimed.id)
+            ).decode()
+        try:
+            tokens = await exchange_code(entry, redirect_uri=claimed.redirect_uri, code=code, code_verifier=verifier)
+            account_id, _profile = await fetch_account(entry, tokens)
+        except ProviderError as exc:
+            await finish(self.rt, record, ElicitationStatus.FAILED, "provider_error", reason=exc.code)
+            raise FlowError(502, exc.code, "Provider error", str(exc)) from None
+        return await self._complete(record, entry, tokens, account_id)
+
+    # -- helpers ---------------------------------------------------------------------------------------
+    def _check_issuer(
+        self, entry: ProviderEntry, flow: FlowRecord, params: Mapping[str, str], record: ElicitationRecord
+    ) -> None:
+        """RFC 9207: when the provider sends `iss` (or promises to), it must be the issuer we expected."""
+        expected = flow.expected_issuer
+        if expected is None:
+            return
+        received = params.get("iss")
+        if received is None and not entry.authorization_response_iss_parameter_supported:
+            return
+        if received != expected:
+            log.warning("issuer mismatch on callback", extra={"elicitation_id": record.id})
+            raise FlowError(
+                400,
+                "issuer_mismatch",
+                "Invalid response",
+                "The answer did not come from the expected provider.",
+            )
+
+    async def _provider_refused(self, record: ElicitationRecord, params: Mapping[str, str]) -> None:
+        error = params.get("error", "error")
+        declined = error == "access_denied"
+        await finish(
+            self.rt,
+            record,
+            ElicitationStatus.DECLINED if declined else ElicitationStatus.FAILED,
+            "provider_error",
+            reason=f"provider error: {error}"[:200],
+            detail={"error": error[:100]},
+        )
+        if declined:
+            raise FlowError(
+                400,
+                "access_denied",
+                "Access not granted",
+                "You did not grant access at the provider. Nothing was stored.",
+            )
+        raise FlowError(400, "provider_error", "Provider error", f"The provider reported an error: {error[:100]}.")
+
+    async def _complete(
+        self, record: ElicitationRecord, entry: ProviderEntry, tokens: TokenSet, account_id: str
+    ) -> ElicitationRecord:
+        store, now = self.rt.store, self.rt.now()
+        aad = grant_aad(record.identity.issuer, record.identity.subject, entry.name, account_id)
+        key_id, blob = self.rt.vault.encrypt_json(tokens.to_json(), aad=aad)
+        grant = GrantRecord(
+            id=secrets.token_urlsafe(16),
+            identity=record.identity,
+            provider=entry.name,
+            provider_account_id=account_id,
+            scopes=tokens.scopes if tokens.scopes is not None else record.scopes,
+            token_key_id=key_id,
+            token_ciphertext=blob,
+            token_expires_at=_expiry(tokens),
+            created_at=now,
+            updated_at=now,
+        )
+        async with store.transaction() as conn:
+            completed = await store.elicitations.transition(record.id, ElicitationStatus.COMPLETED, now=now, conn=conn)
+            # The agent may have cancelled while the user was at the provider. The user did authorize,
+            # so the grant is kept, but the cancelled elicitation stays cancelled and resumes nothing.
+            late = completed is None
+            stored = await store.grants.upsert(grant, conn=conn)
+            await store.audit.record(
+                "completed_after_cancel" if late else "completed",
+                elicitation_id=record.id,
+                identity=record.identity,
+                provider=entry.name,
+                detail={"grant_id": stored.id, "scopes": list(stored.scopes)},
+                now=now,
+                conn=conn,
+            )
+        if completed is None:
+            return await store.elicitations.get(record.id) or record
+        self.rt.bus.publish(ElicitationEvent(record.id, ElicitationStatus.COMPLETED, record.connection_key))
+        return completed
+
+
+def _expiry(tokens: TokenSet) -> datetime | None:
+    return datetime.fromtimestamp(tokens.expires_at, UTC) if tokens.expires_at is not None else None

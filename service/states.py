@@ -1,0 +1,69 @@
+"""The elicitation state machine: every status change is checked here and nowhere else."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ElicitationStatus(StrEnum):
+    PENDING = "pending"  # created, elicitation/create sent or about to be
+    CONSENTED = "consented"  # the client answered accept: the user agreed to open the URL
+    VERIFIED = "verified"  # the browser's identity matched the bound identity
+    AUTHORIZING = "authorizing"  # the browser was sent to the provider
+    COMPLETED = "completed"
+    DECLINED = "declined"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+    FAILED = "failed"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL
+
+
+TERMINAL = frozenset(
+    {
+        ElicitationStatus.COMPLETED,
+        ElicitationStatus.DECLINED,
+        ElicitationStatus.CANCELLED,
+        ElicitationStatus.EXPIRED,
+        ElicitationStatus.FAILED,
+    }
+)
+
+_OPEN_ENDINGS = frozenset(
+    {
+        ElicitationStatus.DECLINED,
+        ElicitationStatus.CANCELLED,
+        ElicitationStatus.EXPIRED,
+        ElicitationStatus.FAILED,
+    }
+)
+
+# The browser may run ahead of the client's answer (a user can open the URL before the client
+# relays `accept`), so verification is allowed from PENDING as well as CONSENTED.
+ALLOWED: dict[ElicitationStatus, frozenset[ElicitationStatus]] = {
+    ElicitationStatus.PENDING: frozenset({ElicitationStatus.CONSENTED, ElicitationStatus.VERIFIED}) | _OPEN_ENDINGS,
+    ElicitationStatus.CONSENTED: frozenset({ElicitationStatus.VERIFIED}) | _OPEN_ENDINGS,
+    ElicitationStatus.VERIFIED: frozenset({ElicitationStatus.AUTHORIZING, ElicitationStatus.VERIFIED}) | _OPEN_ENDINGS,
+    ElicitationStatus.AUTHORIZING: frozenset(
+        {ElicitationStatus.COMPLETED, ElicitationStatus.AUTHORIZING, ElicitationStatus.VERIFIED}
+    )
+    | _OPEN_ENDINGS,
+}
+
+
+class InvalidTransition(Exception):
+    def __init__(self, current: ElicitationStatus, target: ElicitationStatus) -> None:
+        super().__init__(f"elicitation cannot go from {current} to {target}")
+        self.current = current
+        self.target = target
+
+
+def can_transition(current: ElicitationStatus, target: ElicitationStatus) -> bool:
+    return target in ALLOWED.get(current, frozenset())
+
+
+def check_transition(current: ElicitationStatus, target: ElicitationStatus) -> None:
+    if not can_transition(current, target):
+        raise InvalidTransition(current, target)

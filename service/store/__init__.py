@@ -1,0 +1,73 @@
+"""The store: the only place that builds SQL. `Store` bundles the engine and one repository per aggregate."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from .audit import AuditRepository
+from .elicitations import ElicitationRepository
+from .engine import create_engine, display_url
+from .flows import FlowRepository
+from .grants import GrantRepository
+from .records import AuditRecord, ElicitationRecord, FlowRecord, GrantRecord, ScopeKind
+from .schema import alembic_config, head_revision, migrate
+from .schema import check_schema as _check_schema
+
+__all__ = [
+    "AuditRecord",
+    "AuditRepository",
+    "ElicitationRecord",
+    "ElicitationRepository",
+    "FlowRecord",
+    "FlowRepository",
+    "GrantRecord",
+    "GrantRepository",
+    "ScopeKind",
+    "Store",
+    "alembic_config",
+    "create_engine",
+    "display_url",
+    "head_revision",
+    "migrate",
+]
+
+
+class Store:
+    """The engine and the repositories. Repository methods take `conn=` to join a `transaction()`."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+        self.elicitations = ElicitationRepository(engine)
+        self.flows = FlowRepository(engine)
+        self.grants = GrantRepository(engine)
+        self.audit = AuditRepository(engine)
+
+    @classmethod
+    def from_url(cls, url: str) -> Store:
+        return cls(create_engine(url))
+
+    def __repr__(self) -> str:
+        return f"Store({display_url(self.engine.url)!r})"
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[AsyncConnection]:
+        """One transaction: commits when the block ends, rolls back if it raises."""
+        async with self.engine.begin() as conn:
+            yield conn
+
+    async def ping(self) -> None:
+        """Raise if the database cannot be reached."""
+        async with self.engine.connect() as conn:
+            await conn.execute(text("SELECT 1"))
+
+    async def check_schema(self) -> None:
+        """Raise SchemaNotCurrent unless the database is migrated to exactly this version's schema."""
+        async with self.engine.connect() as conn:
+            await _check_schema(conn)
+
+    async def close(self) -> None:
+        await self.engine.dispose()

@@ -1,0 +1,123 @@
+"""Elicitation rows: insert, read, and status changes that follow `service.states.ALLOWED` atomically."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, cast
+
+from sqlalchemy import RowMapping, insert, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from service.identity import Identity
+from service.states import ALLOWED, ElicitationStatus
+
+from .engine import connection_scope, dump_json, load_json
+from .records import ElicitationRecord, ScopeKind
+from .tables import elicitations
+
+
+def predecessors(target: ElicitationStatus) -> frozenset[ElicitationStatus]:
+    """The statuses from which `target` may be reached. Terminal statuses are never among them."""
+    return frozenset(current for current, allowed in ALLOWED.items() if target in allowed)
+
+
+class ElicitationRepository:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+
+    async def insert(self, rec: ElicitationRecord, conn: AsyncConnection | None = None) -> None:
+        async with connection_scope(self._engine, conn) as c:
+            await c.execute(insert(elicitations).values(_to_row(rec)))
+
+    async def get(self, id: str, conn: AsyncConnection | None = None) -> ElicitationRecord | None:
+        async with connection_scope(self._engine, conn) as c:
+            row = (await c.execute(select(elicitations).where(elicitations.c.id == id))).mappings().first()
+        return None if row is None else _from_row(row)
+
+    async def transition(
+        self,
+        id: str,
+        target: ElicitationStatus,
+        *,
+        reason: str | None = None,
+        now: datetime,
+        conn: AsyncConnection | None = None,
+    ) -> ElicitationRecord | None:
+        """Move the elicitation to `target` if its current status allows it, in one UPDATE.
+
+        Returns the updated record, or None when the id is unknown or the current status does not allow
+        `target` (a terminal status never changes). `reason` is stored as the failure reason when given.
+        """
+        values: dict[str, Any] = {"status": target.value, "updated_at": now}
+        if reason is not None:
+            values["failure_reason"] = reason
+        statement = (
+            update(elicitations)
+            .where(
+                elicitations.c.id == id,
+                elicitations.c.status.in_(sorted(s.value for s in predecessors(target))),
+            )
+            .values(values)
+            .returning(*elicitations.c)
+        )
+        async with connection_scope(self._engine, conn) as c:
+            row = (await c.execute(statement)).mappings().first()
+        return None if row is None else _from_row(row)
+
+    async def expire_due(self, now: datetime, conn: AsyncConnection | None = None) -> list[str]:
+        """Mark every open elicitation with `expires_at` at or before `now` as EXPIRED; return their ids."""
+        statement = (
+            update(elicitations)
+            .where(
+                elicitations.c.status.in_(sorted(s.value for s in predecessors(ElicitationStatus.EXPIRED))),
+                elicitations.c.expires_at <= now,
+            )
+            .values(status=ElicitationStatus.EXPIRED.value, updated_at=now)
+            .returning(elicitations.c.id)
+        )
+        async with connection_scope(self._engine, conn) as c:
+            ids = (await c.execute(statement)).scalars().all()
+        return sorted(ids)
+
+
+def _to_row(rec: ElicitationRecord) -> dict[str, Any]:
+    return {
+        "id": rec.id,
+        "connection_key": rec.connection_key,
+        "identity_issuer": rec.identity.issuer,
+        "identity_subject": rec.identity.subject,
+        "provider": rec.provider,
+        "scopes": dump_json(list(rec.scopes)),
+        "scope_kind": rec.scope_kind,
+        "session_id": rec.session_id,
+        "tool_call_id": rec.tool_call_id,
+        "request_id": None if rec.request_id is None else dump_json(rec.request_id),
+        "agent_name": rec.agent_name,
+        "message": rec.message,
+        "status": rec.status.value,
+        "failure_reason": rec.failure_reason,
+        "created_at": rec.created_at,
+        "expires_at": rec.expires_at,
+        "updated_at": rec.updated_at,
+    }
+
+
+def _from_row(row: RowMapping) -> ElicitationRecord:
+    return ElicitationRecord(
+        id=row["id"],
+        connection_key=row["connection_key"],
+        identity=Identity(row["identity_issuer"], row["identity_subject"]),
+        provider=row["provider"],
+        scopes=tuple(load_json(row["scopes"])),
+        scope_kind=cast(ScopeKind, row["scope_kind"]),
+        session_id=row["session_id"],
+        tool_call_id=row["tool_call_id"],
+        request_id=None if row["request_id"] is None else load_json(row["request_id"]),
+        agent_name=row["agent_name"],
+        message=row["message"],
+        status=ElicitationStatus(row["status"]),
+        failure_reason=row["failure_reason"],
+        created_at=row["created_at"],
+        expires_at=row["expires_at"],
+        updated_at=row["updated_at"],
+    )

@@ -1,0 +1,94 @@
+"""OAuth flow rows: one per authorization request, found by the hash of its state, claimable once."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import RowMapping, insert, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from .engine import connection_scope
+from .records import FlowRecord
+from .tables import oauth_flows
+
+
+class FlowRepository:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+
+    async def insert(self, rec: FlowRecord, conn: AsyncConnection | None = None) -> None:
+        async with connection_scope(self._engine, conn) as c:
+            await c.execute(insert(oauth_flows).values(_to_row(rec)))
+
+    async def get_by_state_hash(self, state_hash: str, conn: AsyncConnection | None = None) -> FlowRecord | None:
+        async with connection_scope(self._engine, conn) as c:
+            statement = select(oauth_flows).where(oauth_flows.c.state_hash == state_hash)
+            row = (await c.execute(statement)).mappings().first()
+        return None if row is None else _from_row(row)
+
+    async def claim(self, state_hash: str, now: datetime, conn: AsyncConnection | None = None) -> FlowRecord | None:
+        """Use the flow once: set `used_at` if it is unused and unexpired, in one UPDATE.
+
+        Returns the claimed record, or None when the flow is unknown, already used, or expired. Of two
+        concurrent claimers exactly one gets the record.
+        """
+        statement = (
+            update(oauth_flows)
+            .where(
+                oauth_flows.c.state_hash == state_hash,
+                oauth_flows.c.used_at.is_(None),
+                oauth_flows.c.expires_at > now,
+            )
+            .values(used_at=now)
+            .returning(*oauth_flows.c)
+        )
+        async with connection_scope(self._engine, conn) as c:
+            row = (await c.execute(statement)).mappings().first()
+        return None if row is None else _from_row(row)
+
+    async def invalidate_open(self, elicitation_id: str, now: datetime, conn: AsyncConnection | None = None) -> int:
+        """Mark every unused flow of the elicitation as used; return how many were open."""
+        statement = (
+            update(oauth_flows)
+            .where(oauth_flows.c.elicitation_id == elicitation_id, oauth_flows.c.used_at.is_(None))
+            .values(used_at=now)
+        )
+        async with connection_scope(self._engine, conn) as c:
+            result = await c.execute(statement)
+        return result.rowcount
+
+
+def _to_row(rec: FlowRecord) -> dict[str, Any]:
+    return {
+        "id": rec.id,
+        "elicitation_id": rec.elicitation_id,
+        "state_hash": rec.state_hash,
+        "verifier_key_id": rec.verifier_key_id,
+        "verifier_ciphertext": rec.verifier_ciphertext,
+        "nonce": rec.nonce,
+        "expected_issuer": rec.expected_issuer,
+        "browser_binding_hash": rec.browser_binding_hash,
+        "redirect_uri": rec.redirect_uri,
+        "created_at": rec.created_at,
+        "expires_at": rec.expires_at,
+        "used_at": rec.used_at,
+    }
+
+
+def _from_row(row: RowMapping) -> FlowRecord:
+    ciphertext = row["verifier_ciphertext"]
+    return FlowRecord(
+        id=row["id"],
+        elicitation_id=row["elicitation_id"],
+        state_hash=row["state_hash"],
+        verifier_key_id=row["verifier_key_id"],
+        verifier_ciphertext=None if ciphertext is None else bytes(ciphertext),
+        nonce=row["nonce"],
+        expected_issuer=row["expected_issuer"],
+        browser_binding_hash=row["browser_binding_hash"],
+        redirect_uri=row["redirect_uri"],
+        created_at=row["created_at"],
+        expires_at=row["expires_at"],
+        used_at=row["used_at"],
+    )

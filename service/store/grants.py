@@ -1,0 +1,131 @@
+"""Grant rows: one per (identity, provider, provider account), holding scopes and the encrypted token set."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import RowMapping, delete, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from service.identity import Identity
+
+from .engine import connection_scope, dump_json, load_json
+from .records import GrantRecord
+from .tables import grants
+
+_ACCOUNT_KEY = ("identity_issuer", "identity_subject", "provider", "provider_account_id")
+_REPLACED_ON_CONFLICT = ("scopes", "token_key_id", "token_ciphertext", "token_expires_at", "updated_at")
+
+
+class GrantRepository:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+
+    async def upsert(self, rec: GrantRecord, conn: AsyncConnection | None = None) -> GrantRecord:
+        """Insert the grant, or when the account has one, replace its scopes, tokens, expiry and key id.
+
+        An existing grant keeps its id and created_at; the stored record is returned.
+        """
+        async with connection_scope(self._engine, conn) as c:
+            dialect = c.dialect.name
+            if dialect == "postgresql":
+                pg_insert = postgresql.insert(grants).values(_to_row(rec))
+                statement: Any = pg_insert.on_conflict_do_update(
+                    index_elements=list(_ACCOUNT_KEY),
+                    set_={name: pg_insert.excluded[name] for name in _REPLACED_ON_CONFLICT},
+                )
+            elif dialect == "sqlite":
+                lite_insert = sqlite.insert(grants).values(_to_row(rec))
+                statement = lite_insert.on_conflict_do_update(
+                    index_elements=list(_ACCOUNT_KEY),
+                    set_={name: lite_insert.excluded[name] for name in _REPLACED_ON_CONFLICT},
+                )
+            else:  # pragma: no cover - only the two supported backends are configured
+                raise NotImplementedError(f"grant upsert is not implemented for {dialect}")
+            row = (await c.execute(statement.returning(*grants.c))).mappings().one()
+        return _from_row(row)
+
+    async def find(self, identity: Identity, provider: str, conn: AsyncConnection | None = None) -> list[GrantRecord]:
+        """The identity's grants at `provider`, most recently updated first."""
+        statement = (
+            select(grants)
+            .where(
+                grants.c.identity_issuer == identity.issuer,
+                grants.c.identity_subject == identity.subject,
+                grants.c.provider == provider,
+            )
+            .order_by(grants.c.updated_at.desc(), grants.c.id)
+        )
+        async with connection_scope(self._engine, conn) as c:
+            rows = (await c.execute(statement)).mappings().all()
+        return [_from_row(row) for row in rows]
+
+    async def get(self, id: str, conn: AsyncConnection | None = None) -> GrantRecord | None:
+        async with connection_scope(self._engine, conn) as c:
+            row = (await c.execute(select(grants).where(grants.c.id == id))).mappings().first()
+        return None if row is None else _from_row(row)
+
+    async def update_tokens(
+        self,
+        id: str,
+        *,
+        token_key_id: str,
+        token_ciphertext: bytes,
+        token_expires_at: datetime | None,
+        scopes: tuple[str, ...],
+        now: datetime,
+        conn: AsyncConnection | None = None,
+    ) -> None:
+        """Store a refreshed token set (and the scopes it carries) on an existing grant."""
+        statement = (
+            update(grants)
+            .where(grants.c.id == id)
+            .values(
+                token_key_id=token_key_id,
+                token_ciphertext=token_ciphertext,
+                token_expires_at=token_expires_at,
+                scopes=dump_json(list(scopes)),
+                updated_at=now,
+            )
+        )
+        async with connection_scope(self._engine, conn) as c:
+            await c.execute(statement)
+
+    async def delete(self, id: str, conn: AsyncConnection | None = None) -> bool:
+        """Delete the grant; True when it existed."""
+        async with connection_scope(self._engine, conn) as c:
+            result = await c.execute(delete(grants).where(grants.c.id == id))
+        return result.rowcount > 0
+
+
+def _to_row(rec: GrantRecord) -> dict[str, Any]:
+    return {
+        "id": rec.id,
+        "identity_issuer": rec.identity.issuer,
+        "identity_subject": rec.identity.subject,
+        "provider": rec.provider,
+        "provider_account_id": rec.provider_account_id,
+        "scopes": dump_json(list(rec.scopes)),
+        "token_key_id": rec.token_key_id,
+        "token_ciphertext": rec.token_ciphertext,
+        "token_expires_at": rec.token_expires_at,
+        "created_at": rec.created_at,
+        "updated_at": rec.updated_at,
+    }
+
+
+def _from_row(row: RowMapping) -> GrantRecord:
+    return GrantRecord(
+        id=row["id"],
+        identity=Identity(row["identity_issuer"], row["identity_subject"]),
+        provider=row["provider"],
+        provider_account_id=row["provider_account_id"],
+        scopes=tuple(load_json(row["scopes"])),
+        token_key_id=row["token_key_id"],
+        token_ciphertext=bytes(row["token_ciphertext"]),
+        token_expires_at=row["token_expires_at"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+    )

@@ -1,0 +1,144 @@
+"""The database schema: one MetaData with every table the connector stores, and the column types they share.
+
+Migrations in `migrations/versions` must produce exactly these tables (a test compares them).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    Column,
+    DateTime,
+    Dialect,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.types import TypeDecorator
+
+# Explicit constraint and index names, so migrations and this module agree on every name on every backend.
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timezone-aware UTC datetime on every backend.
+
+    Values are converted to UTC before they are bound (SQLite stores no offset, so every stored value must
+    be UTC for comparisons to hold), naive datetimes are refused, and values read back are aware UTC.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ValueError("naive datetime: the store only accepts timezone-aware datetimes")
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: Any | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        assert isinstance(value, datetime)
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+ID = String(64)
+
+elicitations = Table(
+    "elicitations",
+    metadata,
+    Column("id", ID, primary_key=True),
+    Column("connection_key", String(255), nullable=False),
+    Column("identity_issuer", String(512), nullable=False),
+    Column("identity_subject", String(512), nullable=False),
+    Column("provider", String(64), nullable=False),
+    Column("scopes", Text, nullable=False),  # JSON list of strings
+    Column("scope_kind", String(16), nullable=False),  # "session" | "request"
+    Column("session_id", String(255), nullable=True),
+    Column("tool_call_id", String(255), nullable=True),
+    Column("request_id", Text, nullable=True),  # JSON: keeps int vs str
+    Column("agent_name", String(255), nullable=False),
+    Column("message", Text, nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("failure_reason", Text, nullable=True),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("expires_at", UTCDateTime, nullable=False),
+    Column("updated_at", UTCDateTime, nullable=False),
+    Index(None, "status", "expires_at"),
+    Index(None, "connection_key"),
+)
+
+oauth_flows = Table(
+    "oauth_flows",
+    metadata,
+    Column("id", ID, primary_key=True),
+    Column("elicitation_id", ID, ForeignKey("elicitations.id", ondelete="CASCADE"), nullable=False),
+    Column("state_hash", String(128), nullable=False),
+    Column("verifier_key_id", String(64), nullable=True),
+    Column("verifier_ciphertext", LargeBinary, nullable=True),
+    Column("nonce", String(255), nullable=True),
+    Column("expected_issuer", String(512), nullable=True),
+    Column("browser_binding_hash", String(128), nullable=False),
+    Column("redirect_uri", Text, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("expires_at", UTCDateTime, nullable=False),
+    Column("used_at", UTCDateTime, nullable=True),
+    UniqueConstraint("state_hash"),
+    Index(None, "elicitation_id"),
+)
+
+grants = Table(
+    "grants",
+    metadata,
+    Column("id", ID, primary_key=True),
+    Column("identity_issuer", String(512), nullable=False),
+    Column("identity_subject", String(512), nullable=False),
+    Column("provider", String(64), nullable=False),
+    Column("provider_account_id", String(255), nullable=False),
+    Column("scopes", Text, nullable=False),  # JSON list of strings
+    Column("token_key_id", String(64), nullable=False),
+    Column("token_ciphertext", LargeBinary, nullable=False),
+    Column("token_expires_at", UTCDateTime, nullable=True),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("updated_at", UTCDateTime, nullable=False),
+    # Also serves find(identity, provider): its leading columns are issuer, subject, provider.
+    UniqueConstraint(
+        "identity_issuer", "identity_subject", "provider", "provider_account_id", name="uq_grants_account"
+    ),
+)
+
+audit_events = Table(
+    "audit_events",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("at", UTCDateTime, nullable=False),
+    Column("event", String(64), nullable=False),
+    # No foreign key: the audit trail outlives elicitations and may name ids that never existed.
+    Column("elicitation_id", ID, nullable=True),
+    Column("identity_issuer", String(512), nullable=True),
+    Column("identity_subject", String(512), nullable=True),
+    Column("provider", String(64), nullable=True),
+    Column("detail", Text, nullable=False),  # JSON object
+    Index(None, "elicitation_id"),
+    Index(None, "event"),
+)

@@ -1,0 +1,115 @@
+"""Browser-facing safety: response headers, the browser-binding cookie and CSRF tokens."""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ..vault import Vault
+
+log = logging.getLogger("service.web")
+
+BINDING_COOKIE_SECURE = "__Host-connector-browser"
+BINDING_COOKIE_DEV = "connector-browser"
+BINDING_MAX_AGE = 3600
+
+BASE_CSP = (
+    "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+
+
+def csp_with_form_target(origin: str) -> str:
+    """The consent form posts to us and we redirect to the provider; browsers apply form-action to that redirect."""
+    return BASE_CSP.replace("form-action 'self'", f"form-action 'self' {origin}")
+
+
+class SecurityHeaders:
+    """Adds the headers every response needs; a response may set its own CSP first."""
+
+    def __init__(self, app: ASGIApp, *, https: bool) -> None:
+        self.app = app
+        self.https = https
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 0
+
+        async def send_with_headers(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                headers = list(message.get("headers", []))
+                present = {name.lower() for name, _ in headers}
+                defaults = {
+                    b"content-security-policy": BASE_CSP.encode(),
+                    b"x-content-type-options": b"nosniff",
+                    b"referrer-policy": b"no-referrer",
+                    b"cache-control": b"no-store",
+                    b"x-frame-options": b"DENY",
+                    b"cross-origin-opener-policy": b"same-origin",
+                }
+                if self.https:
+                    defaults[b"strict-transport-security"] = b"max-age=63072000; includeSubDomains"
+                headers.extend((k, v) for k, v in defaults.items() if k not in present)
+                message["headers"] = headers
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_headers)
+        finally:
+            # Our own access log: method, path and status only. Never the query string.
+            log.info(
+                "%s %s %s %.1fms",
+                scope.get("method"),
+                scope.get("path"),
+                status,
+                (time.perf_counter() - started) * 1000,
+            )
+
+
+class BrowserBinding:
+    """A random per-browser value in an HttpOnly cookie; the flow stores only its hash."""
+
+    def __init__(self, *, secure: bool) -> None:
+        self.secure = secure
+        self.cookie_name = BINDING_COOKIE_SECURE if secure else BINDING_COOKIE_DEV
+
+    def read(self, request: Request) -> str | None:
+        value = request.cookies.get(self.cookie_name)
+        return value if value and len(value) >= 32 else None
+
+    def ensure(self, request: Request) -> tuple[str, bool]:
+        """(binding, is_new)."""
+        current = self.read(request)
+        if current is not None:
+            return current, False
+        return secrets.token_urlsafe(32), True
+
+    def set(self, response: Response, value: str) -> None:
+        response.set_cookie(
+            self.cookie_name,
+            value,
+            max_age=BINDING_MAX_AGE,
+            path="/",
+            secure=self.secure,
+            httponly=True,
+            samesite="lax",
+        )
+
+
+def csrf_token(vault: Vault, elicitation_id: str, binding: str) -> str:
+    return vault.sign("csrf", f"{elicitation_id}\x00{binding}".encode())
+
+
+def csrf_valid(vault: Vault, elicitation_id: str, binding: str | None, token: str | None) -> bool:
+    if binding is None or not token:
+        return False
+    return vault.verify("csrf", f"{elicitation_id}\x00{binding}".encode(), token)

@@ -1,0 +1,142 @@
+"""Shared fixtures: a migrated SQLite database, a mock provider, a connector served by uvicorn on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import respx
+
+from service import Connector, Identity, load_settings
+from service.store import migrate
+from service.testing import MockOAuthProvider
+from service.vault import generate_key
+from service.web.server import make_server
+
+ALICE = Identity("https://login.example.com", "alice")
+BOB = Identity("https://login.example.com", "bob")
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def write_catalog(path: Path, entries: dict[str, dict[str, object]]) -> Path:
+    lines = []
+    for name, entry in entries.items():
+        lines.append(f"[{name}]")
+        lines.extend(f"{k} = {_toml_value(v)}" for k, v in entry.items())
+        lines.append("")
+    path.write_text("\n".join(lines))
+    return path
+
+
+@dataclass
+class Deployment:
+    """One connector instance on a real loopback port, with its mock provider."""
+
+    connector: Connector
+    provider: MockOAuthProvider
+    base_url: str
+    local_user: Identity
+
+
+@pytest.fixture
+def mock_provider() -> MockOAuthProvider:
+    return MockOAuthProvider(base_url="https://github.mock-provider.test")
+
+
+@pytest.fixture
+def respx_router(mock_provider: MockOAuthProvider) -> Iterator[respx.MockRouter]:
+    with respx.mock(assert_all_called=False, assert_all_mocked=True) as router:
+        router.route(host="127.0.0.1").pass_through()
+        mock_provider.install(router)
+        yield router
+
+
+@pytest.fixture
+def loopback_socket() -> Iterator[socket.socket]:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    yield sock
+    sock.close()
+
+
+@pytest.fixture
+def connector_env(
+    tmp_path: Path, mock_provider: MockOAuthProvider, loopback_socket: socket.socket, monkeypatch: pytest.MonkeyPatch
+) -> dict[str, str]:
+    port = loopback_socket.getsockname()[1]
+    catalog = write_catalog(tmp_path / "providers.toml", {"github": mock_provider.catalog_entry()})
+    db_url = f"sqlite+aiosqlite:///{tmp_path / 'connector.db'}"
+    env = {
+        "CONNECTOR_PUBLIC_BASE_URL": f"http://127.0.0.1:{port}",
+        "CONNECTOR_SERVER__PORT": str(port),
+        "CONNECTOR_DATABASE__URL": db_url,
+        "CONNECTOR_VAULT__KEYS": generate_key("k1"),
+        "CONNECTOR_PROVIDERS__CATALOG": str(catalog),
+        "CONNECTOR_AGENT_NAME": "Test Agent",
+        "CONNECTOR_IDENTITY__LOCAL_ISSUER": ALICE.issuer,
+        "CONNECTOR_IDENTITY__LOCAL_SUBJECT": ALICE.subject,
+        "CONNECTOR_PROVIDER_GITHUB_CLIENT_ID": mock_provider.client_id,
+        "CONNECTOR_PROVIDER_GITHUB_CLIENT_SECRET": mock_provider.client_secret,
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("CONNECTOR_CONFIG", raising=False)
+    return env
+
+
+@pytest.fixture
+async def deployment(
+    connector_env: dict[str, str],
+    tmp_path: Path,
+    mock_provider: MockOAuthProvider,
+    respx_router: respx.MockRouter,
+    loopback_socket: socket.socket,
+) -> AsyncIterator[Deployment]:
+    config_file = tmp_path / "connector.toml"
+    config_file.write_text("# all settings come from the environment in tests\n")
+    settings = load_settings(config_file, env=connector_env)
+    migrate(settings.database.url)
+    connector = Connector.from_settings(settings)
+    await connector.start()
+    server = make_server(connector.asgi_app(), "127.0.0.1", 0)
+    task = asyncio.create_task(server.serve(sockets=[loopback_socket]))
+    while not server.started:  # noqa: ASYNC110 - uvicorn offers a flag, not an event
+        await asyncio.sleep(0.01)
+    try:
+        yield Deployment(connector, mock_provider, settings.public_base_url, connector.verifier.user())
+    finally:
+        server.should_exit = True
+        await task
+        await connector.close()
+
+
+@pytest.fixture
+def captured_logs(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
+    caplog.set_level(logging.DEBUG)
+    return caplog
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """In CI (CONNECTOR_REQUIRE_ALL_TESTS=1) a skipped test fails the run: nothing may silently not run."""
+    import os
+
+    if os.environ.get("CONNECTOR_REQUIRE_ALL_TESTS") != "1":
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = reporter.stats.get("skipped", []) if reporter is not None else []
+    if skipped:
+        print(f"\nCONNECTOR_REQUIRE_ALL_TESTS: {len(skipped)} test(s) skipped; failing the run.")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -1,0 +1,569 @@
+"""Provider catalog: the shipped entries, loading rules, credentials from env, and OIDC discovery."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+import respx
+from pydantic import SecretStr
+
+from service.errors import ConfigError, ConnectorError, ProviderNotConfigured, UnknownProvider
+from service.providers import ProviderCatalog, ProviderEntry, load_catalog, provider_env_var
+
+SHIPPED = Path(__file__).resolve().parent.parent / "config" / "providers.toml"
+SECRET = "s3cr3t-value-never-shown"
+DISCOVERY = "https://sso.example.com/realms/acme/.well-known/openid-configuration"
+ISSUER = "https://sso.example.com/realms/acme"
+
+
+def creds(name: str) -> dict[str, str]:
+    return {provider_env_var(name, "CLIENT_ID"): f"{name}-client", provider_env_var(name, "CLIENT_SECRET"): SECRET}
+
+
+def catalog_file(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "providers.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+MINIMAL = """
+[acme]
+authorization_endpoint = "https://auth.acme.test/authorize"
+token_endpoint = "https://auth.acme.test/token"
+"""
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient() as client:
+        yield client
+
+
+def discovery_document(**overrides: object) -> dict[str, object]:
+    document: dict[str, object] = {
+        "issuer": ISSUER,
+        "authorization_endpoint": f"{ISSUER}/protocol/openid-connect/auth",
+        "token_endpoint": f"{ISSUER}/protocol/openid-connect/token",
+        "userinfo_endpoint": f"{ISSUER}/protocol/openid-connect/userinfo",
+        "revocation_endpoint": f"{ISSUER}/protocol/openid-connect/revoke",
+        "jwks_uri": f"{ISSUER}/protocol/openid-connect/certs",
+        "authorization_response_iss_parameter_supported": True,
+        "token_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post"],
+    }
+    document.update(overrides)
+    return {key: value for key, value in document.items() if value is not None}
+
+
+def oidc_catalog(**env: str) -> ProviderCatalog:
+    return load_catalog(SHIPPED, env={**creds("oidc"), provider_env_var("oidc", "DISCOVERY_URL"): DISCOVERY, **env})
+
+
+# --- the shipped catalog ----------------------------------------------------------------------------------
+
+
+def test_shipped_catalog_has_the_documented_providers() -> None:
+    catalog = load_catalog(SHIPPED, env={})
+    assert [entry.name for entry in catalog.entries()] == ["github", "gitlab", "google", "microsoft", "oidc", "slack"]
+    assert catalog.source == str(SHIPPED)
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        (
+            "github",
+            {
+                "authorization_endpoint": "https://github.com/login/oauth/authorize",
+                "token_endpoint": "https://github.com/login/oauth/access_token",
+                "userinfo_endpoint": "https://api.github.com/user",
+                "api_base_url": "https://api.github.com",
+                "revocation_endpoint": None,
+                "default_scopes": ("read:user",),
+                "account_id_field": "id",
+                "oidc": False,
+            },
+        ),
+        (
+            "google",
+            {
+                "authorization_endpoint": "https://accounts.google.com/o/oauth2/v2/auth",
+                "token_endpoint": "https://oauth2.googleapis.com/token",
+                "revocation_endpoint": "https://oauth2.googleapis.com/revoke",
+                "userinfo_endpoint": "https://openidconnect.googleapis.com/v1/userinfo",
+                "issuer": "https://accounts.google.com",
+                "oidc": True,
+                "account_id_field": "sub",
+            },
+        ),
+        (
+            "microsoft",
+            {
+                "authorization_endpoint": "https://login.microsoftonline.com/common/oauth2/v2.0/authorize",
+                "token_endpoint": "https://login.microsoftonline.com/common/oauth2/v2.0/token",
+                "userinfo_endpoint": "https://graph.microsoft.com/v1.0/me",
+                "api_base_url": "https://graph.microsoft.com",
+                "oidc": True,
+                "issuer": None,
+                "account_id_field": "id",
+            },
+        ),
+        (
+            "gitlab",
+            {
+                "authorization_endpoint": "https://gitlab.com/oauth/authorize",
+                "token_endpoint": "https://gitlab.com/oauth/token",
+                "revocation_endpoint": "https://gitlab.com/oauth/revoke",
+                "userinfo_endpoint": "https://gitlab.com/api/v4/user",
+                "api_base_url": "https://gitlab.com/api/v4",
+                "default_scopes": ("read_user",),
+            },
+        ),
+        (
+            "slack",
+            {
+                "authorization_endpoint": "https://slack.com/oauth/v2_user/authorize",
+                "token_endpoint": "https://slack.com/api/oauth.v2.user.access",
+                "userinfo_endpoint": "https://slack.com/api/auth.test",
+                "account_id_field": "user_id",
+                "scope_separator": ",",
+            },
+        ),
+        (
+            "oidc",
+            {
+                "authorization_endpoint": None,
+                "token_endpoint": None,
+                "discovery_url": None,
+                "oidc": True,
+                "account_id_field": "sub",
+                "default_scopes": ("openid", "email", "profile"),
+            },
+        ),
+    ],
+)
+def test_shipped_entries(name: str, expected: dict[str, object]) -> None:
+    entry = load_catalog(SHIPPED, env={}).get(name)
+    actual = {key: getattr(entry, key) for key in expected}
+    assert actual == expected
+
+
+def test_shipped_endpoints_are_all_https() -> None:
+    for entry in load_catalog(SHIPPED, env={}).entries():
+        for url in (
+            entry.authorization_endpoint,
+            entry.token_endpoint,
+            entry.revocation_endpoint,
+            entry.userinfo_endpoint,
+            entry.api_base_url,
+            entry.issuer,
+        ):
+            if url is not None:
+                assert urlsplit(url).scheme == "https", (entry.name, url)
+        assert entry.pkce, entry.name
+
+
+def test_google_asks_for_a_refresh_token() -> None:
+    google = load_catalog(SHIPPED, env={}).get("google")
+    assert google.extra_authorize_params["access_type"] == "offline"
+    assert google.extra_authorize_params["prompt"] == "consent"
+
+
+def test_microsoft_tenant_from_env() -> None:
+    tenant = "0d5f6c2e-1234-4d3b-9a0e-1f2e3d4c5b6a"
+    microsoft = load_catalog(SHIPPED, env={"CONNECTOR_PROVIDER_MICROSOFT_TENANT": tenant}).get("microsoft")
+    assert microsoft.authorization_endpoint == f"https://login.microsoftonline.com/{tenant}/oauth2/v2.0/authorize"
+    assert microsoft.token_endpoint == f"https://login.microsoftonline.com/{tenant}/oauth2/v2.0/token"
+
+
+def test_tenant_key_in_file(tmp_path: Path) -> None:
+    path = catalog_file(
+        tmp_path,
+        """
+        [entra]
+        tenant = "contoso.onmicrosoft.com"
+        authorization_endpoint = "https://login.microsoftonline.com/{tenant}/oauth2/v2.0/authorize"
+        token_endpoint = "https://login.microsoftonline.com/{tenant}/oauth2/v2.0/token"
+        issuer = "https://login.microsoftonline.com/{tenant}/v2.0"
+        """,
+    )
+    entry = load_catalog(path, env={}).get("entra")
+    assert entry.token_endpoint == "https://login.microsoftonline.com/contoso.onmicrosoft.com/oauth2/v2.0/token"
+    assert entry.issuer == "https://login.microsoftonline.com/contoso.onmicrosoft.com/v2.0"
+
+
+def test_bad_tenant_is_refused() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_catalog(SHIPPED, env={"CONNECTOR_PROVIDER_MICROSOFT_TENANT": "evil.com/x?"})
+    assert caught.value.key == "microsoft.tenant"
+    assert caught.value.file == "environment"
+
+
+def test_unknown_placeholder_is_refused(tmp_path: Path) -> None:
+    path = catalog_file(tmp_path, MINIMAL.replace("/token", "/{region}/token"))
+    with pytest.raises(ConfigError) as caught:
+        load_catalog(path, env={})
+    assert caught.value.key == "acme.token_endpoint"
+    assert "{region}" in caught.value.problem
+
+
+# --- credentials --------------------------------------------------------------------------------------------
+
+
+def test_credentials_come_from_env() -> None:
+    catalog = load_catalog(SHIPPED, env=creds("github"))
+    github = catalog.require_configured("github")
+    assert github.configured
+    assert github.client_id == "github-client"
+    assert isinstance(github.client_secret, SecretStr)
+    assert github.client_secret.get_secret_value() == SECRET
+    assert not catalog.get("gitlab").configured
+
+
+def test_unconfigured_provider_names_the_env_vars() -> None:
+    catalog = load_catalog(SHIPPED, env={})
+    with pytest.raises(ProviderNotConfigured) as caught:
+        catalog.require_configured("github")
+    assert str(caught.value) == (
+        "provider 'github' has no client credentials: set CONNECTOR_PROVIDER_GITHUB_CLIENT_ID "
+        "and CONNECTOR_PROVIDER_GITHUB_CLIENT_SECRET"
+    )
+    assert caught.value.code == "provider_not_configured"
+
+
+def test_half_configured_provider_is_refused() -> None:
+    catalog = load_catalog(SHIPPED, env={"CONNECTOR_PROVIDER_GITHUB_CLIENT_ID": "only-the-id"})
+    assert not catalog.get("github").configured
+    with pytest.raises(ProviderNotConfigured, match="CONNECTOR_PROVIDER_GITHUB_CLIENT_SECRET"):
+        catalog.require_configured("github")
+
+
+def test_blank_credentials_count_as_absent() -> None:
+    env = {"CONNECTOR_PROVIDER_GITHUB_CLIENT_ID": "id", "CONNECTOR_PROVIDER_GITHUB_CLIENT_SECRET": "  "}
+    assert not load_catalog(SHIPPED, env=env).get("github").configured
+
+
+def test_dashed_names_use_underscores_in_env(tmp_path: Path) -> None:
+    path = catalog_file(tmp_path, MINIMAL.replace("[acme]", "[gitlab-corp]"))
+    env = {"CONNECTOR_PROVIDER_GITLAB_CORP_CLIENT_ID": "id", "CONNECTOR_PROVIDER_GITLAB_CORP_CLIENT_SECRET": "x"}
+    assert load_catalog(path, env=env).require_configured("gitlab-corp").client_id == "id"
+    with pytest.raises(ProviderNotConfigured, match="CONNECTOR_PROVIDER_GITLAB_CORP_CLIENT_ID"):
+        load_catalog(path, env={}).require_configured("gitlab-corp")
+
+
+def test_oidc_without_discovery_url_is_not_configured() -> None:
+    catalog = load_catalog(SHIPPED, env=creds("oidc"))
+    assert not catalog.get("oidc").configured
+    with pytest.raises(ProviderNotConfigured, match="CONNECTOR_PROVIDER_OIDC_DISCOVERY_URL"):
+        catalog.require_configured("oidc")
+
+
+def test_oidc_discovery_url_from_env() -> None:
+    entry = oidc_catalog().require_configured("oidc")
+    assert entry.discovery_url == DISCOVERY
+    assert entry.provider_host == "sso.example.com"
+
+
+def test_unknown_provider() -> None:
+    with pytest.raises(UnknownProvider) as caught:
+        load_catalog(SHIPPED, env={}).get("myspace")
+    assert "myspace" in str(caught.value)
+    assert caught.value.code == "unknown_provider"
+
+
+def test_secret_is_absent_from_repr_and_str() -> None:
+    entry = load_catalog(SHIPPED, env=creds("github")).get("github")
+    assert SECRET not in repr(entry)
+    assert SECRET not in str(entry)
+    assert "github-client" in repr(entry)
+
+
+# --- refused catalog contents --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", ["client_secret", "client_id"])
+def test_credentials_in_the_file_are_refused(tmp_path: Path, key: str) -> None:
+    path = catalog_file(tmp_path, MINIMAL + f'{key} = "{SECRET}"\n')
+    with pytest.raises(ConfigError) as caught:
+        load_catalog(path, env={})
+    assert caught.value.file == str(path)
+    assert caught.value.key == f"acme.{key}"
+    assert "CONNECTOR_PROVIDER_ACME_CLIENT_SECRET" in caught.value.problem
+    assert SECRET not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "authorization_endpoint",
+        "token_endpoint",
+        "revocation_endpoint",
+        "userinfo_endpoint",
+        "api_base_url",
+        "issuer",
+        "discovery_url",
+    ],
+)
+def test_http_endpoint_is_refused(tmp_path: Path, key: str) -> None:
+    values = {
+        "authorization_endpoint": "https://auth.acme.test/authorize",
+        "token_endpoint": "https://auth.acme.test/token",
+        key: "http://auth.acme.test/x",
+    }
+    path = catalog_file(tmp_path, "[acme]\n" + "".join(f'{k} = "{v}"\n' for k, v in values.items()))
+    with pytest.raises(ConfigError) as caught:
+        load_catalog(path, env={})
+    assert caught.value.file == str(path)
+    assert caught.value.key == f"acme.{key}"
+    assert "https" in caught.value.problem
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1:9000", "localhost:9000", "[::1]:9000"])
+def test_http_endpoint_on_loopback_is_allowed(tmp_path: Path, host: str) -> None:
+    path = catalog_file(tmp_path, MINIMAL.replace("https://auth.acme.test", f"http://{host}"))
+    entry = load_catalog(path, env={}).get("acme")
+    assert entry.token_endpoint == f"http://{host}/token"
+
+
+def test_http_discovery_url_from_env_is_refused() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_catalog(SHIPPED, env={"CONNECTOR_PROVIDER_OIDC_DISCOVERY_URL": "http://sso.example.com/.well-known/x"})
+    assert caught.value.file == "environment"
+    assert caught.value.key == "oidc.discovery_url"
+    assert "CONNECTOR_PROVIDER_OIDC_DISCOVERY_URL" in caught.value.problem
+
+
+@pytest.mark.parametrize(
+    ("extra", "key", "problem"),
+    [
+        ("colour = 'blue'\n", "acme.colour", "unknown key"),
+        ("pkce = 'yes'\n", "acme.pkce", "boolean"),
+        ("default_scopes = 'read'\n", "acme.default_scopes", "list"),
+        ("token_endpoint_auth_method = 'private_key_jwt'\n", "acme.token_endpoint_auth_method", "client_secret"),
+        ("scope_separator = ''\n", "acme.scope_separator", "at least 1"),
+        (
+            "extra_authorize_params = { redirect_uri = 'https://evil.test' }\n",
+            "acme.extra_authorize_params",
+            "redirect_uri",
+        ),
+    ],
+)
+def test_bad_keys_are_refused(tmp_path: Path, extra: str, key: str, problem: str) -> None:
+    path = catalog_file(tmp_path, MINIMAL + extra)
+    with pytest.raises(ConfigError) as caught:
+        load_catalog(path, env={})
+    assert caught.value.file == str(path)
+    assert caught.value.key == key
+    assert problem in caught.value.problem
+
+
+def test_top_level_value_is_refused(tmp_path: Path) -> None:
+    path = catalog_file(tmp_path, "version = 2\n" + MINIMAL)
+    with pytest.raises(ConfigError) as caught:
+        load_catalog(path, env={})
+    assert caught.value.key == "version"
+
+
+def test_bad_provider_name_is_refused(tmp_path: Path) -> None:
+    path = catalog_file(tmp_path, MINIMAL.replace("[acme]", "[Acme]"))
+    with pytest.raises(ConfigError) as caught:
+        load_catalog(path, env={})
+    assert caught.value.key == "Acme"
+
+
+def test_missing_catalog_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_catalog(tmp_path / "missing.toml", env={})
+    assert caught.value.file == str(tmp_path / "missing.toml")
+    assert "not found" in caught.value.problem
+
+
+def test_catalog_syntax_error(tmp_path: Path) -> None:
+    path = catalog_file(tmp_path, "[acme\n")
+    with pytest.raises(ConfigError) as caught:
+        load_catalog(path, env={})
+    assert caught.value.key == "<toml>"
+    assert "line 1" in caught.value.problem
+
+
+# --- entry behaviour ------------------------------------------------------------------------------------
+
+
+def test_join_scopes_uses_the_separator_and_drops_duplicates() -> None:
+    catalog = load_catalog(SHIPPED, env={})
+    assert catalog.get("slack").join_scopes(["users:read", "chat:write", "users:read"]) == "users:read,chat:write"
+    assert catalog.get("google").join_scopes(["openid", "email", " ", "openid"]) == "openid email"
+
+
+def test_hosts() -> None:
+    github = load_catalog(SHIPPED, env={}).get("github")
+    assert github.api_host == "api.github.com"
+    assert github.provider_host == "github.com"
+
+
+def test_display_name_defaults_to_the_table_name(tmp_path: Path) -> None:
+    assert load_catalog(catalog_file(tmp_path, MINIMAL), env={}).get("acme").display_name == "acme"
+
+
+def test_extra_authorize_params_are_read_only() -> None:
+    google = load_catalog(SHIPPED, env={}).get("google")
+    with pytest.raises(TypeError):
+        google.extra_authorize_params["prompt"] = "none"  # type: ignore[index]
+
+
+def test_duplicate_names_are_refused() -> None:
+    entry = ProviderEntry(name="x", display_name="X")
+    with pytest.raises(ValueError, match="twice"):
+        ProviderCatalog([entry, entry])
+
+
+# --- resolve and discovery -----------------------------------------------------------------------------
+
+
+async def test_resolve_static_entry_makes_no_request(http: httpx.AsyncClient) -> None:
+    catalog = load_catalog(SHIPPED, env=creds("github"))
+    with respx.mock(assert_all_mocked=True) as mock:
+        entry = await catalog.resolve("github", http)
+    assert entry is catalog.get("github")
+    assert mock.calls.call_count == 0
+
+
+async def test_resolve_refuses_unconfigured_before_any_request(http: httpx.AsyncClient) -> None:
+    catalog = load_catalog(SHIPPED, env={provider_env_var("oidc", "DISCOVERY_URL"): DISCOVERY})
+    with respx.mock(assert_all_called=False) as mock:
+        route = mock.get(DISCOVERY).respond(json=discovery_document())
+        with pytest.raises(ProviderNotConfigured):
+            await catalog.resolve("oidc", http)
+    assert not route.called
+
+
+@respx.mock
+async def test_resolve_discovers_endpoints_once(http: httpx.AsyncClient) -> None:
+    route = respx.get(DISCOVERY).respond(json=discovery_document())
+    catalog = oidc_catalog()
+    first, *others = await asyncio.gather(*(catalog.resolve("oidc", http) for _ in range(5)))
+    again = await catalog.resolve("oidc", http)
+    assert route.call_count == 1
+    assert all(other is first for other in others) and again is first
+    assert first.issuer == ISSUER
+    assert first.authorization_endpoint == f"{ISSUER}/protocol/openid-connect/auth"
+    assert first.token_endpoint == f"{ISSUER}/protocol/openid-connect/token"
+    assert first.userinfo_endpoint == f"{ISSUER}/protocol/openid-connect/userinfo"
+    assert first.revocation_endpoint == f"{ISSUER}/protocol/openid-connect/revoke"
+    assert first.authorization_response_iss_parameter_supported is True
+    assert first.token_endpoint_auth_method == "client_secret_basic"
+    assert first.provider_host == "sso.example.com"
+    assert first.client_secret is not None and first.client_secret.get_secret_value() == SECRET
+    # The catalog's own entry is untouched: resolution returns a new entry.
+    assert catalog.get("oidc").token_endpoint is None
+
+
+@respx.mock
+async def test_resolve_switches_to_a_supported_auth_method(http: httpx.AsyncClient) -> None:
+    respx.get(DISCOVERY).respond(json=discovery_document(token_endpoint_auth_methods_supported=["client_secret_post"]))
+    entry = await oidc_catalog().resolve("oidc", http)
+    assert entry.token_endpoint_auth_method == "client_secret_post"
+
+
+@respx.mock
+async def test_resolve_rfc8414_metadata_location(http: httpx.AsyncClient) -> None:
+    url = "https://as.example.com/.well-known/oauth-authorization-server/tenant1"
+    respx.get(url).respond(
+        json=discovery_document(
+            issuer="https://as.example.com/tenant1",
+            authorization_endpoint="https://as.example.com/tenant1/authorize",
+            token_endpoint="https://as.example.com/tenant1/token",
+        )
+    )
+    entry = await oidc_catalog(CONNECTOR_PROVIDER_OIDC_DISCOVERY_URL=url).resolve("oidc", http)
+    assert entry.issuer == "https://as.example.com/tenant1"
+
+
+@respx.mock
+async def test_resolve_on_loopback_http(http: httpx.AsyncClient) -> None:
+    base = "http://127.0.0.1:9999"
+    url = f"{base}/.well-known/openid-configuration"
+    respx.get(url).respond(
+        json={"issuer": base, "authorization_endpoint": f"{base}/authorize", "token_endpoint": f"{base}/token"}
+    )
+    entry = await oidc_catalog(CONNECTOR_PROVIDER_OIDC_DISCOVERY_URL=url).resolve("oidc", http)
+    assert entry.token_endpoint == f"{base}/token"
+    assert entry.authorization_response_iss_parameter_supported is False  # absent means false (RFC 9207 §3)
+    assert entry.userinfo_endpoint is None
+
+
+@respx.mock
+async def test_endpoints_pinned_in_the_catalog_win(tmp_path: Path, http: httpx.AsyncClient) -> None:
+    path = catalog_file(
+        tmp_path,
+        f"""
+        [sso]
+        discovery_url = "{DISCOVERY}"
+        userinfo_endpoint = "https://api.example.com/me"
+        """,
+    )
+    respx.get(DISCOVERY).respond(json=discovery_document())
+    entry = await load_catalog(path, env=creds("sso")).resolve("sso", http)
+    assert entry.userinfo_endpoint == "https://api.example.com/me"
+    assert entry.token_endpoint == f"{ISSUER}/protocol/openid-connect/token"
+
+
+@pytest.mark.parametrize(
+    ("response", "problem"),
+    [
+        (httpx.Response(500), "HTTP status 500"),
+        (httpx.Response(302, headers={"Location": "https://elsewhere.example.com/"}), "HTTP status 302"),
+        (httpx.Response(200, text="<html>"), "not JSON"),
+        (httpx.Response(200, json=["not", "an", "object"]), "not a JSON object"),
+        (httpx.Response(200, json=discovery_document(issuer="https://evil.example.com")), "does not match"),
+        (httpx.Response(200, json=discovery_document(token_endpoint=None)), "no token_endpoint"),
+        (httpx.Response(200, json=discovery_document(issuer=None)), "no issuer"),
+        (
+            httpx.Response(200, json=discovery_document(token_endpoint="http://sso.example.com/token")),
+            "token_endpoint must use https",
+        ),
+        (httpx.Response(200, json=discovery_document(authorization_endpoint=42)), "not a string"),
+        (
+            httpx.Response(200, json=discovery_document(authorization_response_iss_parameter_supported="yes")),
+            "not a boolean",
+        ),
+        (
+            httpx.Response(200, json=discovery_document(token_endpoint_auth_methods_supported=["private_key_jwt"])),
+            "supports none of",
+        ),
+    ],
+)
+async def test_bad_discovery_documents_fail(http: httpx.AsyncClient, response: httpx.Response, problem: str) -> None:
+    catalog = oidc_catalog()
+    with respx.mock:
+        respx.get(DISCOVERY).mock(return_value=response)
+        with pytest.raises(ConnectorError) as caught:
+            await catalog.resolve("oidc", http)
+    assert caught.value.code == "provider_discovery_failed"
+    assert problem in str(caught.value)
+    assert SECRET not in str(caught.value)
+
+
+async def test_network_error_fails_and_is_not_cached(http: httpx.AsyncClient) -> None:
+    catalog = oidc_catalog()
+    with respx.mock:
+        respx.get(DISCOVERY).mock(side_effect=httpx.ConnectError("refused"))
+        with pytest.raises(ConnectorError) as caught:
+            await catalog.resolve("oidc", http)
+    assert caught.value.code == "provider_discovery_failed"
+    with respx.mock:
+        respx.get(DISCOVERY).respond(json=discovery_document())
+        assert (await catalog.resolve("oidc", http)).issuer == ISSUER
+
+
+async def test_configured_issuer_must_match_the_document(tmp_path: Path, http: httpx.AsyncClient) -> None:
+    url = "https://sso.example.com/custom/metadata.json"  # a location that implies no issuer
+    path = catalog_file(tmp_path, f'[sso]\ndiscovery_url = "{url}"\nissuer = "https://other.example.com"\n')
+    with respx.mock:
+        respx.get(url).respond(json=discovery_document())
+        with pytest.raises(ConnectorError, match="is not the configured"):
+            await load_catalog(path, env=creds("sso")).resolve("sso", http)
