@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import authlib.deprecate  # noqa: F401 - installs an "always" filter that the ignore below must follow
 import httpx
 
 with warnings.catch_warnings():
