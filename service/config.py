@@ -96,6 +96,26 @@ class _Section(BaseModel):
 class ServerSettings(_Section):
     host: str = Field(default="127.0.0.1", min_length=1)
     port: int = Field(default=8700, ge=1, le=65535)
+    # Networks of reverse proxies whose forwarded headers (client address, identity headers) are believed.
+    # Empty: no peer is trusted, and forwarded headers are never used.
+    trusted_proxies: Annotated[list[str], NoDecode] = Field(default_factory=list)
+
+    @field_validator("trusted_proxies", mode="before")
+    @classmethod
+    def _split_networks(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _check_networks(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ValueError(f"'{entry}' is not an IP network (e.g. 10.0.0.0/8 or 127.0.0.1/32)") from None
+        return value
 
 
 class DatabaseSettings(_Section):
