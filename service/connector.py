@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from .acp_bridge import (
+    AcpLink,
     AgentConnection,
     AnswerKind,
-    connection_closed,
+    StateListener,
     send_completion,
     send_url_elicitation,
     url_mode_advertised,
@@ -31,8 +32,10 @@ from .acp_bridge import (
 from .config import Settings, load_settings
 from .errors import ConfigError, NotAuthorized
 from .events import ElicitationEvent
+from .foreground import ForegroundTracker
 from .identity import Identity
-from .identity.local import LocalVerifier
+from .identity.base import IdentityVerifier
+from .identity.factory import build_verifier
 from .lifecycle import finish
 from .oauth import revoke
 from .providers import load_catalog
@@ -126,12 +129,13 @@ _TERMINAL_OUTCOMES = {
 class Connector:
     """One connector instance: its database, vault, provider catalog and web routes."""
 
-    def __init__(self, runtime: Runtime, verifier: LocalVerifier) -> None:
+    def __init__(self, runtime: Runtime, verifier: IdentityVerifier) -> None:
         self.runtime = runtime
         self.verifier = verifier
         self.tokens = TokenAccess(runtime)
-        self._keys: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
-        self._connections: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+        self._links: weakref.WeakKeyDictionary[Any, AcpLink] = weakref.WeakKeyDictionary()
+        self._links_by_key: weakref.WeakValueDictionary[str, AcpLink] = weakref.WeakValueDictionary()
+        self.foreground = ForegroundTracker()
         self._deliveries: dict[str, asyncio.Task[None]] = {}
         runtime.bus.add_listener(self._on_event)
 
@@ -150,7 +154,7 @@ class Connector:
         runtime = Runtime(
             settings=settings, store=Store.from_url(settings.database.url), vault=Vault(ring), catalog=catalog
         )
-        return cls(runtime, LocalVerifier.from_settings(settings))
+        return cls(runtime, build_verifier(runtime))  # ConfigError when the verifier's settings are incomplete
 
     @classmethod
     def from_config(cls, path: str | Path | None = None) -> Connector:
@@ -189,27 +193,52 @@ class Connector:
         await serve(self.asgi_app(), self.settings.server.host, self.settings.server.port)
 
     # -- the agent's API -------------------------------------------------------------------------------------
+    def attach(self, conn: AgentConnection, *, on_state: StateListener | None = None) -> AcpLink:
+        """Start tracking a client connection. Call it from the agent's `on_connect`, before `initialize`.
+
+        The connector then reads the client's capabilities (v1 `clientCapabilities` or v2 `capabilities`)
+        and the negotiated protocol version from the wire, can cancel its own pending requests with
+        `$/cancel_request`, and answers the client's `$/cancel_request`. `on_state(session_id, state)` hears
+        foreground-state transitions (on v2 connections they are also sent as `state_update`).
+        """
+        link = self._links.get(conn)
+        if link is None:
+            link = AcpLink(conn)
+            self._links[conn] = link
+            self._links_by_key[link.key] = link
+        self.foreground.listen(link, on_state)
+        return link
+
     async def request_authorization(
         self,
         conn: AgentConnection,
-        client_capabilities: Any,
+        client_capabilities: Any = None,
         *,
         user: Identity,
         provider: str,
         scope: ElicitationScope,
         scopes: Sequence[str] | None = None,
         message: str | None = None,
+        foreground: bool = True,
     ) -> AuthorizationOutcome:
         """Make sure `user` holds a grant at `provider` covering `scopes`, asking through the client if needed.
 
-        Returns when the grant exists, or with the reason it does not. Raises `ProviderNotConfigured` or
-        `UnknownProvider` for a provider the operator has not set up.
+        `client_capabilities` (SDK model or raw JSON) is needed only when the connection was not attached
+        before `initialize`; the capabilities seen on the wire take precedence. `foreground=False` marks a
+        request for background activity: it changes no session's foreground state.
+
+        Returns when the grant exists, or with the reason it does not. If the calling task is cancelled, the
+        pending `elicitation/create` is cancelled with `$/cancel_request` and the elicitation ends as
+        cancelled. Raises `ProviderNotConfigured` or `UnknownProvider` for a provider the operator has not set up.
         """
         entry = self.runtime.catalog.require_configured(provider)
         wanted = tuple(scopes) if scopes is not None else tuple(entry.default_scopes)
         existing = await self.tokens.find_grant(user, provider, wanted)
         if existing is not None:
             return AuthorizationOutcome(AuthorizationStatus.ALREADY_AUTHORIZED, provider, grant=GrantInfo.of(existing))
+        link = self.attach(conn)
+        if link.initialize_params is not None:
+            client_capabilities = link.raw_capabilities
         if not url_mode_advertised(client_capabilities):
             await self.runtime.store.audit.record(
                 "unsupported_client", identity=user, provider=provider, now=self.runtime.now()
@@ -217,25 +246,39 @@ class Connector:
             return AuthorizationOutcome(AuthorizationStatus.UNSUPPORTED, provider)
 
         record = await self._create(
-            conn,
+            link,
             user,
             entry.name,
             wanted,
             scope,
             message or self._default_message(entry.display_name, wanted),
         )
-        async with self.runtime.bus.subscribe(record.id) as events:
-            answer = await send_url_elicitation(
-                conn,
-                elicitation_id=record.id,
-                url=self.runtime.connect_url(record.id),
-                message=record.message,
-                scope=scope,
-            )
-            if answer.kind is AnswerKind.ACCEPT:
-                await self._consented(record)
-                return await self._await_browser(conn, record, events)
-            return await self._answered_without_consent(record, answer.kind, answer.error_code)
+        blocking = foreground and isinstance(scope, SessionScope)
+        session_id = scope.session_id if isinstance(scope, SessionScope) else ""
+        if blocking:
+            await self.foreground.block(link, session_id)
+        cancelled = False
+        try:
+            async with self.runtime.bus.subscribe(record.id) as events:
+                answer = await send_url_elicitation(
+                    conn,
+                    elicitation_id=record.id,
+                    url=self.runtime.connect_url(record.id),
+                    message=record.message,
+                    scope=scope,
+                )
+                if answer.kind is AnswerKind.ACCEPT:
+                    await self._consented(record)
+                    return await self._await_browser(link, record, events)
+                return await self._answered_without_consent(record, answer.kind, answer.error_code)
+        except asyncio.CancelledError:
+            cancelled = True
+            await self._cancelled(link, record)
+            raise
+        finally:
+            if blocking:
+                # The work resumes (`running`) with whatever outcome, or ends without resuming (`idle`).
+                await self.foreground.unblock(link, session_id, ended=cancelled)
 
     async def find_grant(self, user: Identity, provider: str, scopes: Sequence[str] = ()) -> GrantInfo | None:
         grant = await self.tokens.find_grant(user, provider, scopes)
@@ -278,14 +321,6 @@ class Connector:
         return removed
 
     # -- internals ----------------------------------------------------------------------------------------
-    def _connection_key(self, conn: AgentConnection) -> str:
-        key = self._keys.get(conn)
-        if key is None:
-            key = secrets.token_urlsafe(12)
-            self._keys[conn] = key
-            self._connections[key] = conn
-        return key
-
     @staticmethod
     def _default_message(display_name: str, scopes: Sequence[str]) -> str:
         listed = ", ".join(scopes) if scopes else "basic access"
@@ -293,7 +328,7 @@ class Connector:
 
     async def _create(
         self,
-        conn: AgentConnection,
+        link: AcpLink,
         user: Identity,
         provider: str,
         scopes: tuple[str, ...],
@@ -303,7 +338,7 @@ class Connector:
         now = self.runtime.now()
         record = ElicitationRecord(
             id=secrets.token_urlsafe(24),  # 192 random bits
-            connection_key=self._connection_key(conn),
+            connection_key=link.key,
             identity=user,
             provider=provider,
             scopes=scopes,
@@ -374,8 +409,27 @@ class Connector:
         # Something else ended it first (the browser can finish before the client's answer arrives).
         return await self._outcome_of(record.id)
 
+    async def _cancelled(self, link: AcpLink, record: ElicitationRecord) -> None:
+        """The work waiting on this elicitation was cancelled: cancel our request and end the elicitation.
+
+        The browser flow may still finish on its own (the grant is then stored), but nothing resumes the
+        cancelled work and no `elicitation/complete` is sent for it: the client was told to drop it.
+        """
+        request_id = link.pending_request_id(record.id)
+        if request_id is not None:
+            await link.cancel_request(request_id)
+        await finish(
+            self.runtime,
+            record,
+            ElicitationStatus.CANCELLED,
+            "cancelled",
+            reason="the agent's work was cancelled",
+            detail={"request_cancelled": request_id is not None},
+            close_flows=False,
+        )
+
     async def _await_browser(
-        self, conn: AgentConnection, record: ElicitationRecord, events: asyncio.Queue[ElicitationEvent]
+        self, link: AcpLink, record: ElicitationRecord, events: asyncio.Queue[ElicitationEvent]
     ) -> AuthorizationOutcome:
         while True:
             current = await self.runtime.store.elicitations.get(record.id)
@@ -393,7 +447,7 @@ class Connector:
                     reason="expired while waiting",
                 )
                 continue
-            if connection_closed(conn):
+            if link.closed():
                 # The user may still be in the browser: the elicitation stays open and a grant that arrives
                 # later is stored. Only the notification has nowhere to go.
                 await self.runtime.store.audit.record(
@@ -430,20 +484,20 @@ class Connector:
     def _on_event(self, event: ElicitationEvent) -> None:
         if event.status is not ElicitationStatus.COMPLETED:
             return
-        conn = self._connections.get(event.connection_key)
-        if conn is None:
+        link = self._links_by_key.get(event.connection_key)
+        if link is None:
             log.info(
                 "originating connection is gone; elicitation/complete not sent",
                 extra={"elicitation_id": event.elicitation_id},
             )
             return
         # Exactly once: only the single winning transition to COMPLETED publishes this event.
-        task = asyncio.get_running_loop().create_task(self._deliver(conn, event.elicitation_id))
+        task = asyncio.get_running_loop().create_task(self._deliver(link, event.elicitation_id))
         self._deliveries[event.elicitation_id] = task
         task.add_done_callback(lambda _t: self._deliveries.pop(event.elicitation_id, None))
 
-    async def _deliver(self, conn: AgentConnection, elicitation_id: str) -> None:
-        sent = await send_completion(conn, elicitation_id)
+    async def _deliver(self, link: AcpLink, elicitation_id: str) -> None:
+        sent = await send_completion(link, elicitation_id)
         await self.runtime.store.audit.record(
             "completion_sent" if sent else "completion_undeliverable",
             elicitation_id=elicitation_id,

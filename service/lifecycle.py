@@ -18,14 +18,20 @@ async def finish(
     *,
     reason: str | None = None,
     detail: Mapping[str, object] | None = None,
+    close_flows: bool = True,
 ) -> bool:
-    """Move to a terminal status if the current one allows it; False when something else ended it first."""
+    """Move to a terminal status if the current one allows it; False when something else ended it first.
+
+    `close_flows=False` leaves a flow the user already started at the provider usable, so that an
+    authorization the user completes after a cancellation is still stored (it resumes nothing).
+    """
     now = rt.now()
     async with rt.store.transaction() as conn:
         updated = await rt.store.elicitations.transition(record.id, status, reason=reason, now=now, conn=conn)
         if updated is None:
             return False
-        await rt.store.flows.invalidate_open(record.id, now, conn=conn)
+        if close_flows:
+            await rt.store.flows.invalidate_open(record.id, now, conn=conn)
         await rt.store.audit.record(
             event,
             elicitation_id=record.id,

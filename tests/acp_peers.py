@@ -11,6 +11,8 @@ from acp import PROTOCOL_VERSION
 from acp._transport import Transport, memory_transport_pair
 from acp.agent.connection import AgentSideConnection
 from acp.client.connection import ClientSideConnection
+from acp.connection import Connection, StreamDirection, StreamEvent
+from acp.exceptions import RequestError
 from acp.helpers import text_block, update_agent_message_text
 from acp.interfaces import Client
 from acp.schema import (
@@ -26,7 +28,7 @@ from acp.schema import (
     PromptResponse,
 )
 
-from service import AuthorizationOutcome, Connector, Identity, SessionScope
+from service import AuthorizationOutcome, Connector, Identity, RequestScope, SessionScope
 
 
 class RecordingTransport:
@@ -53,15 +55,23 @@ class RecordingTransport:
 class ConnectorAgent:
     """An agent whose prompt asks for GitHub access through the connector, then lists repos server-side."""
 
-    def __init__(self, connector: Connector, user: Identity) -> None:
+    def __init__(self, connector: Connector, user: Identity, *, attach: bool = True) -> None:
         self.connector = connector
         self.user = user
+        self.attach = attach
         self.conn: Client | None = None
         self.capabilities: ClientCapabilities | None = None
         self.outcomes: list[AuthorizationOutcome] = []
+        self.states: list[tuple[str, str]] = []  # foreground transitions heard through the listener
+        self.prompt_tasks: dict[str, asyncio.Task[Any]] = {}
+        self.cancelled: list[str] = []
+        self.scope_for: Callable[[str], SessionScope | RequestScope] = lambda sid: SessionScope(sid, "call-1")
+        self.foreground = True
 
     def on_connect(self, conn: Client) -> None:
         self.conn = conn
+        if self.attach:
+            self.connector.attach(conn, on_state=lambda session, state: self.states.append((session, state.value)))
 
     async def initialize(
         self,
@@ -71,12 +81,32 @@ class ConnectorAgent:
         **kwargs: Any,
     ) -> InitializeResponse:
         self.capabilities = client_capabilities
-        return InitializeResponse(protocol_version=PROTOCOL_VERSION, agent_capabilities=AgentCapabilities())
+        # Speak v2 when the client asks for it (the connector reads v2 capabilities from the wire).
+        version = 2 if protocol_version >= 2 else PROTOCOL_VERSION
+        return InitializeResponse(protocol_version=version, agent_capabilities=AgentCapabilities())
+
+    async def cancel(self, session_id: str, **kwargs: Any) -> None:
+        task = self.prompt_tasks.get(session_id)
+        if task is not None and not task.done():
+            self.cancelled.append(session_id)
+            task.cancel()
 
     async def new_session(self, cwd: str, **kwargs: Any) -> NewSessionResponse:
         return NewSessionResponse(session_id="sess-1")
 
     async def prompt(self, session_id: str, prompt: list[Any], **kwargs: Any) -> PromptResponse:
+        assert self.conn is not None
+        task = asyncio.current_task()
+        assert task is not None
+        self.prompt_tasks[session_id] = task
+        try:
+            return await self._prompt(session_id)
+        except asyncio.CancelledError:
+            if session_id not in self.cancelled:
+                raise  # the connection is closing, not a session/cancel: nothing to answer
+            return PromptResponse(stop_reason="cancelled")
+
+    async def _prompt(self, session_id: str) -> PromptResponse:
         assert self.conn is not None
         outcome = await self.connector.request_authorization(
             self.conn,
@@ -84,7 +114,8 @@ class ConnectorAgent:
             user=self.user,
             provider="github",
             scopes=["repo"],
-            scope=SessionScope(session_id, tool_call_id="call-1"),
+            scope=self.scope_for(session_id),
+            foreground=self.foreground,
         )
         self.outcomes.append(outcome)
         if outcome.ok:
@@ -108,6 +139,9 @@ class RecordingClient:
     updates: list[Any] = field(default_factory=list)
     urls: asyncio.Queue[str] = field(default_factory=asyncio.Queue)
     completed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def next_url(self) -> str:
+        return await asyncio.wait_for(self.urls.get(), 10)
 
     async def create_elicitation(self, message: str, mode: Any, **kwargs: Any) -> Any:
         self.elicitations.append({"message": message, "mode": mode})
@@ -168,3 +202,100 @@ async def connect(
 
 def prompt_text(text: str) -> list[Any]:
     return [text_block(text)]
+
+
+class RawClient:
+    """A client speaking raw JSON-RPC through the SDK's `Connection`, for shapes the SDK's client models
+    cannot send (v2 `capabilities`, explicit nulls) and for precise control over when answers go out.
+
+    `answer` is the result for `elicitation/create` (a dict), or a `RequestError` to raise. With `hold` set,
+    answers wait until `release()`; a `$/cancel_request` for a held request answers it with -32800.
+    """
+
+    def __init__(self, answer: dict[str, Any] | RequestError | None = None, *, hold: bool = False) -> None:
+        self.answer: dict[str, Any] | RequestError = answer if answer is not None else {"action": "accept"}
+        self.messages: list[tuple[str, dict[str, Any]]] = []
+        self.creates: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._gate = asyncio.Event()
+        if not hold:
+            self._gate.set()
+        self._request_ids: dict[str, Any] = {}
+        self._cancelled: dict[Any, asyncio.Event] = {}
+        self.conn: Connection | None = None
+
+    def release(self) -> None:
+        self._gate.set()
+
+    async def next_create(self) -> dict[str, Any]:
+        """The params of the next elicitation/create; a test never waits forever for one that does not come."""
+        return await asyncio.wait_for(self.creates.get(), 10)
+
+    def received(self, method: str) -> list[dict[str, Any]]:
+        return [m for d, m in self.messages if d == "in" and m.get("method") == method]
+
+    def sent(self, method: str | None = None) -> list[dict[str, Any]]:
+        return [m for d, m in self.messages if d == "out" and (method is None or m.get("method") == method)]
+
+    def _observe(self, event: StreamEvent) -> None:
+        message = event.message
+        if event.direction is StreamDirection.INCOMING and message.get("method") == "elicitation/create":
+            self._request_ids[message["params"]["elicitationId"]] = message["id"]
+
+    async def handle(self, method: str, params: Any, is_notification: bool) -> Any:
+        if method == "elicitation/create":
+            request_id = self._request_ids.get(params["elicitationId"])
+            cancelled = self._cancelled.setdefault(request_id, asyncio.Event())
+            self.creates.put_nowait(params)
+            gate = asyncio.create_task(self._gate.wait())
+            cancel = asyncio.create_task(cancelled.wait())
+            await asyncio.wait({gate, cancel}, return_when=asyncio.FIRST_COMPLETED)
+            gate.cancel()
+            cancel.cancel()
+            if cancelled.is_set():
+                raise RequestError(-32800, "Request cancelled")
+            if isinstance(self.answer, RequestError):
+                raise self.answer
+            return self.answer
+        if method == "$/cancel_request":
+            self._cancelled.setdefault(params["requestId"], asyncio.Event()).set()
+            return None
+        if is_notification:
+            return None
+        raise RequestError.method_not_found(method)
+
+    async def start(self, transport: Transport) -> None:
+        self.conn = Connection(self.handle, RecordingTransport(transport, self.messages), observers=[self._observe])
+
+    async def initialize(self, params: dict[str, Any]) -> Any:
+        assert self.conn is not None
+        return await self.conn.send_request("initialize", params)
+
+    async def new_session(self) -> str:
+        assert self.conn is not None
+        result = await self.conn.send_request("session/new", {"cwd": "/", "mcpServers": []})
+        return str(result["sessionId"])
+
+    async def prompt(self, session_id: str) -> Any:
+        assert self.conn is not None
+        return await self.conn.send_request(
+            "session/prompt", {"sessionId": session_id, "prompt": [{"type": "text", "text": "go"}]}
+        )
+
+    async def notify(self, method: str, params: dict[str, Any]) -> None:
+        assert self.conn is not None
+        await self.conn.send_notification(method, params)
+
+    async def close(self) -> None:
+        if self.conn is not None:
+            await self.conn.close()
+
+
+async def connect_raw(
+    connector: Connector, user: Identity, client: RawClient, initialize: dict[str, Any]
+) -> tuple[ConnectorAgent, AgentSideConnection]:
+    agent_end, client_end = memory_transport_pair()
+    agent = ConnectorAgent(connector, user)
+    agent_conn = AgentSideConnection(agent, agent_end, use_unstable_protocol=True)
+    await client.start(client_end)
+    await client.initialize(initialize)
+    return agent, agent_conn

@@ -83,7 +83,7 @@ async def test_existing_grant_returns_at_once_without_elicitation(deployment: De
     wire = await connect(deployment.connector, deployment.local_user, client)
     prompt = asyncio.create_task(wire.client_conn.prompt(session_id="sess-1", prompt=prompt_text("go")))
     async with ScriptedBrowser() as browser:
-        assert (await browser.authorize(await client.urls.get())).status_code == 200
+        assert (await browser.authorize(await client.next_url())).status_code == 200
     await asyncio.wait_for(prompt, 10)
     await asyncio.wait_for(wire.client_conn.prompt(session_id="sess-1", prompt=prompt_text("again")), 10)
     assert [o.status for o in wire.agent.outcomes] == [
@@ -99,7 +99,7 @@ async def test_declining_on_the_consent_page(deployment: Deployment) -> None:
     client = RecordingClient(answer="accept")
     wire = await connect(deployment.connector, deployment.local_user, client)
     prompt = asyncio.create_task(wire.client_conn.prompt(session_id="sess-1", prompt=prompt_text("go")))
-    url = await client.urls.get()
+    url = await client.next_url()
     async with ScriptedBrowser() as browser:
         page = await browser.get(url)
         declined = await browser.submit(page, "decline")
@@ -118,7 +118,7 @@ async def test_access_denied_at_the_provider_is_a_decline(deployment: Deployment
     wire = await connect(deployment.connector, deployment.local_user, client)
     prompt = asyncio.create_task(wire.client_conn.prompt(session_id="sess-1", prompt=prompt_text("go")))
     async with ScriptedBrowser() as browser:
-        final = await browser.authorize(await client.urls.get())
+        final = await browser.authorize(await client.next_url())
         assert final.status_code == 400 and final.headers["x-connector-error"] == "access_denied"
     await asyncio.wait_for(prompt, 10)
     outcome = wire.agent.outcomes[0]
@@ -160,7 +160,7 @@ async def test_dropped_connection_sends_nothing_but_keeps_the_grant(deployment: 
             scope=SessionScope("sess-1"),
         )
     )
-    url = await client.urls.get()
+    url = await client.next_url()
     await asyncio.sleep(0.05)  # let the accept arrive
     await wire.client_conn.close()  # the client goes away while the user is in the browser
     outcome = await asyncio.wait_for(request, 10)
@@ -182,7 +182,7 @@ async def test_unknown_and_completed_links(deployment: Deployment) -> None:
     client = RecordingClient(answer="accept")
     wire = await connect(deployment.connector, deployment.local_user, client)
     prompt = asyncio.create_task(wire.client_conn.prompt(session_id="sess-1", prompt=prompt_text("go")))
-    url = await client.urls.get()
+    url = await client.next_url()
     async with ScriptedBrowser() as browser:
         unknown = await browser.get(f"{deployment.base_url}/connect/not-a-real-id")
         assert unknown.status_code == 404 and unknown.headers["x-connector-error"] == "unknown_elicitation"

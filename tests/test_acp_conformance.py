@@ -1,0 +1,394 @@
+"""Every rule of the ACP elicitation text that binds the Agent, checked on the wire.
+
+The README's "Protocol conformance" table points at the tests here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+from acp.exceptions import RequestError
+
+from service import AuthorizationStatus, RequestScope, SessionScope
+from service.states import ElicitationStatus
+from service.testing import ScriptedBrowser
+
+from .acp_peers import RawClient, RecordingClient, connect, connect_raw
+from .conftest import BOB, Deployment
+
+URL = {"url": {}}
+
+# (elicitation capability as sent, URL mode advertised?)
+CAPABILITY_TABLE: list[tuple[Any, bool]] = [
+    ("<omitted>", False),
+    (None, False),
+    ({}, False),
+    ({"form": None, "url": None}, False),
+    ({"form": {}}, False),
+    ({"form": {}, "url": None}, False),
+    ({"url": None}, False),
+    ({"url": {}}, True),
+    ({"form": {}, "url": {}}, True),
+    ({"form": None, "url": {}}, True),
+    ({"url": {"_meta": {"x": 1}}}, True),
+]
+
+
+def initialize_params(version: int, elicitation: Any) -> dict[str, Any]:
+    capabilities: dict[str, Any] = {}
+    if elicitation != "<omitted>":
+        capabilities["elicitation"] = elicitation
+    key = "clientCapabilities" if version == 1 else "capabilities"
+    return {"protocolVersion": version, key: capabilities}
+
+
+@pytest.mark.parametrize("version", [1, 2], ids=["v1-clientCapabilities", "v2-capabilities"])
+@pytest.mark.parametrize(("elicitation", "advertised"), CAPABILITY_TABLE, ids=[repr(c[0]) for c in CAPABILITY_TABLE])
+async def test_capabilities_as_sent_on_the_wire(
+    deployment: Deployment, version: int, elicitation: Any, advertised: bool
+) -> None:
+    client = RawClient({"action": "decline"})
+    agent, agent_conn = await connect_raw(
+        deployment.connector, deployment.local_user, client, initialize_params(version, elicitation)
+    )
+    session = await client.new_session()
+    await asyncio.wait_for(client.prompt(session), 10)
+    creates = client.received("elicitation/create")
+    if advertised:
+        assert [c["params"]["mode"] for c in creates] == ["url"]
+        assert agent.outcomes[0].status is AuthorizationStatus.DECLINED
+    else:
+        assert creates == []  # nothing sent, and never a form-mode fallback
+        assert agent.outcomes[0].status is AuthorizationStatus.UNSUPPORTED
+    assert all(m.get("params", {}).get("mode") != "form" for m in creates)
+    await client.close()
+    await agent_conn.close()
+
+
+async def test_same_session_id_on_two_connections_never_crosses(deployment: Deployment) -> None:
+    connector = deployment.connector
+    first, second = RecordingClient(), RecordingClient()
+    wire_a = await connect(connector, deployment.local_user, first)
+    wire_b = await connect(connector, deployment.local_user, second)
+    prompt_a = asyncio.create_task(wire_a.client_conn.prompt(session_id="sess-1", prompt=[]))
+    prompt_b = asyncio.create_task(wire_b.client_conn.prompt(session_id="sess-1", prompt=[]))
+    url_a, url_b = await first.next_url(), await second.next_url()
+    assert url_a != url_b
+    async with ScriptedBrowser() as browser:
+        assert (await browser.authorize(url_b)).status_code == 200
+    await asyncio.wait_for(prompt_b, 10)
+    id_b = wire_b.received("elicitation/create")[0]["params"]["elicitationId"]
+    assert second.completions == [id_b] and first.completions == []
+    # The other connection's elicitation for the same session id is still waiting on its own user.
+    id_a = wire_a.received("elicitation/create")[0]["params"]["elicitationId"]
+    record_a = await connector.runtime.store.elicitations.get(id_a)
+    assert record_a is not None and record_a.status is ElicitationStatus.CONSENTED
+    assert record_a.connection_key != (await connector.runtime.store.elicitations.get(id_b)).connection_key  # type: ignore[union-attr]
+    prompt_a.cancel()
+    await wire_a.close()
+    await wire_b.close()
+
+
+async def test_same_session_id_for_two_users_binds_each_user(deployment: Deployment) -> None:
+    """Bob's elicitation in session "sess-1" cannot be completed by the local user's browser."""
+    connector = deployment.connector
+    client = RecordingClient()
+    wire = await connect(connector, BOB, client)
+    prompt = asyncio.create_task(wire.client_conn.prompt(session_id="sess-1", prompt=[]))
+    url = await client.next_url()
+    async with ScriptedBrowser() as browser:  # the browser belongs to the local user, not Bob
+        refused = await browser.authorize(url)
+    assert refused.status_code == 403 and refused.headers["x-connector-error"] == "identity_mismatch"
+    assert await connector.runtime.store.grants.find(BOB, "github") == []
+    assert await connector.runtime.store.grants.find(deployment.local_user, "github") == []
+    assert client.completions == []
+    prompt.cancel()
+    await wire.close()
+
+
+async def test_many_outstanding_elicitations_on_one_connection_are_tracked_individually(
+    deployment: Deployment,
+) -> None:
+    connector = deployment.connector
+    client = RecordingClient()
+    wire = await connect(connector, deployment.local_user, client)
+    assert wire.agent.conn is not None
+    requests = [
+        asyncio.create_task(
+            connector.request_authorization(
+                wire.agent.conn,
+                user=deployment.local_user,
+                provider="github",
+                scopes=[f"scope-{i}"],
+                scope=SessionScope("sess-1", f"call-{i}"),
+            )
+        )
+        for i in range(3)
+    ]
+    urls = [await client.next_url() for _ in requests]
+    ids = [c["params"]["elicitationId"] for c in wire.received("elicitation/create")]
+    assert len(set(ids)) == 3 and all(len(i) >= 22 for i in ids)
+    async with ScriptedBrowser() as browser:
+        assert (await browser.authorize(urls[1])).status_code == 200
+    done, pending = await asyncio.wait(requests, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+    assert [t.result().elicitation_id for t in done] == [ids[1]]
+    assert len(pending) == 2
+    assert client.completions == [ids[1]]
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    await wire.close()
+
+
+async def test_session_cancel_sends_cancel_request_for_the_pending_create_only(deployment: Deployment) -> None:
+    """Response-vs-cancel, cancel first: the late accept resumes nothing."""
+    connector = deployment.connector
+    client = RawClient({"action": "accept"}, hold=True)
+    agent, agent_conn = await connect_raw(connector, deployment.local_user, client, initialize_params(1, URL))
+    session = await client.new_session()
+    # An unrelated request-scoped elicitation on the same connection, outside the session.
+    assert agent.conn is not None
+    unrelated = asyncio.create_task(
+        connector.request_authorization(
+            agent.conn, user=deployment.local_user, provider="github", scopes=["other"], scope=RequestScope(7)
+        )
+    )
+    unrelated_params = await client.next_create()
+    prompt = asyncio.create_task(client.prompt(session))
+    session_params = await client.next_create()
+
+    await client.notify("session/cancel", {"sessionId": session})
+    result = await asyncio.wait_for(prompt, 10)
+    assert result == {"stopReason": "cancelled"}
+
+    cancels = client.received("$/cancel_request")
+    session_request_id = next(
+        m["id"]
+        for m in client.received("elicitation/create")
+        if m["params"]["elicitationId"] == session_params["elicitationId"]
+    )
+    assert [c["params"] for c in cancels] == [{"requestId": session_request_id}]
+    record = await connector.runtime.store.elicitations.get(session_params["elicitationId"])
+    assert record is not None and record.status is ElicitationStatus.CANCELLED
+    # The client answered the cancelled request with -32800, which changed nothing.
+    assert any(m.get("id") == session_request_id and m.get("error", {}).get("code") == -32800 for m in client.sent())
+
+    # The request-scoped elicitation is untouched by session/cancel and goes on when the client answers.
+    other = await connector.runtime.store.elicitations.get(unrelated_params["elicitationId"])
+    assert other is not None and other.status is ElicitationStatus.PENDING
+    client.release()
+    await asyncio.sleep(0.05)
+    other = await connector.runtime.store.elicitations.get(unrelated_params["elicitationId"])
+    assert other is not None and other.status is ElicitationStatus.CONSENTED
+    assert agent.outcomes == []  # the cancelled work never resumed
+    unrelated.cancel()
+    await asyncio.gather(unrelated, return_exceptions=True)
+    await client.close()
+    await agent_conn.close()
+
+
+async def test_answer_first_then_cancel(deployment: Deployment) -> None:
+    """Response-vs-cancel, response first: decline is processed, the work resumes, no $/cancel_request."""
+    client = RawClient({"action": "decline"})
+    agent, agent_conn = await connect_raw(
+        deployment.connector, deployment.local_user, client, initialize_params(1, URL)
+    )
+    session = await client.new_session()
+    await asyncio.wait_for(client.prompt(session), 10)
+    await client.notify("session/cancel", {"sessionId": session})  # arrives after the work already resumed
+    await asyncio.sleep(0.05)
+    assert agent.outcomes[0].status is AuthorizationStatus.DECLINED
+    assert client.received("$/cancel_request") == []
+    await client.close()
+    await agent_conn.close()
+
+
+async def test_cancel_while_in_browser_then_callback_stores_grant_but_resumes_nothing(
+    deployment: Deployment,
+) -> None:
+    """Callback-vs-cancel, cancel first."""
+    connector = deployment.connector
+    client = RawClient({"action": "accept"})
+    agent, agent_conn = await connect_raw(connector, deployment.local_user, client, initialize_params(1, URL))
+    session = await client.new_session()
+    prompt = asyncio.create_task(client.prompt(session))
+    params = await client.next_create()
+    async with ScriptedBrowser() as browser:
+        page = await browser.get(params["url"])
+        to_provider = await browser.submit(page, "continue")  # the user is now at the provider
+        await asyncio.sleep(0.05)
+        await client.notify("session/cancel", {"sessionId": session})
+        assert await asyncio.wait_for(prompt, 10) == {"stopReason": "cancelled"}
+        final = await browser.follow(to_provider)  # ... and comes back after the cancellation
+    assert final.status_code == 200 and "already cancelled" in final.text
+    assert client.received("$/cancel_request") == []  # the create request was already answered
+    record = await connector.runtime.store.elicitations.get(params["elicitationId"])
+    assert record is not None and record.status is ElicitationStatus.CANCELLED
+    assert len(await connector.runtime.store.grants.find(deployment.local_user, "github")) == 1
+    events = [e.event for e in await connector.runtime.store.audit.list(elicitation_id=params["elicitationId"])]
+    assert "completed_after_cancel" in events and "completed" not in events
+    await asyncio.sleep(0.05)
+    assert client.received("elicitation/complete") == []  # decided: no completion for cancelled work
+    assert agent.outcomes == []
+    await client.close()
+    await agent_conn.close()
+
+
+async def test_callback_first_then_cancel(deployment: Deployment) -> None:
+    """Callback-vs-cancel, callback first: the completion stands and is sent once."""
+    connector = deployment.connector
+    client = RawClient({"action": "accept"})
+    agent, agent_conn = await connect_raw(connector, deployment.local_user, client, initialize_params(1, URL))
+    session = await client.new_session()
+    prompt = asyncio.create_task(client.prompt(session))
+    params = await client.next_create()
+    async with ScriptedBrowser() as browser:
+        assert (await browser.authorize(params["url"])).status_code == 200
+    await asyncio.wait_for(prompt, 10)
+    await client.notify("session/cancel", {"sessionId": session})
+    await asyncio.sleep(0.05)
+    record = await connector.runtime.store.elicitations.get(params["elicitationId"])
+    assert record is not None and record.status is ElicitationStatus.COMPLETED
+    assert [m["params"] for m in client.received("elicitation/complete")] == [
+        {"elicitationId": params["elicitationId"]}
+    ]
+    assert agent.outcomes[0].status is AuthorizationStatus.AUTHORIZED
+    await client.close()
+    await agent_conn.close()
+
+
+def states_on_wire(client: RawClient) -> list[tuple[str, str]]:
+    return [
+        (m["params"]["sessionId"], m["params"]["update"]["state"])
+        for m in client.received("session/update")
+        if m["params"]["update"].get("sessionUpdate") == "state_update"
+    ]
+
+
+async def test_v2_foreground_state_requires_action_then_running(deployment: Deployment) -> None:
+    connector = deployment.connector
+    client = RawClient({"action": "accept"})
+    agent, agent_conn = await connect_raw(connector, deployment.local_user, client, initialize_params(2, URL))
+    session = await client.new_session()
+    prompt = asyncio.create_task(client.prompt(session))
+    params = await client.next_create()
+    await asyncio.sleep(0.05)  # the accept has arrived: it must change nothing
+    assert states_on_wire(client) == [(session, "requires_action")]
+    async with ScriptedBrowser() as browser:
+        assert (await browser.authorize(params["url"])).status_code == 200
+    await asyncio.wait_for(prompt, 10)
+    assert states_on_wire(client) == [(session, "requires_action"), (session, "running")]
+    assert agent.states == [(session, "requires_action"), (session, "running")]
+    # running comes after elicitation/complete: progress resumes once the completion is out
+    methods = [m.get("method") for d, m in client.messages if d == "in"]
+    complete_at = methods.index("elicitation/complete")
+    running_at = max(
+        i
+        for i, (d, m) in enumerate(m for m in client.messages if m[0] == "in")
+        if m.get("params", {}).get("update", {}).get("state") == "running"
+    )
+    assert complete_at < running_at
+    await client.close()
+    await agent_conn.close()
+
+
+async def test_v2_several_outstanding_cause_one_transition_each_way(deployment: Deployment) -> None:
+    connector = deployment.connector
+    client = RawClient({"action": "decline"}, hold=True)
+    agent, agent_conn = await connect_raw(connector, deployment.local_user, client, initialize_params(2, URL))
+    session = await client.new_session()
+    assert agent.conn is not None
+    tasks = [
+        asyncio.create_task(
+            connector.request_authorization(
+                agent.conn,
+                user=deployment.local_user,
+                provider="github",
+                scopes=[f"s{i}"],
+                scope=SessionScope(session, f"call-{i}"),
+            )
+        )
+        for i in range(3)
+    ]
+    for _ in tasks:
+        await client.next_create()
+    client.release()
+    await asyncio.wait_for(asyncio.gather(*tasks), 10)
+    assert states_on_wire(client) == [(session, "requires_action"), (session, "running")]
+    await client.close()
+    await agent_conn.close()
+
+
+@pytest.mark.parametrize("kind", ["request-scoped", "background"])
+async def test_request_scoped_and_background_elicitations_change_no_state(deployment: Deployment, kind: str) -> None:
+    client = RawClient({"action": "decline"})
+    agent, agent_conn = await connect_raw(
+        deployment.connector, deployment.local_user, client, initialize_params(2, URL)
+    )
+    if kind == "request-scoped":
+        agent.scope_for = lambda sid: RequestScope("auth-1")
+    else:
+        agent.foreground = False
+    session = await client.new_session()
+    await asyncio.wait_for(client.prompt(session), 10)
+    assert len(client.received("elicitation/create")) == 1
+    assert states_on_wire(client) == [] and agent.states == []
+    await client.close()
+    await agent_conn.close()
+
+
+async def test_v1_sends_no_state_update_but_the_agent_hears_transitions(deployment: Deployment) -> None:
+    client = RawClient({"action": "decline"})
+    agent, agent_conn = await connect_raw(
+        deployment.connector, deployment.local_user, client, initialize_params(1, URL)
+    )
+    session = await client.new_session()
+    await asyncio.wait_for(client.prompt(session), 10)
+    assert states_on_wire(client) == []
+    assert agent.states == [(session, "requires_action"), (session, "running")]
+    await client.close()
+    await agent_conn.close()
+
+
+async def test_v2_cancelled_work_reports_idle(deployment: Deployment) -> None:
+    client = RawClient({"action": "accept"}, hold=True)
+    _agent, agent_conn = await connect_raw(
+        deployment.connector, deployment.local_user, client, initialize_params(2, URL)
+    )
+    session = await client.new_session()
+    prompt = asyncio.create_task(client.prompt(session))
+    await client.next_create()
+    await client.notify("session/cancel", {"sessionId": session})
+    await asyncio.wait_for(prompt, 10)
+    assert states_on_wire(client) == [(session, "requires_action"), (session, "idle")]
+    await client.close()
+    await agent_conn.close()
+
+
+async def test_incoming_cancel_request_is_answered_not_an_error(
+    deployment: Deployment, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    client = RawClient({"action": "accept"}, hold=True)
+    _agent, agent_conn = await connect_raw(
+        deployment.connector, deployment.local_user, client, initialize_params(1, URL)
+    )
+    session = await client.new_session()
+    prompt = asyncio.create_task(client.prompt(session))
+    await client.next_create()
+    prompt_id = next(m["id"] for m in client.sent("session/prompt"))
+    await client.notify("$/cancel_request", {"requestId": 9999})  # not in progress: ignored quietly
+    await client.notify("$/cancel_request", {"requestId": prompt_id})
+    try:
+        outcome = await asyncio.wait_for(prompt, 10)
+    except RequestError as exc:
+        outcome = exc.code
+    # The agent's prompt handler caught the cancellation and answered; either answer is allowed by the text.
+    assert outcome in ({"stopReason": "cancelled"}, -32800)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not [r for r in caplog.records if "Method not found" in r.getMessage() or "Unhandled" in r.getMessage()]
+    await client.close()
+    await agent_conn.close()
