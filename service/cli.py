@@ -1,10 +1,12 @@
-"""The `acp-connector` command: serve | migrate | providers list | keys generate."""
+"""The `acp-connector` command: serve | migrate | providers list | keys generate | mock-provider."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -35,6 +37,10 @@ def _parser() -> argparse.ArgumentParser:
     keys_sub = keys.add_subparsers(dest="keys_command", required=True)
     generate = keys_sub.add_parser("generate", help="print a new key as KID:BASE64URL")
     generate.add_argument("--key-id", help="key id to use (default: k-YYYYMMDD-xxxx)")
+    mock = sub.add_parser("mock-provider", help="serve a mock OAuth provider on loopback, for testing agents")
+    mock.add_argument("--host", default="127.0.0.1", help="loopback address to listen on (default: 127.0.0.1)")
+    mock.add_argument("--port", type=int, default=8701, help="port to listen on, 0 for any free port (default: 8701)")
+    mock.add_argument("--name", default="github", help="catalog name whose credentials it accepts (default: github)")
     return parser
 
 
@@ -106,11 +112,39 @@ def _providers_list(settings: Settings) -> int:
     return 0
 
 
+def _mock_provider(host: str, port: int, name: str) -> int:
+    """Serve `MockOAuthProvider` on loopback; it accepts the client credentials the connector is configured with."""
+    from .providers import provider_env_var
+    from .testing.mock_provider import MockOAuthProvider
+
+    id_var, secret_var = provider_env_var(name, "CLIENT_ID"), provider_env_var(name, "CLIENT_SECRET")
+    client_id, client_secret = os.environ.get(id_var), os.environ.get(secret_var)
+    if not client_id or not client_secret:
+        return _fail(f"mock-provider: set {id_var} and {secret_var} (any values; the agent's connector uses the same)")
+    provider = MockOAuthProvider(client_id=client_id, client_secret=client_secret)
+
+    def ready(base_url: str) -> None:
+        entry = "\n".join(f"{key} = {json.dumps(value)}" for key, value in provider.catalog_entry().items())
+        print(f"# mock OAuth provider at {base_url}; a providers.toml entry for it:\n[{name}]\n{entry}", flush=True)
+
+    try:
+        asyncio.run(provider.serve_forever(host, port, on_ready=ready))
+    except (ValueError, OSError) as exc:
+        return _fail(f"mock-provider: {exc}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "keys":
         print(generate_key(args.key_id))
         return 0
+    if args.command == "mock-provider":
+        configure(args.log_format or "text")
+        try:
+            return _mock_provider(args.host, args.port, args.name)
+        except KeyboardInterrupt:
+            return 130
     try:
         settings = load_settings(args.config)
         configure(args.log_format or settings.log_format)

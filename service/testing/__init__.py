@@ -1,6 +1,7 @@
-"""Test helpers for agents that use the connector: a mock OAuth provider (respx) and a scripted browser."""
+"""Test helpers for agents that use the connector: a mock OAuth provider, a scripted browser, a scripted ACP client."""
 
+from .acp_client import Answer, Elicitation, Reply, ScriptedClient, spawn_agent
 from .browser import ScriptedBrowser
 from .mock_provider import MockOAuthProvider
 
-__all__ = ["MockOAuthProvider", "ScriptedBrowser"]
+__all__ = ["Answer", "Elicitation", "MockOAuthProvider", "Reply", "ScriptedBrowser", "ScriptedClient", "spawn_agent"]

@@ -1,21 +1,74 @@
-"""A mock OAuth 2.0 provider served through respx: it really checks client auth, redirect URI, PKCE and codes.
+"""A mock OAuth 2.0 provider that really checks client auth, redirect URI, PKCE and codes.
 
-Use it to test an agent end to end without a network: it plays GitHub-like authorize, token,
-userinfo, revocation and a small API (`/api/user`, `/api/user/repos`).
+Use it to test an agent end to end without a real provider: it plays GitHub-like authorize, token,
+userinfo, revocation and a small API (`/api/user`, `/api/user/repos`). The endpoint logic works on plain
+`MockRequest` / `MockResponse` values; two adapters put it on a transport:
+
+- `install(router)`: in-process, through a respx router (httpx calls never leave the process);
+- `asgi_app()` / `serve_http()` / `serve_forever()`: a Starlette app served by uvicorn on loopback, reachable from
+  other processes (e.g. an agent spawned over stdio). `acp-connector mock-provider --port N` runs it standalone.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import json
 import secrets
+import socket
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 import httpx
-import respx
+
+if TYPE_CHECKING:
+    import respx
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
+
+
+@dataclass(frozen=True, slots=True)
+class MockRequest:
+    """What an endpoint sees, whatever the transport: the path is relative to the provider's base URL."""
+
+    method: str
+    path: str
+    query: Mapping[str, str] = field(default_factory=dict)
+    headers: Mapping[str, str] = field(default_factory=dict)  # lower-case names
+    body: bytes = b""
+
+    def form(self) -> dict[str, str]:
+        return _first_values(self.body.decode("utf-8", errors="replace"))
+
+    def header(self, name: str) -> str:
+        return self.headers.get(name.lower(), "")
+
+
+@dataclass(frozen=True, slots=True)
+class MockResponse:
+    status: int
+    headers: Mapping[str, str] = field(default_factory=dict)
+    body: bytes = b""
+
+    @classmethod
+    def json(cls, status: int, body: Any) -> MockResponse:
+        return cls(status, {"content-type": "application/json"}, json.dumps(body).encode())
+
+    @classmethod
+    def text(cls, status: int, text: str) -> MockResponse:
+        return cls(status, {"content-type": "text/plain; charset=utf-8"}, text.encode())
+
+    @classmethod
+    def redirect(cls, redirect_uri: str, **params: str | None) -> MockResponse:
+        query = urlencode({k: v for k, v in params.items() if v is not None})
+        sep = "&" if "?" in redirect_uri else "?"
+        return cls(302, {"location": f"{redirect_uri}{sep}{query}"})
 
 
 @dataclass
@@ -79,66 +132,174 @@ class MockOAuthProvider:
             *self.issued_codes,
         ]
 
-    # -- wiring ----------------------------------------------------------------------------------------
+    def expire_access_tokens(self) -> None:
+        """Make every issued access token invalid, as if they had expired at the provider."""
+        self._access.clear()
+
+    # -- the transport-independent core ----------------------------------------------------------------
+    def _routes(self) -> dict[tuple[str, str], Callable[[MockRequest], MockResponse]]:
+        return {
+            ("GET", "/authorize"): self._authorize,
+            ("POST", "/token"): self._token,
+            ("POST", "/revoke"): self._revoke,
+            ("GET", "/api/user"): self._user,
+            ("GET", "/api/user/repos"): self._repos,
+        }
+
+    def handle(self, request: MockRequest) -> MockResponse:
+        """Answer one request; `request.path` is relative to `base_url` (e.g. "/token")."""
+        endpoint = self._routes().get((request.method.upper(), request.path))
+        if endpoint is None:
+            return MockResponse.json(404, {"error": "not_found"})
+        return endpoint(request)
+
+    def _relative_path(self, path: str) -> str:
+        prefix = urlsplit(self.base_url).path.rstrip("/")
+        return path[len(prefix) :] if prefix and path.startswith(prefix) else path
+
+    # -- respx adapter (in-process) --------------------------------------------------------------------
     def install(self, router: respx.MockRouter) -> None:
-        router.get(f"{self.base_url}/authorize").mock(side_effect=self._authorize)
-        router.post(f"{self.base_url}/token").mock(side_effect=self._token)
-        router.post(f"{self.base_url}/revoke").mock(side_effect=self._revoke)
-        router.get(f"{self.base_url}/api/user").mock(side_effect=self._user)
-        router.get(f"{self.base_url}/api/user/repos").mock(side_effect=self._repos)
+        """Route this provider's endpoints through `router`: httpx calls to `base_url` never leave the process."""
+        for method, path in self._routes():
+            router.request(method, f"{self.base_url}{path}").mock(side_effect=self._respx)
+
+    def _respx(self, request: httpx.Request) -> httpx.Response:
+        answer = self.handle(
+            MockRequest(
+                method=request.method,
+                path=self._relative_path(request.url.path),
+                query=_first_values(request.url.query.decode()),
+                headers={k.lower(): v for k, v in request.headers.items()},
+                body=request.content,
+            )
+        )
+        return httpx.Response(answer.status, headers=dict(answer.headers), content=answer.body)
+
+    # -- ASGI adapter (another process can reach it) -----------------------------------------------------
+    def asgi_app(self) -> Starlette:
+        """A Starlette app serving this provider's endpoints (paths relative to `base_url`'s path)."""
+        from starlette.applications import Starlette
+        from starlette.responses import Response
+        from starlette.routing import Route
+
+        async def endpoint(request: Request) -> Response:
+            answer = self.handle(
+                MockRequest(
+                    method=request.method,
+                    path=self._relative_path(request.url.path),
+                    query=dict(request.query_params),
+                    headers={k.lower(): v for k, v in request.headers.items()},
+                    body=await request.body(),
+                )
+            )
+            return Response(answer.body, status_code=answer.status, headers=dict(answer.headers))
+
+        return Starlette(routes=[Route("/{path:path}", endpoint, methods=["GET", "POST"])])
+
+    async def _start(self, host: str, port: int) -> tuple[uvicorn.Server, asyncio.Task[None], socket.socket]:
+        from service.config import is_loopback_host
+        from service.web.server import make_server
+
+        if not is_loopback_host(host):
+            raise ValueError(f"the mock provider serves on loopback only, not on {host!r}")
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            sock.close()
+            raise
+        bound_port = sock.getsockname()[1]
+        self.base_url = f"http://{f'[{host}]' if family == socket.AF_INET6 else host}:{bound_port}"
+        server = make_server(self.asgi_app(), host, bound_port)
+        task = asyncio.create_task(server.serve(sockets=[sock]))
+        while not server.started:  # uvicorn offers a flag, not an event
+            if task.done():
+                sock.close()
+                task.result()
+                raise RuntimeError("the mock provider's server stopped while starting")
+            await asyncio.sleep(0.01)
+        return server, task, sock
+
+    @asynccontextmanager
+    async def serve_http(self, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[str]:
+        """Serve over HTTP on loopback (port 0: any free port) while the block runs; yields the new `base_url`.
+
+        `base_url` (and so `catalog_entry()`) points at the server from then on, e.g. http://127.0.0.1:54321.
+        """
+        server, task, sock = await self._start(host, port)
+        try:
+            yield self.base_url
+        finally:
+            server.should_exit = True
+            await task
+            sock.close()
+
+    async def serve_forever(self, host: str = "127.0.0.1", port: int = 0, *, on_ready: Callable[[str], None]) -> None:
+        """Serve until the server stops (Ctrl-C) or the task is cancelled; `on_ready(base_url)` once listening."""
+        server, task, sock = await self._start(host, port)
+        on_ready(self.base_url)
+        try:
+            await task
+        finally:
+            server.should_exit = True
+            if not task.done():
+                await asyncio.shield(task)
+            sock.close()
 
     # -- endpoints -------------------------------------------------------------------------------------
-    def _authorize(self, request: httpx.Request) -> httpx.Response:
-        q = {k: v[0] for k, v in parse_qs(request.url.query.decode()).items()}
+    def _authorize(self, request: MockRequest) -> MockResponse:
+        q = request.query
         redirect_uri = q.get("redirect_uri", "")
         if q.get("client_id") != self.client_id or not redirect_uri:
-            return httpx.Response(400, text="unknown client or missing redirect_uri")
+            return MockResponse.text(400, "unknown client or missing redirect_uri")
         if q.get("response_type") != "code":
-            return _redirect(redirect_uri, error="unsupported_response_type", state=q.get("state"))
+            return MockResponse.redirect(redirect_uri, error="unsupported_response_type", state=q.get("state"))
         if self.deny_next is not None:
             error, self.deny_next = self.deny_next, None
-            return _redirect(redirect_uri, error=error, state=q.get("state"))
+            return MockResponse.redirect(redirect_uri, error=error, state=q.get("state"))
         challenge = q.get("code_challenge")
         if self.require_pkce and (challenge is None or q.get("code_challenge_method") != "S256"):
-            return _redirect(redirect_uri, error="invalid_request", state=q.get("state"))
+            return MockResponse.redirect(redirect_uri, error="invalid_request", state=q.get("state"))
         code = "mock_code_" + secrets.token_urlsafe(24)
         self.issued_codes.append(code)
         self._codes[code] = _IssuedCode(self.client_id, redirect_uri, q.get("scope", ""), challenge)
-        return _redirect(redirect_uri, code=code, state=q.get("state"))
+        return MockResponse.redirect(redirect_uri, code=code, state=q.get("state"))
 
-    def _client_authenticated(self, request: httpx.Request, form: dict[str, str]) -> bool:
-        header = request.headers.get("authorization", "")
+    def _client_authenticated(self, request: MockRequest, form: Mapping[str, str]) -> bool:
+        header = request.header("authorization")
         if header.lower().startswith("basic "):
             decoded = base64.b64decode(header[6:]).decode()
             cid, _, secret = decoded.partition(":")
             return cid == self.client_id and secret == self.client_secret
         return form.get("client_id") == self.client_id and form.get("client_secret") == self.client_secret
 
-    def _token(self, request: httpx.Request) -> httpx.Response:
-        form = {k: v[0] for k, v in parse_qs(request.content.decode()).items()}
+    def _token(self, request: MockRequest) -> MockResponse:
+        form = request.form()
         self.token_requests.append({k: v for k, v in form.items() if k == "grant_type"})
         if not self._client_authenticated(request, form):
-            return _json(401, {"error": "invalid_client"})
+            return MockResponse.json(401, {"error": "invalid_client"})
         grant_type = form.get("grant_type")
         if grant_type == "authorization_code":
             issued = self._codes.get(form.get("code", ""))
             if issued is None or issued.used:
-                return _json(400, {"error": "invalid_grant", "error_description": "bad or used code"})
+                return MockResponse.json(400, {"error": "invalid_grant", "error_description": "bad or used code"})
             issued.used = True
             if form.get("redirect_uri") != issued.redirect_uri:
-                return _json(400, {"error": "invalid_grant", "error_description": "redirect_uri mismatch"})
+                return MockResponse.json(400, {"error": "invalid_grant", "error_description": "redirect_uri mismatch"})
             if issued.code_challenge is not None:
                 verifier = form.get("code_verifier", "")
                 if _s256(verifier) != issued.code_challenge:
-                    return _json(400, {"error": "invalid_grant", "error_description": "PKCE check failed"})
-            return _json(200, self._issue(issued.scope))
+                    return MockResponse.json(400, {"error": "invalid_grant", "error_description": "PKCE check failed"})
+            return MockResponse.json(200, self._issue(issued.scope))
         if grant_type == "refresh_token":
             old = form.get("refresh_token", "")
             if old not in self._refresh:
-                return _json(400, {"error": "invalid_grant", "error_description": "bad refresh token"})
+                return MockResponse.json(400, {"error": "invalid_grant", "error_description": "bad refresh token"})
             self._refresh.discard(old)  # rotation: the old refresh token dies
-            return _json(200, self._issue(None))
-        return _json(400, {"error": "unsupported_grant_type"})
+            return MockResponse.json(200, self._issue(None))
+        return MockResponse.json(400, {"error": "unsupported_grant_type"})
 
     def _issue(self, scope: str | None) -> dict[str, Any]:
         access = "mock_at_" + secrets.token_urlsafe(24)
@@ -156,34 +317,38 @@ class MockOAuthProvider:
             body["refresh_token"] = refresh
         return body
 
-    def _revoke(self, request: httpx.Request) -> httpx.Response:
-        form = {k: v[0] for k, v in parse_qs(request.content.decode()).items()}
+    def _revoke(self, request: MockRequest) -> MockResponse:
+        form = request.form()
         if not self._client_authenticated(request, form):
-            return _json(401, {"error": "invalid_client"})
+            return MockResponse.json(401, {"error": "invalid_client"})
         token = form.get("token", "")
         self._access.discard(token)
         self._refresh.discard(token)
-        return httpx.Response(200)
+        return MockResponse(200)
 
-    def _bearer_ok(self, request: httpx.Request) -> bool:
-        header = request.headers.get("authorization", "")
+    def _bearer_ok(self, request: MockRequest) -> bool:
+        header = request.header("authorization")
         return header.lower().startswith("bearer ") and header[7:] in self._access
 
-    def _user(self, request: httpx.Request) -> httpx.Response:
-        self.api_calls.append(request.url.path)
+    def _user(self, request: MockRequest) -> MockResponse:
+        self.api_calls.append(self._api_path(request))
         if not self._bearer_ok(request):
-            return _json(401, {"message": "Bad credentials"})
-        return _json(200, self.account)
+            return MockResponse.json(401, {"message": "Bad credentials"})
+        return MockResponse.json(200, self.account)
 
-    def _repos(self, request: httpx.Request) -> httpx.Response:
-        self.api_calls.append(request.url.path)
+    def _repos(self, request: MockRequest) -> MockResponse:
+        self.api_calls.append(self._api_path(request))
         if not self._bearer_ok(request):
-            return _json(401, {"message": "Bad credentials"})
-        return _json(200, self.repos)
+            return MockResponse.json(401, {"message": "Bad credentials"})
+        return MockResponse.json(200, self.repos)
 
-    def expire_access_tokens(self) -> None:
-        """Make every issued access token invalid, as if they had expired at the provider."""
-        self._access.clear()
+    def _api_path(self, request: MockRequest) -> str:
+        """The full request path, as recorded in `api_calls` (e.g. "/api/user/repos")."""
+        return urlsplit(self.base_url).path.rstrip("/") + request.path
+
+
+def _first_values(query: str) -> dict[str, str]:
+    return {k: v[0] for k, v in parse_qs(query).items()}
 
 
 def _s256(verifier: str) -> str:
@@ -191,11 +356,4 @@ def _s256(verifier: str) -> str:
     return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
 
 
-def _redirect(redirect_uri: str, **params: str | None) -> httpx.Response:
-    query = urlencode({k: v for k, v in params.items() if v is not None})
-    sep = "&" if "?" in redirect_uri else "?"
-    return httpx.Response(302, headers={"Location": f"{redirect_uri}{sep}{query}"})
-
-
-def _json(status: int, body: Any) -> httpx.Response:
-    return httpx.Response(status, content=json.dumps(body), headers={"Content-Type": "application/json"})
+__all__ = ["MockOAuthProvider", "MockRequest", "MockResponse"]

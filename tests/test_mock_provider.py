@@ -1,0 +1,125 @@
+"""The mock provider behaves the same in-process (respx) and over loopback HTTP (ASGI under uvicorn)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from urllib.parse import parse_qs, urlsplit
+
+import httpx
+import pytest
+import respx
+
+from service.cli import main
+from service.testing import MockOAuthProvider
+
+REDIRECT = "http://127.0.0.1:9/callback/github"
+
+
+@asynccontextmanager
+async def _in_process(provider: MockOAuthProvider) -> AsyncIterator[None]:
+    with respx.mock(assert_all_mocked=True, assert_all_called=False) as router:
+        provider.install(router)
+        yield
+
+
+@asynccontextmanager
+async def _over_http(provider: MockOAuthProvider) -> AsyncIterator[None]:
+    async with provider.serve_http():
+        yield
+
+
+@pytest.mark.parametrize("transport", [_in_process, _over_http])
+async def test_code_flow_with_pkce_then_api(transport) -> None:  # type: ignore[no-untyped-def]
+    provider = MockOAuthProvider()
+    verifier = "v" * 64
+    challenge = base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
+    async with transport(provider), httpx.AsyncClient() as http:
+        entry = provider.catalog_entry()
+        authorize = await http.get(
+            entry["authorization_endpoint"],
+            params={
+                "client_id": provider.client_id,
+                "redirect_uri": REDIRECT,
+                "response_type": "code",
+                "state": "s1",
+                "code_challenge": challenge,
+                "code_challenge_method": "S256",
+                "scope": "read:user repo",
+            },
+        )
+        assert authorize.status_code == 302
+        query = parse_qs(urlsplit(authorize.headers["location"]).query)
+        assert query["state"] == ["s1"]
+        form = {"grant_type": "authorization_code", "code": query["code"][0], "redirect_uri": REDIRECT}
+        auth = (provider.client_id, provider.client_secret)
+        bad = await http.post(entry["token_endpoint"], data={**form, "code_verifier": "w" * 64}, auth=auth)
+        assert bad.status_code == 400 and bad.json()["error"] == "invalid_grant"  # PKCE checked, code now used
+        assert (await http.post(entry["token_endpoint"], data={**form, "code_verifier": verifier}, auth=auth)).json()[
+            "error"
+        ] == "invalid_grant"  # single use
+        token = await _fresh_token(http, provider, challenge, verifier)
+        repos = await http.get(f"{entry['api_base_url']}/user/repos", headers={"Authorization": f"Bearer {token}"})
+        assert repos.status_code == 200 and repos.json() == provider.repos
+        denied = await http.get(f"{entry['api_base_url']}/user", headers={"Authorization": "Bearer nope"})
+        assert denied.status_code == 401
+    assert provider.api_calls == ["/api/user/repos", "/api/user"]
+
+
+async def _fresh_token(http: httpx.AsyncClient, provider: MockOAuthProvider, challenge: str, verifier: str) -> str:
+    entry = provider.catalog_entry()
+    authorize = await http.get(
+        entry["authorization_endpoint"],
+        params={
+            "client_id": provider.client_id,
+            "redirect_uri": REDIRECT,
+            "response_type": "code",
+            "code_challenge": challenge,
+            "code_challenge_method": "S256",
+        },
+    )
+    code = parse_qs(urlsplit(authorize.headers["location"]).query)["code"][0]
+    answer = await http.post(
+        entry["token_endpoint"],
+        data={
+            "grant_type": "authorization_code",
+            "code": code,
+            "redirect_uri": REDIRECT,
+            "code_verifier": verifier,
+            "client_id": provider.client_id,
+            "client_secret": provider.client_secret,
+        },
+    )
+    assert answer.status_code == 200, answer.text
+    return str(answer.json()["access_token"])
+
+
+async def test_served_provider_moves_its_base_url_to_loopback() -> None:
+    provider = MockOAuthProvider()
+    async with provider.serve_http() as base_url, httpx.AsyncClient() as http:
+        assert base_url == provider.base_url and urlsplit(base_url).hostname == "127.0.0.1"
+        assert provider.catalog_entry()["token_endpoint"] == f"{base_url}/token"
+        missing = await http.get(f"{base_url}/nowhere")
+        assert missing.status_code == 404
+
+
+async def test_served_provider_refuses_a_non_loopback_address() -> None:
+    with pytest.raises(ValueError, match="loopback"):
+        async with MockOAuthProvider().serve_http(host="0.0.0.0"):  # noqa: S104 - the point of the test
+            pass
+
+
+def test_cli_mock_provider_needs_the_client_credentials(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("CONNECTOR_PROVIDER_GITHUB_CLIENT_ID", raising=False)
+    monkeypatch.delenv("CONNECTOR_PROVIDER_GITHUB_CLIENT_SECRET", raising=False)
+    assert main(["mock-provider", "--port", "0"]) == 2
+    assert "CONNECTOR_PROVIDER_GITHUB_CLIENT_ID" in capsys.readouterr().err
+    monkeypatch.setenv("CONNECTOR_PROVIDER_GITHUB_CLIENT_ID", "cid")
+    monkeypatch.setenv("CONNECTOR_PROVIDER_GITHUB_CLIENT_SECRET", "a-secret-value")
+    assert main(["mock-provider", "--host", "192.0.2.1", "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "loopback" in err and "a-secret-value" not in err
