@@ -37,12 +37,16 @@ __all__ = [
     "CONFIG_ENV_VAR",
     "DEFAULT_CONFIG_PATH",
     "ENV_PREFIX",
+    "ConfirmVerifierSettings",
     "DatabaseSettings",
     "ElicitationSettings",
     "IdentitySettings",
+    "OidcVerifierSettings",
     "ProvidersSettings",
+    "RateLimitSettings",
     "ServerSettings",
     "Settings",
+    "TrustedHeaderVerifierSettings",
     "VaultSettings",
     "is_loopback_host",
     "load_settings",
@@ -65,6 +69,9 @@ _FORBIDDEN_TOML_KEYS: dict[tuple[str, ...], str] = {
     ("vault", "keys"): (
         "key material does not belong in the config file: use vault.key_file (a file only its owner can "
         "read) or the CONNECTOR_VAULT__KEYS environment variable"
+    ),
+    ("identity", "oidc", "client_secret"): (
+        "client secrets do not belong in the config file: set CONNECTOR_IDENTITY__OIDC__CLIENT_SECRET"
     ),
 }
 
@@ -126,10 +133,139 @@ class ElicitationSettings(_Section):
     ttl_seconds: int = Field(default=600, gt=0)
 
 
+def _split_list(value: Any) -> Any:
+    """A comma-separated string (the environment's way to give a list) becomes a list of its non-empty parts."""
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+def _check_endpoint_url(value: str | None) -> str | None:
+    """An absolute http(s) URL without credentials or fragment; https unless the host is loopback."""
+    if value is None:
+        return None
+    value = value.strip()
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError:
+        raise ValueError("is not a valid URL") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("must be an absolute http(s) URL")
+    if parts.username is not None or parts.password is not None or parts.fragment:
+        raise ValueError("must not contain user credentials or a fragment")
+    if parts.scheme != "https" and not is_loopback_host(parts.hostname):
+        raise ValueError("must use https unless the host is loopback (127.0.0.1, ::1, localhost)")
+    return value
+
+
+class OidcVerifierSettings(_Section):
+    """The `oidc` verifier: the operator's OpenID Connect identity provider (authorization code + PKCE)."""
+
+    discovery_url: str | None = None  # .../.well-known/openid-configuration
+    client_id: str | None = None
+    client_secret: SecretStr | None = None  # environment only; unset: a public client (PKCE only)
+    scopes: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["openid"])
+    leeway_seconds: int = Field(default=60, ge=0, le=600)
+
+    @field_validator("discovery_url", "client_id", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: Any) -> Any:
+        return _optional_str(value)
+
+    @field_validator("client_secret", mode="before")
+    @classmethod
+    def _empty_secret_is_none(cls, value: Any) -> Any:
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value()
+        return _optional_str(value)
+
+    @field_validator("discovery_url")
+    @classmethod
+    def _check_discovery_url(cls, value: str | None) -> str | None:
+        return _check_endpoint_url(value)
+
+    @field_validator("scopes", mode="before")
+    @classmethod
+    def _split_scopes(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return value.replace(",", " ").split()
+        return value
+
+
+class TrustedHeaderVerifierSettings(_Section):
+    """The `trusted_header` verifier: an authenticating reverse proxy (oauth2-proxy, ...) names the user."""
+
+    issuer: str | None = None  # the identity issuer the proxy's user names belong to
+    user_headers: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["X-Forwarded-User", "X-Auth-Request-User"]
+    )
+    email_header: str | None = None  # e.g. X-Auth-Request-Email; needed when subject = "email"
+    subject: Literal["user", "email"] = "user"
+
+    @field_validator("issuer", "email_header", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: Any) -> Any:
+        return _optional_str(value)
+
+    @field_validator("user_headers", mode="before")
+    @classmethod
+    def _split_headers(cls, value: Any) -> Any:
+        return _split_list(value)
+
+    @field_validator("user_headers")
+    @classmethod
+    def _check_headers(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not re.fullmatch(r"[A-Za-z0-9-]+", name):
+                raise ValueError(f"'{name}' is not an HTTP header name")
+        return value
+
+
+class ConfirmVerifierSettings(_Section):
+    """The `confirm` verifier: the operator's own app confirms its logged-in user over an authenticated call."""
+
+    operator_url: str | None = None  # where the browser is sent with ?flow_id=...
+    issuer: str | None = None  # the identity issuer the operator's user ids belong to
+    # SHA-256 (hex) of each operator API key; the keys themselves are never configured.
+    api_key_hashes: Annotated[list[str], NoDecode] = Field(default_factory=list)
+
+    @field_validator("operator_url", "issuer", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: Any) -> Any:
+        return _optional_str(value)
+
+    @field_validator("operator_url")
+    @classmethod
+    def _check_operator_url(cls, value: str | None) -> str | None:
+        return _check_endpoint_url(value)
+
+    @field_validator("api_key_hashes", mode="before")
+    @classmethod
+    def _split_hashes(cls, value: Any) -> Any:
+        return _split_list(value)
+
+    @field_validator("api_key_hashes")
+    @classmethod
+    def _check_hashes(cls, value: list[str]) -> list[str]:
+        checked = []
+        for index, entry in enumerate(value):
+            digest = entry.strip().lower().removeprefix("sha256:")
+            if not re.fullmatch(r"[0-9a-f]{64}", digest):
+                raise ValueError(f"entry {index} is not a SHA-256 hex digest (64 hex characters)")
+            checked.append(digest)
+        return checked
+
+
 class IdentitySettings(_Section):
-    verifier: Literal["local"] = "local"
+    verifier: Literal["local", "oidc", "trusted_header", "confirm"] = "local"
+    # Identity mismatches (someone else's browser) an elicitation survives; the last one fails it as locked.
+    max_mismatches: int = Field(default=3, gt=0, le=100)
     local_issuer: str = Field(default="local", min_length=1)
     local_subject: str = Field(default="local-user", min_length=1)
+    oidc: OidcVerifierSettings = Field(default_factory=OidcVerifierSettings)
+    trusted_header: TrustedHeaderVerifierSettings = Field(default_factory=TrustedHeaderVerifierSettings)
+    confirm: ConfirmVerifierSettings = Field(default_factory=ConfirmVerifierSettings)
 
 
 class VaultSettings(_Section):
@@ -175,6 +311,20 @@ class ProvidersSettings(_Section):
     catalog: Path = Path("providers.toml")
 
 
+class RateLimitSettings(_Section):
+    """Token buckets on the browser-facing routes: `<route>_per_address` and `<route>_per_elicitation` requests
+    per `window_seconds`, refilled evenly. Per process: with N replicas a client may get up to N times as many."""
+
+    enabled: bool = True
+    window_seconds: int = Field(default=60, gt=0, le=86400)
+    connect_per_address: int = Field(default=60, gt=0)
+    connect_per_elicitation: int = Field(default=30, gt=0)
+    callback_per_address: int = Field(default=30, gt=0)
+    callback_per_elicitation: int = Field(default=10, gt=0)
+    confirm_per_address: int = Field(default=60, gt=0)
+    confirm_per_elicitation: int = Field(default=10, gt=0)
+
+
 class Settings(BaseSettings):
     """All settings of one connector. Build it with `load_settings`; it is immutable once built."""
 
@@ -196,6 +346,7 @@ class Settings(BaseSettings):
     identity: IdentitySettings = Field(default_factory=IdentitySettings)
     vault: VaultSettings = Field(default_factory=VaultSettings)
     providers: ProvidersSettings = Field(default_factory=ProvidersSettings)
+    rate_limit: RateLimitSettings = Field(default_factory=RateLimitSettings)
     config_file: Path | None = None
 
     @field_validator("public_base_url")

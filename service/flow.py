@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -18,8 +19,16 @@ from .errors import ConnectorError, ProviderError
 from .events import ElicitationEvent
 from .identity import Identity
 from .lifecycle import finish
-from .oauth import TokenSet, authorization_url, exchange_code, fetch_account, new_flow_secrets
-from .providers import ProviderEntry
+from .oauth import (
+    IdTokenError,
+    TokenSet,
+    authorization_url,
+    exchange_code,
+    fetch_account,
+    new_flow_secrets,
+    validate_id_token,
+)
+from .providers import ProviderEntry, issuer_matches
 from .runtime import Runtime
 from .states import ElicitationStatus
 from .store import ElicitationRecord, FlowRecord, GrantRecord
@@ -29,6 +38,7 @@ log = logging.getLogger("service.flow")
 
 # How long the browser may spend at the provider before the state is no longer accepted.
 FLOW_TTL = timedelta(minutes=10)
+_ERROR_CODE = re.compile(r"[a-z0-9_.-]{1,64}")
 
 
 class FlowError(Exception):
@@ -85,6 +95,16 @@ _CLOSED_PAGES: dict[ElicitationStatus, tuple[int, str, str, str]] = {
 }
 
 
+# Says that the link belongs to another account, and nothing about which.
+IDENTITY_MISMATCH_PAGE = (
+    403,
+    "identity_mismatch",
+    "Different account",
+    "This link was started by a different account. Sign in as the user who asked the agent, "
+    "or ask the agent to start again as yourself.",
+)
+
+
 def binding_hash(browser_binding: str) -> str:
     return hashlib.sha256(b"browser-binding\x00" + browser_binding.encode()).hexdigest()
 
@@ -98,8 +118,12 @@ class BrowserFlow:
         self.rt = runtime
 
     # -- shared checks ---------------------------------------------------------------------------------
-    async def open_elicitation(self, elicitation_id: str) -> ElicitationRecord:
-        """The elicitation if the browser may still act on it; expires it lazily when its time is up."""
+    async def open_elicitation(self, elicitation_id: str, *, allow_cancelled: bool = False) -> ElicitationRecord:
+        """The elicitation if the browser may still act on it; expires it lazily when its time is up.
+
+        `allow_cancelled`: the callback may finish a flow the agent cancelled meanwhile (the grant is stored,
+        nothing resumes); every other step refuses a cancelled elicitation.
+        """
         store = self.rt.store
         record = await store.elicitations.get(elicitation_id)
         if record is None:
@@ -107,7 +131,7 @@ class BrowserFlow:
         if not record.status.terminal and record.expires_at <= self.rt.now():
             await finish(self.rt, record, ElicitationStatus.EXPIRED, "expired", reason="expired before completion")
             record = await store.elicitations.get(elicitation_id) or record
-        if record.status.terminal:
+        if record.status.terminal and not (allow_cancelled and record.status is ElicitationStatus.CANCELLED):
             raise FlowError(*_CLOSED_PAGES[record.status])
         return record
 
@@ -131,22 +155,7 @@ class BrowserFlow:
         """Check the browser's verified user against the bound one, then build the provider redirect."""
         record = await self.open_elicitation(elicitation_id)
         store, now = self.rt.store, self.rt.now()
-        if browser_user != record.identity:
-            await store.audit.record(
-                "identity_mismatch",
-                elicitation_id=record.id,
-                identity=record.identity,
-                provider=record.provider,
-                detail={"browser_issuer": browser_user.issuer},
-                now=now,
-            )
-            raise FlowError(
-                403,
-                "identity_mismatch",
-                "Different account",
-                "This link was started by a different account. Sign in as the user who asked the agent, "
-                "or ask the agent to start again as yourself.",
-            )
+        await self.check_identity(record, browser_user)
         try:
             entry = await self.rt.catalog.resolve(record.provider, self.rt.http)
         except ConnectorError as exc:
@@ -192,6 +201,42 @@ class BrowserFlow:
             )
         return authorization_url(entry, redirect_uri=redirect_uri, scopes=record.scopes, flow=secrets_)
 
+    async def check_identity(self, record: ElicitationRecord, browser_user: Identity) -> None:
+        """The browser's verified user must be the bound user. A mismatch is counted and audited (the page
+        says nothing about whom), the elicitation stays open for the rightful user, and the mismatch that
+        reaches `identity.max_mismatches` fails it as locked. Raises FlowError 403 on any mismatch."""
+        if browser_user == record.identity:
+            return
+        store, now = self.rt.store, self.rt.now()
+        limit = self.rt.settings.identity.max_mismatches
+        async with store.transaction() as conn:
+            count = await store.elicitations.add_identity_mismatch(record.id, now=now, conn=conn)
+            await store.audit.record(
+                "identity_mismatch",
+                elicitation_id=record.id,
+                identity=record.identity,
+                provider=record.provider,
+                detail={
+                    "identity_verifier": self.rt.settings.identity.verifier,
+                    "browser_issuer": browser_user.issuer,
+                    "browser_subject": browser_user.subject,
+                    "mismatches": count,
+                    "max_mismatches": limit,
+                },
+                now=now,
+                conn=conn,
+            )
+        if count >= limit:
+            await finish(
+                self.rt,
+                record,
+                ElicitationStatus.FAILED,
+                "identity_locked",
+                reason=f"locked after {count} identity mismatches",
+                detail={"mismatches": count},
+            )
+        raise FlowError(*IDENTITY_MISMATCH_PAGE)
+
     async def callback(
         self, provider_name: str, params: Mapping[str, str], browser_binding: str | None
     ) -> ElicitationRecord:
@@ -209,8 +254,19 @@ class BrowserFlow:
                 "Invalid request",
                 "This authorization answer does not match any request.",
             )
-        record = await self.open_elicitation(flow.elicitation_id)
+        if flow.used_at is not None:
+            await self._refuse_used_state(flow)  # raises, unless the elicitation's own closed page should answer
+        record = await self.open_elicitation(flow.elicitation_id, allow_cancelled=True)
         if record.provider != provider_name:
+            # One redirect URI per provider: an answer for provider A arriving at B's callback is a mix-up.
+            await store.audit.record(
+                "provider_mismatch",
+                elicitation_id=record.id,
+                identity=record.identity,
+                provider=record.provider,
+                detail={"callback_provider": provider_name[:64]},
+                now=self.rt.now(),
+            )
             raise FlowError(
                 400, "provider_mismatch", "Invalid request", "This answer came back from the wrong provider."
             )
@@ -230,21 +286,13 @@ class BrowserFlow:
             )
         claimed = await store.flows.claim(flow.state_hash, self.rt.now())
         if claimed is None:
-            await store.audit.record(
-                "replay_attempt",
-                elicitation_id=record.id,
-                identity=record.identity,
-                provider=record.provider,
-                now=self.rt.now(),
-            )
-            raise FlowError(
-                400,
-                "state_used",
-                "Link already used",
-                "This authorization answer was already used or has expired.",
-            )
-        entry = await self.rt.catalog.resolve(provider_name, self.rt.http)
-        self._check_issuer(entry, claimed, params, record)  # raises
+            await self._state_not_claimable(flow, record)  # raises
+        assert claimed is not None
+        try:
+            entry = await self.rt.catalog.resolve(provider_name, self.rt.http)
+        except ConnectorError as exc:
+            raise FlowError(503, exc.code, "Provider unavailable", str(exc)) from None
+        await self._check_issuer(entry, claimed, params, record)  # raises
         if "error" in params:
             await self._provider_refused(record, params)
         code = params.get("code")
@@ -258,25 +306,95 @@ class BrowserFlow:
             ).decode()
         try:
             tokens = await exchange_code(entry, redirect_uri=claimed.redirect_uri, code=code, code_verifier=verifier)
-            account_id, _profile = await fetch_account(entry, tokens)
+            id_claims = None
+            if entry.oidc:
+                # Checked before anything is stored: the account is the ID token's `sub`, signed by the issuer
+                # this very request expected, for our client, with the nonce this browser's request carried.
+                id_claims = await validate_id_token(
+                    entry,
+                    tokens.id_token,
+                    expected_issuer=claimed.expected_issuer,
+                    nonce=claimed.nonce,
+                    jwks=self.rt.jwks,
+                    http=self.rt.http,
+                    now=self.rt.now().timestamp(),
+                )
+            account_id, _profile = await fetch_account(entry, tokens, id_claims)
         except ProviderError as exc:
-            await finish(self.rt, record, ElicitationStatus.FAILED, "provider_error", reason=exc.code)
+            check = exc.check if isinstance(exc, IdTokenError) else None
+            await finish(
+                self.rt,
+                record,
+                ElicitationStatus.FAILED,
+                "provider_error",
+                reason=exc.code if check is None else f"{exc.code}: {check}",
+                detail={"error": exc.code, **({"check": check} if check is not None else {})},
+            )
             raise FlowError(502, exc.code, "Provider error", str(exc)) from None
         return await self._complete(record, entry, tokens, account_id)
 
     # -- helpers ---------------------------------------------------------------------------------------
-    def _check_issuer(
+    async def _refuse_used_state(self, flow: FlowRecord) -> None:
+        """A state that was used before comes back: a replay, unless its elicitation ended some other way."""
+        record = await self.rt.store.elicitations.get(flow.elicitation_id)
+        if record is None:
+            raise FlowError(404, "unknown_elicitation", "Link not found", "This authorization link is not known here.")
+        if record.status.terminal and record.status is not ElicitationStatus.COMPLETED:
+            return  # declined, expired, ...: `open_elicitation` shows that page
+        await self._state_not_claimable(flow, record)
+
+    async def _state_not_claimable(self, flow: FlowRecord, record: ElicitationRecord) -> None:
+        """The state was used before (a replay) or its time ran out: say which, record it, refuse."""
+        now = self.rt.now()
+        current = await self.rt.store.flows.get_by_state_hash(flow.state_hash)
+        # Unused yet unclaimable means expired; used means answered before (or superseded by a newer start).
+        replay = current is None or current.used_at is not None
+        await self.rt.store.audit.record(
+            "replay_attempt" if replay else "state_expired",
+            elicitation_id=record.id,
+            identity=record.identity,
+            provider=record.provider,
+            now=now,
+        )
+        if replay:
+            raise FlowError(
+                400,
+                "state_used",
+                "Link already used",
+                "This authorization answer was already used. If you just connected, you are done and can close "
+                "this tab; otherwise start again from the agent's link.",
+            )
+        raise FlowError(
+            400,
+            "state_expired",
+            "Took too long",
+            "The sign-in at the provider took too long. Open the agent's link again to start over.",
+        )
+
+    async def _check_issuer(
         self, entry: ProviderEntry, flow: FlowRecord, params: Mapping[str, str], record: ElicitationRecord
     ) -> None:
-        """RFC 9207: when the provider sends `iss` (or promises to), it must be the issuer we expected."""
+        """RFC 9207: when the provider sends `iss` (or promises to), it must be the issuer we expected.
+
+        Checked before the code is used, so a code from a mixed-up provider never reaches a token endpoint.
+        The flow is spent; the elicitation stays open, so its user can start again from the connect page.
+        """
         expected = flow.expected_issuer
         if expected is None:
             return
         received = params.get("iss")
         if received is None and not entry.authorization_response_iss_parameter_supported:
             return
-        if received != expected:
+        if received is None or not issuer_matches(expected, received):
             log.warning("issuer mismatch on callback", extra={"elicitation_id": record.id})
+            await self.rt.store.audit.record(
+                "issuer_mismatch",
+                elicitation_id=record.id,
+                identity=record.identity,
+                provider=record.provider,
+                detail={"iss": "missing" if received is None else "unexpected"},
+                now=self.rt.now(),
+            )
             raise FlowError(
                 400,
                 "issuer_mismatch",
@@ -285,7 +403,9 @@ class BrowserFlow:
             )
 
     async def _provider_refused(self, record: ElicitationRecord, params: Mapping[str, str]) -> None:
-        error = params.get("error", "error")
+        # RFC 6749 error codes are short ASCII words; anything else is shown and stored as a placeholder.
+        raw = params.get("error", "")
+        error = raw if _ERROR_CODE.fullmatch(raw) else "unrecognised_error"
         declined = error == "access_denied"
         await finish(
             self.rt,

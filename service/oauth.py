@@ -1,21 +1,27 @@
 """The OAuth client side, on authlib: authorization URLs, code exchange, refresh, revocation, account lookup.
 
-The only module that talks to providers. Errors it raises carry the provider's error code and HTTP
-status, never a token, code, verifier or client secret.
+Also OpenID Connect ID-token validation (on joserfc): signature against the provider's JWKS (`JwksCache`),
+then `iss`, `aud`/`azp`, `exp`, `iat`, `nonce` and `sub`. The only module that talks to providers. Errors it
+raises carry the provider's error code and HTTP status, never a token, code, verifier or client secret.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hmac
 import logging
 import secrets
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import authlib.deprecate  # noqa: F401 - installs an "always" filter that the ignore below must follow
 import httpx
+from joserfc import jwt
+from joserfc.errors import InvalidKeyIdError, JoseError
+from joserfc.jwk import KeySet
 
 with warnings.catch_warnings():
     # authlib 1.9 prefers the `httpx2` fork and warns when it falls back to httpx, which is what we use.
@@ -24,7 +30,7 @@ with warnings.catch_warnings():
     from authlib.integrations.httpx_client import AsyncOAuth2Client
 
 from .errors import ProviderError
-from .providers import ProviderEntry
+from .providers import TENANT_ID_PLACEHOLDER, ProviderEntry, issuer_matches
 
 log = logging.getLogger("service.oauth")
 
@@ -103,6 +109,11 @@ def _client(entry: ProviderEntry, *, redirect_uri: str | None = None) -> AsyncOA
     )
 
 
+def authorization_scopes(entry: ProviderEntry, scopes: Sequence[str]) -> str:
+    """The `scope` parameter sent: an OpenID Connect provider is always asked for `openid` (so an ID token)."""
+    return entry.join_scopes(("openid", *scopes) if entry.oidc else scopes)
+
+
 def authorization_url(entry: ProviderEntry, *, redirect_uri: str, scopes: Sequence[str], flow: FlowSecrets) -> str:
     if entry.authorization_endpoint is None:
         raise ProviderError(f"provider '{entry.name}' has no authorization endpoint", code="provider_misconfigured")
@@ -114,7 +125,7 @@ def authorization_url(entry: ProviderEntry, *, redirect_uri: str, scopes: Sequen
         entry.authorization_endpoint,
         state=flow.state,
         code_verifier=flow.code_verifier,
-        scope=entry.join_scopes(scopes),
+        scope=authorization_scopes(entry, scopes),
         **extra,
     )
     return str(url)
@@ -200,8 +211,29 @@ async def revoke(entry: ProviderEntry, token: TokenSet) -> bool:
     return bool(response.status_code < 400)
 
 
-async def fetch_account(entry: ProviderEntry, token: TokenSet) -> tuple[str, dict[str, Any]]:
-    """Ask the provider who the token belongs to: (provider account id, profile)."""
+async def fetch_account(
+    entry: ProviderEntry, token: TokenSet, id_claims: Mapping[str, Any] | None = None
+) -> tuple[str, dict[str, Any]]:
+    """Who the token belongs to: (provider account id, profile).
+
+    With validated ID-token claims the account is their `sub` (signed by the provider); the userinfo answer,
+    when there is an endpoint, must then name the same `sub` if it names one (OpenID Connect Core 5.3.2).
+    Without them the account is the userinfo field `account_id_field`.
+    """
+    if id_claims is not None:
+        subject = str(id_claims["sub"])
+        if entry.userinfo_endpoint is None:
+            return subject, {}
+        _, profile = await _userinfo(entry, token)
+        if "sub" in profile and str(profile["sub"]) != subject:
+            raise ProviderError(
+                f"{entry.display_name} userinfo names another account than the ID token", code="provider_bad_response"
+            )
+        return subject, profile
+    return await _userinfo(entry, token)
+
+
+async def _userinfo(entry: ProviderEntry, token: TokenSet) -> tuple[str, dict[str, Any]]:
     if entry.userinfo_endpoint is None:
         raise ProviderError(f"provider '{entry.name}' has no userinfo endpoint", code="provider_misconfigured")
     headers = {"Authorization": f"Bearer {token.access_token}", "Accept": "application/json"}
@@ -221,3 +253,157 @@ async def fetch_account(entry: ProviderEntry, token: TokenSet) -> tuple[str, dic
             code="provider_bad_response",
         )
     return str(account), profile
+
+
+# --- OpenID Connect ID tokens -------------------------------------------------------------------------------
+
+# Asymmetric algorithms only: never "none", never HS* (a shared secret would let anyone holding it sign).
+ID_TOKEN_ALGORITHMS = ["RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "Ed25519"]
+CLOCK_LEEWAY = 60  # seconds of clock difference tolerated on exp and iat
+JWKS_TTL = 3600.0  # keys are re-read at least this often
+JWKS_MIN_REFRESH = 30.0  # an unknown key id triggers a re-read at most this often (per JWKS)
+_SIGNING_KEY_TYPES = frozenset({"RSA", "EC", "OKP"})
+
+
+class IdTokenError(ProviderError):
+    """The ID token failed one check (`check`: signature, iss, aud, azp, exp, iat, nonce, sub, ...)."""
+
+    code = "invalid_id_token"
+
+    def __init__(self, entry: ProviderEntry, check: str) -> None:
+        super().__init__(f"{entry.display_name} sent an ID token that failed the {check} check")
+        self.check = check
+
+
+class JwksCache:
+    """Signing keys per JWKS URI, fetched with the caller's HTTP client and kept for `ttl` seconds."""
+
+    def __init__(
+        self,
+        *,
+        ttl: float = JWKS_TTL,
+        min_refresh: float = JWKS_MIN_REFRESH,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.ttl = ttl
+        self.min_refresh = min_refresh
+        self._clock = clock
+        self._sets: dict[str, tuple[float, KeySet]] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    async def get(self, uri: str, http: httpx.AsyncClient, *, refresh: bool = False) -> KeySet:
+        """The key set at `uri`; `refresh` re-reads it unless it was read in the last `min_refresh` seconds."""
+        async with self._locks.setdefault(uri, asyncio.Lock()):
+            cached = self._sets.get(uri)
+            now = self._clock()
+            if cached is not None:
+                age = now - cached[0]
+                if age < self.ttl and (not refresh or age < self.min_refresh):
+                    return cached[1]
+            key_set = await _fetch_jwks(uri, http)
+            self._sets[uri] = (now, key_set)
+            return key_set
+
+
+async def _fetch_jwks(uri: str, http: httpx.AsyncClient) -> KeySet:
+    def failed(problem: str) -> ProviderError:
+        return ProviderError(f"the signing keys at {uri} could not be read ({problem})", code="provider_jwks_error")
+
+    try:
+        response = await http.get(uri, headers={"Accept": "application/json"}, timeout=HTTP_TIMEOUT)
+    except httpx.HTTPError as exc:
+        raise failed(type(exc).__name__) from None
+    if response.status_code != 200:
+        raise failed(f"HTTP {response.status_code}")
+    try:
+        document = response.json()
+    except ValueError:
+        raise failed("not JSON") from None
+    keys = document.get("keys") if isinstance(document, dict) else None
+    if not isinstance(keys, list):
+        raise failed("no keys list")
+    usable = [
+        key
+        for key in keys
+        if isinstance(key, dict) and key.get("kty") in _SIGNING_KEY_TYPES and key.get("use", "sig") == "sig"
+    ]
+    try:
+        return KeySet.import_key_set({"keys": usable})
+    except (JoseError, ValueError, TypeError):
+        raise failed("unreadable keys") from None
+
+
+async def validate_id_token(
+    entry: ProviderEntry,
+    id_token: str | None,
+    *,
+    expected_issuer: str | None,
+    nonce: str | None,
+    jwks: JwksCache,
+    http: httpx.AsyncClient,
+    now: float,
+) -> dict[str, Any]:
+    """Check an ID token from the token endpoint in full (OpenID Connect Core 3.1.3.7) and return its claims.
+
+    `expected_issuer` and `nonce` are the ones remembered for this authorization request. Raises IdTokenError
+    naming the failed check, or ProviderError when the provider's keys cannot be read.
+    """
+    if not id_token:
+        raise IdTokenError(entry, "presence")
+    if entry.jwks_uri is None or expected_issuer is None or entry.client_id is None:
+        raise ProviderError(
+            f"provider '{entry.name}' lacks the issuer or jwks_uri needed to check ID tokens",
+            code="provider_misconfigured",
+        )
+    key_set = await jwks.get(entry.jwks_uri, http)
+    try:
+        try:
+            token = jwt.decode(id_token, key_set, algorithms=ID_TOKEN_ALGORITHMS)
+        except InvalidKeyIdError:
+            # The provider may have rotated its keys since we read them: read them again (rate-limited).
+            key_set = await jwks.get(entry.jwks_uri, http, refresh=True)
+            token = jwt.decode(id_token, key_set, algorithms=ID_TOKEN_ALGORITHMS)
+    except JoseError:
+        raise IdTokenError(entry, "signature") from None
+    except (ValueError, TypeError):
+        raise IdTokenError(entry, "format") from None
+    claims: dict[str, Any] = dict(token.claims)
+
+    issuer = claims.get("iss")
+    tenant = claims.get("tid") if TENANT_ID_PLACEHOLDER in expected_issuer else None
+    if TENANT_ID_PLACEHOLDER in expected_issuer and not isinstance(tenant, str):
+        raise IdTokenError(entry, "iss")
+    if not isinstance(issuer, str) or not issuer_matches(expected_issuer, issuer, tenant_id=tenant):
+        raise IdTokenError(entry, "iss")
+
+    audience = claims.get("aud")
+    audiences = [audience] if isinstance(audience, str) else audience
+    if not isinstance(audiences, list) or not all(isinstance(a, str) for a in audiences):
+        raise IdTokenError(entry, "aud")
+    if entry.client_id not in audiences:
+        raise IdTokenError(entry, "aud")
+    azp = claims.get("azp")
+    if (len(audiences) > 1 or azp is not None) and azp != entry.client_id:
+        raise IdTokenError(entry, "azp")
+
+    expires = _number(claims.get("exp"))
+    if expires is None or expires <= now - CLOCK_LEEWAY:
+        raise IdTokenError(entry, "exp")
+    issued = _number(claims.get("iat"))
+    if issued is None or issued > now + CLOCK_LEEWAY:
+        raise IdTokenError(entry, "iat")
+
+    received = claims.get("nonce")
+    if nonce is None or not isinstance(received, str) or not hmac.compare_digest(received.encode(), nonce.encode()):
+        raise IdTokenError(entry, "nonce")
+
+    subject = claims.get("sub")
+    if not isinstance(subject, str) or not subject or len(subject) > 255:
+        raise IdTokenError(entry, "sub")
+    return claims
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return None

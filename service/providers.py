@@ -30,6 +30,7 @@ __all__ = [
     "ProviderCatalog",
     "ProviderEntry",
     "TokenEndpointAuthMethod",
+    "issuer_matches",
     "load_catalog",
     "provider_env_var",
 ]
@@ -49,12 +50,17 @@ ENDPOINT_FIELDS: tuple[str, ...] = (
     "api_base_url",
     "issuer",
     "discovery_url",
+    "jwks_uri",
 )
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
 _TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]{0,127}$")
 _PLACEHOLDER_RE = re.compile(r"\{([^{}]*)\}")
 _DEFAULT_TENANT = "common"
+# In `issuer` only: a multi-tenant provider (Microsoft Entra ID) puts the user's tenant id here; an ID token's
+# `iss` must then carry the same id as its `tid` claim. Microsoft's discovery documents use the same notation.
+TENANT_ID_PLACEHOLDER = "{tenantid}"
+_TENANT_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,63}")
 _DISCOVERY_TIMEOUT = httpx.Timeout(10.0)
 
 
@@ -70,6 +76,22 @@ def _host(url: str | None) -> str | None:
         return urlsplit(url).hostname
     except ValueError:
         return None
+
+
+def issuer_matches(expected: str, received: str, *, tenant_id: str | None = None) -> bool:
+    """Whether `received` is the expected issuer: exact string equality (OpenID Connect, RFC 9207).
+
+    An `expected` with `{tenantid}` accepts any tenant id in that place, or exactly `tenant_id` when given.
+    """
+    if TENANT_ID_PLACEHOLDER not in expected:
+        return received == expected
+    prefix, _, suffix = expected.partition(TENANT_ID_PLACEHOLDER)
+    if not (received.startswith(prefix) and received.endswith(suffix)) or len(received) < len(prefix) + len(suffix):
+        return False
+    tenant = received[len(prefix) : len(received) - len(suffix)]
+    if not _TENANT_ID_RE.fullmatch(tenant):
+        return False
+    return tenant_id is None or tenant == tenant_id
 
 
 def _endpoint_problem(url: str) -> str | None:
@@ -108,6 +130,7 @@ class ProviderEntry:
     issuer: str | None = None
     authorization_response_iss_parameter_supported: bool = False
     discovery_url: str | None = None
+    jwks_uri: str | None = None  # the provider's signing keys, for ID tokens (OpenID Connect)
     account_id_field: str = "id"
     extra_authorize_params: Mapping[str, str] = field(default_factory=dict, hash=False)
     token_endpoint_auth_method: TokenEndpointAuthMethod = "client_secret_post"  # noqa: S105 - a method name
@@ -286,10 +309,13 @@ async def _discover(entry: ProviderEntry, url: str, http: httpx.AsyncClient) -> 
     token_endpoint = text("token_endpoint", required=True)
     userinfo_endpoint = text("userinfo_endpoint", required=False)
     revocation_endpoint = text("revocation_endpoint", required=False)
+    jwks_uri = text("jwks_uri", required=False)
 
     iss_supported = document.get("authorization_response_iss_parameter_supported", False)
     if not isinstance(iss_supported, bool):
         raise _discovery_error(entry, url, "authorization_response_iss_parameter_supported is not a boolean")
+    if entry.oidc and not (entry.jwks_uri or jwks_uri):
+        raise _discovery_error(entry, url, "the document has no jwks_uri, needed to check ID tokens")
 
     auth_method = entry.token_endpoint_auth_method
     methods = document.get("token_endpoint_auth_methods_supported")
@@ -315,6 +341,7 @@ async def _discover(entry: ProviderEntry, url: str, http: httpx.AsyncClient) -> 
         token_endpoint=entry.token_endpoint or token_endpoint,
         userinfo_endpoint=entry.userinfo_endpoint or userinfo_endpoint,
         revocation_endpoint=entry.revocation_endpoint or revocation_endpoint,
+        jwks_uri=entry.jwks_uri or jwks_uri,
         authorization_response_iss_parameter_supported=iss_supported,
         token_endpoint_auth_method=auth_method,
     )
@@ -347,6 +374,7 @@ class _ProviderTable(BaseModel):
     issuer: StrictStr | None = None
     authorization_response_iss_parameter_supported: StrictBool = False
     discovery_url: StrictStr | None = None
+    jwks_uri: StrictStr | None = None
     account_id_field: StrictStr = Field(default="id", min_length=1)
     extra_authorize_params: dict[StrictStr, StrictStr] = Field(default_factory=dict)
     token_endpoint_auth_method: TokenEndpointAuthMethod = "client_secret_post"  # noqa: S105 - a method name
@@ -391,8 +419,11 @@ def _read_catalog_file(path: Path) -> dict[str, Any]:
 
 def _fill_placeholders(value: str, tenant: str, *, file: str, key: str) -> str:
     def substitute(match: re.Match[str]) -> str:
+        if match.group(0) == TENANT_ID_PLACEHOLDER and key.endswith(".issuer"):
+            return TENANT_ID_PLACEHOLDER  # kept: filled per ID token from its `tid` claim
         if match.group(1) != "tenant":
-            raise ConfigError(file, key, f"unknown placeholder {{{match.group(1)}}}: only {{tenant}} is supported")
+            problem = f"unknown placeholder {{{match.group(1)}}}: only {{tenant}} is supported ({{tenantid}} in issuer)"
+            raise ConfigError(file, key, problem)
         return tenant
 
     return _PLACEHOLDER_RE.sub(substitute, value)
@@ -449,6 +480,19 @@ def _build_entry(name: str, raw: Any, environ: Mapping[str, str], file: str) -> 
             suffix = f" (set by {discovery_var})" if origin == ENVIRONMENT else ""
             raise ConfigError(origin, f"{name}.{key}", url_problem + suffix)
         values[key] = url
+
+    if not values.get("discovery_url"):
+        # Without discovery nothing can fill these in later: the checks they enable would silently not happen.
+        if values["authorization_response_iss_parameter_supported"] and not values.get("issuer"):
+            raise ConfigError(
+                file, f"{name}.issuer", "is required when authorization_response_iss_parameter_supported is true"
+            )
+        if values["oidc"] and values.get("authorization_endpoint"):
+            for needed in ("issuer", "jwks_uri"):
+                if not values.get(needed):
+                    raise ConfigError(
+                        file, f"{name}.{needed}", "is required for an OpenID Connect provider (oidc = true)"
+                    )
 
     reserved = _RESERVED_AUTHORIZE_PARAMS.intersection(values["extra_authorize_params"])
     if reserved:

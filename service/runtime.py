@@ -10,6 +10,7 @@ import httpx
 
 from .config import Settings
 from .events import CompletionBus
+from .oauth import JwksCache
 from .providers import ProviderCatalog
 from .store import Store
 from .vault import Vault
@@ -29,6 +30,8 @@ class Runtime:
     clock: Callable[[], datetime] = utcnow
     # For provider discovery documents; token traffic uses per-call clients in oauth.py.
     http: httpx.AsyncClient = field(default_factory=lambda: httpx.AsyncClient(timeout=15.0))
+    # Providers' ID-token signing keys, read with `http` and cached.
+    jwks: JwksCache = field(default_factory=JwksCache)
 
     def now(self) -> datetime:
         return self.clock()

@@ -346,6 +346,11 @@ def flow_aad(flow_id: str) -> bytes:
     return _aad("connector/flow/v1", flow_id)
 
 
+def verification_aad(verification_id: str) -> bytes:
+    """Associated data binding an identity verification's secret (its PKCE verifier) to that verification."""
+    return _aad("connector/identity-verification/v1", verification_id)
+
+
 def load_key_ring(keys: Sequence[str | SecretStr], key_file: Path | None, primary_key_id: str | None) -> KeyRing | None:
     """Build the configured key ring: inline `keys` first, then the entries of `key_file`.
 

@@ -203,7 +203,7 @@ def test_unparseable_json_section_from_env(empty_cwd: Path) -> None:
         ("[server]\nport = 65536\n", "server.port"),
         ('[server]\nport = "http"\n', "server.port"),
         ('log_format = "xml"\n', "log_format"),
-        ('[identity]\nverifier = "oidc"\n', "identity.verifier"),
+        ('[identity]\nverifier = "kerberos"\n', "identity.verifier"),
         ('[identity]\nlocal_subject = ""\n', "identity.local_subject"),
         ('agent_name = ""\n', "agent_name"),
     ],

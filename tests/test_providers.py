@@ -108,7 +108,8 @@ def test_shipped_catalog_has_the_documented_providers() -> None:
                 "userinfo_endpoint": "https://graph.microsoft.com/v1.0/me",
                 "api_base_url": "https://graph.microsoft.com",
                 "oidc": True,
-                "issuer": None,
+                "issuer": "https://login.microsoftonline.com/{tenantid}/v2.0",  # the token's own tenant (tid)
+                "jwks_uri": "https://login.microsoftonline.com/common/discovery/v2.0/keys",
                 "account_id_field": "id",
             },
         ),
@@ -488,7 +489,12 @@ async def test_resolve_on_loopback_http(http: httpx.AsyncClient) -> None:
     base = "http://127.0.0.1:9999"
     url = f"{base}/.well-known/openid-configuration"
     respx.get(url).respond(
-        json={"issuer": base, "authorization_endpoint": f"{base}/authorize", "token_endpoint": f"{base}/token"}
+        json={
+            "issuer": base,
+            "authorization_endpoint": f"{base}/authorize",
+            "token_endpoint": f"{base}/token",
+            "jwks_uri": f"{base}/jwks",  # required for an OpenID provider (oidc = true)
+        }
     )
     entry = await oidc_catalog(CONNECTOR_PROVIDER_OIDC_DISCOVERY_URL=url).resolve("oidc", http)
     assert entry.token_endpoint == f"{base}/token"

@@ -4,18 +4,20 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from .audit import AuditRepository
+from .audit import PENDING_AUDIT_LOG, AuditRepository, log_audit_event
 from .elicitations import ElicitationRepository
 from .engine import create_engine, display_url
 from .flows import FlowRepository
 from .grants import GrantRepository
-from .records import AuditRecord, ElicitationRecord, FlowRecord, GrantRecord, ScopeKind
+from .records import AuditRecord, ElicitationRecord, FlowRecord, GrantRecord, ScopeKind, VerificationRecord
 from .schema import alembic_config, head_revision, migrate
 from .schema import check_schema as _check_schema
+from .verifications import VerificationRepository
 
 __all__ = [
     "AuditRecord",
@@ -28,6 +30,8 @@ __all__ = [
     "GrantRepository",
     "ScopeKind",
     "Store",
+    "VerificationRecord",
+    "VerificationRepository",
     "alembic_config",
     "create_engine",
     "display_url",
@@ -45,6 +49,7 @@ class Store:
         self.flows = FlowRepository(engine)
         self.grants = GrantRepository(engine)
         self.audit = AuditRepository(engine)
+        self.verifications = VerificationRepository(engine)
 
     @classmethod
     def from_url(cls, url: str) -> Store:
@@ -55,9 +60,20 @@ class Store:
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[AsyncConnection]:
-        """One transaction: commits when the block ends, rolls back if it raises."""
+        """One transaction: commits when the block ends, rolls back if it raises.
+
+        Audit events recorded in it are logged after the commit, and not at all if it rolls back.
+        """
+        pending: list[Any] = []
         async with self.engine.begin() as conn:
-            yield conn
+            conn.info[PENDING_AUDIT_LOG] = pending
+            try:
+                yield conn
+            finally:
+                # The DBAPI connection returns to the pool: it must not carry this list into its next use.
+                conn.info.pop(PENDING_AUDIT_LOG, None)
+        for values in pending:
+            log_audit_event(values)
 
     async def ping(self) -> None:
         """Raise if the database cannot be reached."""

@@ -1,8 +1,15 @@
-"""The audit trail: append-only events about elicitations and grants, never holding secrets."""
+"""The audit trail: append-only events about elicitations and grants, never holding secrets.
+
+Each event is a row in `audit_events` and one structured log line on the `service.audit` logger (fields
+`audit_event`, `elicitation_id`, `provider`, `identity_issuer`, `identity_subject`, `detail`). An event written
+inside a `Store.transaction()` is logged once that transaction commits, so the log never shows an event the
+database rolled back. Detail keys that name secrets are replaced by "[redacted]" in both places.
+"""
 
 from __future__ import annotations
 
 import builtins
+import logging
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -15,6 +22,53 @@ from service.identity import Identity
 from .engine import connection_scope, dump_json, load_json
 from .records import AuditRecord
 from .tables import audit_events
+
+log = logging.getLogger("service.audit")
+
+# conn.info key under which a Store.transaction() collects events to log after its commit.
+PENDING_AUDIT_LOG = "connector_pending_audit_log"
+
+# Never stored or logged as audit detail, whoever passes them.
+SECRET_DETAIL_KEYS = frozenset(
+    {
+        "access_token",
+        "refresh_token",
+        "id_token",
+        "token",
+        "code",
+        "code_verifier",
+        "verifier",
+        "client_secret",
+        "secret",
+        "password",
+        "api_key",
+        "key",
+        "state",
+        "nonce",
+        "cookie",
+        "authorization",
+    }
+)
+
+
+def _redact(detail: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: "[redacted]" if k.lower() in SECRET_DETAIL_KEYS else v for k, v in detail.items()}
+
+
+def log_audit_event(values: Mapping[str, Any]) -> None:
+    """The log line of one stored audit event (`values` as inserted, detail already JSON)."""
+    log.info(
+        "audit %s",
+        values["event"],
+        extra={
+            "audit_event": values["event"],
+            "elicitation_id": values["elicitation_id"],
+            "provider": values["provider"],
+            "identity_issuer": values["identity_issuer"],
+            "identity_subject": values["identity_subject"],
+            "detail": load_json(values["detail"]),
+        },
+    )
 
 
 class AuditRepository:
@@ -32,7 +86,7 @@ class AuditRepository:
         now: datetime | None = None,
         conn: AsyncConnection | None = None,
     ) -> None:
-        """Append one event. `detail` must be JSON-serialisable and must not hold secrets."""
+        """Append one event and log it. `detail` must be JSON-serialisable; secret-named keys are redacted."""
         values = {
             "at": now if now is not None else datetime.now(UTC),
             "event": event,
@@ -40,10 +94,15 @@ class AuditRepository:
             "identity_issuer": None if identity is None else identity.issuer,
             "identity_subject": None if identity is None else identity.subject,
             "provider": provider,
-            "detail": dump_json(dict(detail or {})),
+            "detail": dump_json(_redact(detail or {})),
         }
         async with connection_scope(self._engine, conn) as c:
             await c.execute(insert(audit_events).values(values))
+        pending = conn.info.get(PENDING_AUDIT_LOG) if conn is not None else None
+        if isinstance(pending, builtins.list):
+            pending.append(values)  # logged by Store.transaction() after the commit
+        else:
+            log_audit_event(values)
 
     async def list(
         self,

@@ -64,6 +64,18 @@ class ElicitationRepository:
             row = (await c.execute(statement)).mappings().first()
         return None if row is None else _from_row(row)
 
+    async def add_identity_mismatch(self, id: str, *, now: datetime, conn: AsyncConnection | None = None) -> int:
+        """Count one identity mismatch on the elicitation, atomically; return the new count (0 if unknown)."""
+        statement = (
+            update(elicitations)
+            .where(elicitations.c.id == id)
+            .values(identity_mismatches=elicitations.c.identity_mismatches + 1, updated_at=now)
+            .returning(elicitations.c.identity_mismatches)
+        )
+        async with connection_scope(self._engine, conn) as c:
+            count = (await c.execute(statement)).scalar()
+        return int(count or 0)
+
     async def expire_due(self, now: datetime, conn: AsyncConnection | None = None) -> list[str]:
         """Mark every open elicitation with `expires_at` at or before `now` as EXPIRED; return their ids."""
         statement = (

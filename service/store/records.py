@@ -53,6 +53,30 @@ class FlowRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class VerificationRecord:
+    """One identity-verification attempt that left the server (OIDC sign-in or confirm hand-off).
+
+    Handles are stored only as hashes; the PKCE verifier is encrypted; `identity` is what the operator confirmed.
+    """
+
+    id: str
+    elicitation_id: str
+    verifier: str
+    handle_hash: str
+    return_hash: str | None
+    browser_binding_hash: str
+    nonce: str | None = field(repr=False)
+    pkce_key_id: str | None
+    pkce_ciphertext: bytes | None = field(repr=False)
+    outcome: str | None
+    identity: Identity | None
+    created_at: datetime
+    expires_at: datetime
+    confirmed_at: datetime | None
+    used_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
 class GrantRecord:
     """A user's grant at a provider account: scopes and the encrypted token set."""
 

@@ -84,6 +84,8 @@ elicitations = Table(
     Column("created_at", UTCDateTime, nullable=False),
     Column("expires_at", UTCDateTime, nullable=False),
     Column("updated_at", UTCDateTime, nullable=False),
+    # Browsers of another user that tried to finish this elicitation; at identity.max_mismatches it is locked.
+    Column("identity_mismatches", Integer, nullable=False, server_default="0"),
     Index(None, "status", "expires_at"),
     Index(None, "connection_key"),
 )
@@ -104,6 +106,32 @@ oauth_flows = Table(
     Column("expires_at", UTCDateTime, nullable=False),
     Column("used_at", UTCDateTime, nullable=True),
     UniqueConstraint("state_hash"),
+    Index(None, "elicitation_id"),
+)
+
+identity_verifications = Table(
+    "identity_verifications",
+    metadata,
+    Column("id", ID, primary_key=True),
+    Column("elicitation_id", ID, ForeignKey("elicitations.id", ondelete="CASCADE"), nullable=False),
+    Column("verifier", String(32), nullable=False),  # "oidc" | "confirm"
+    # Hash of the handle that leaves the server: the OIDC state, or the confirm flow id. Never the handle.
+    Column("handle_hash", String(128), nullable=False),
+    # confirm: hash of the single-use code the browser brings back after the operator confirmed.
+    Column("return_hash", String(128), nullable=True),
+    Column("browser_binding_hash", String(128), nullable=False),
+    Column("nonce", String(255), nullable=True),
+    Column("pkce_key_id", String(64), nullable=True),
+    Column("pkce_ciphertext", LargeBinary, nullable=True),  # the PKCE verifier, encrypted by the vault
+    Column("outcome", String(16), nullable=True),  # confirm: "confirmed" | "mismatch"
+    Column("identity_issuer", String(512), nullable=True),
+    Column("identity_subject", String(512), nullable=True),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("expires_at", UTCDateTime, nullable=False),
+    Column("confirmed_at", UTCDateTime, nullable=True),
+    Column("used_at", UTCDateTime, nullable=True),
+    UniqueConstraint("handle_hash"),
+    UniqueConstraint("return_hash"),
     Index(None, "elicitation_id"),
 )
 

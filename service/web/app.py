@@ -16,7 +16,9 @@ from starlette.staticfiles import StaticFiles
 
 from ..errors import SchemaNotCurrent
 from .browser import BrowserRoutes
+from .identity_routes import IdentityRoutes
 from .pages import Pages
+from .ratelimit import RateLimit, RateLimiter, RateLimitGuard
 from .security import SecurityHeaders
 
 if TYPE_CHECKING:
@@ -79,13 +81,25 @@ def create_app(connector: Connector) -> Starlette:
         Route("/connect/{elicitation_id}", browser.connect_submit, methods=["POST"]),
         Route("/connect", browser.connect_page, methods=["GET"]),
         Route("/callback/{provider}", browser.callback, methods=["GET"]),
+        *IdentityRoutes(browser).routes(),  # the configured verifier's return routes and confirm endpoint
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
     https = connector.settings.public_base_url.startswith("https://")
-    return Starlette(
+    # Handlers that learn the elicitation only from a request body use it through `request.app.state.rate_limits`.
+    rate_limits = RateLimitGuard(
+        RateLimiter(connector.settings.rate_limit),
+        trusted_proxies=connector.settings.server.trusted_proxies,
+        audit=store.audit,
+        pages=pages,
+        now=connector.runtime.now,
+    )
+    app = Starlette(
         routes=routes,
-        middleware=[Middleware(SecurityHeaders, https=https)],
+        # Outermost first: every answer, a 429 included, gets the security headers.
+        middleware=[Middleware(SecurityHeaders, https=https), Middleware(RateLimit, guard=rate_limits)],
         exception_handlers={HTTPException: http_error, Exception: server_error},
     )
+    app.state.rate_limits = rate_limits
+    return app

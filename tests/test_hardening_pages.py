@@ -1,0 +1,209 @@
+"""Browser-facing pages on the wire (loopback http deployment): security headers on every answer, the binding
+cookie's attributes, CSRF on the consent form, look-alike host warnings, and no open redirect anywhere.
+The https deployment variant is in test_hardening_https.py."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import httpx
+import pytest
+
+from service.states import ElicitationStatus
+from service.testing import MockOAuthProvider, ScriptedBrowser
+
+from .conftest import Deployment, write_catalog
+from .hardening_support import asking, events, query_of, status_of, to_callback, with_query
+
+LOOKALIKE_HOST = "xn--gthub-n2e.com"  # "g\u0456thub.com", a Cyrillic i: Punycode and mixed scripts
+IDN_HOST = "xn--e1afmkfd.com"  # "пример.com": Punycode, one script
+
+
+@pytest.fixture
+def connector_env(
+    connector_env: dict[str, str], mock_provider: MockOAuthProvider, monkeypatch: pytest.MonkeyPatch
+) -> dict[str, str]:
+    """Two more providers whose sign-in hosts could mislead a person (never contacted in these tests)."""
+    entries = {"github": mock_provider.catalog_entry()}
+    for name, host in (("lookalike", LOOKALIKE_HOST), ("idn", IDN_HOST)):
+        entries[name] = {
+            "display_name": "GitHub",
+            "authorization_endpoint": f"https://{host}/login/oauth/authorize",
+            "token_endpoint": f"https://{host}/login/oauth/access_token",
+        }
+    write_catalog(Path(connector_env["CONNECTOR_PROVIDERS__CATALOG"]), entries)
+    env = dict(connector_env)
+    for name in ("LOOKALIKE", "IDN"):
+        env[f"CONNECTOR_PROVIDER_{name}_CLIENT_ID"] = "client"
+        env[f"CONNECTOR_PROVIDER_{name}_CLIENT_SECRET"] = "secret-value"
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return env
+
+
+def csp_directives(response: httpx.Response) -> dict[str, list[str]]:
+    policy = response.headers["content-security-policy"]
+    return {part.split()[0]: part.split()[1:] for part in (p.strip() for p in policy.split(";")) if part}
+
+
+def assert_page_headers(response: httpx.Response) -> None:
+    csp = csp_directives(response)
+    assert csp["default-src"] == ["'none'"]
+    assert "script-src" not in csp  # so default-src 'none' applies: no script at all, inline or not
+    assert csp["frame-ancestors"] == ["'none'"]
+    assert csp["base-uri"] == ["'none'"]
+    assert "'unsafe-inline'" not in response.headers["content-security-policy"]
+    assert response.headers["referrer-policy"] == "no-referrer"
+    assert response.headers["cache-control"] == "no-store"
+    assert response.headers["x-content-type-options"] == "nosniff"
+    assert response.headers["x-frame-options"] == "DENY"
+    assert "strict-transport-security" not in response.headers  # plain http on loopback
+    if response.headers.get("content-type", "").startswith("text/html"):
+        assert "<script" not in response.text.lower()
+        assert not re.search(r"\son[a-z]+\s*=", response.text, re.IGNORECASE)  # no inline event handlers
+
+
+async def test_every_answer_carries_the_security_headers(deployment: Deployment) -> None:
+    async with asking(deployment) as ask, ScriptedBrowser() as browser:
+        pending = await ask()
+        page = await browser.get(pending.url)
+        assert page.status_code == 200
+        # The consent form may post to us, and the redirect after it may go only to the provider's origin.
+        assert csp_directives(page)["form-action"] == ["'self'", deployment.provider.base_url]
+        sent = await browser.submit(page, "continue")
+        answers = [page, sent]
+        answers.append(await browser.get(await to_callback(browser, pending.url)))
+        answers.append(await browser.get(f"{deployment.base_url}/connect/unknown-id"))
+        answers.append(await browser.get(f"{deployment.base_url}/callback/github?state=forged"))
+        answers.append(await browser.get(f"{deployment.base_url}/static/style.css"))
+        answers.append(await browser.get(f"{deployment.base_url}/healthz"))
+        answers.append(await browser.get(f"{deployment.base_url}/no/such/page"))
+        answers.append(await browser.client.delete(pending.url))
+    assert [a.status_code for a in answers] == [200, 303, 200, 404, 400, 200, 200, 404, 405]
+    for answer in answers:
+        assert_page_headers(answer)
+    for answer in answers[1:]:
+        assert csp_directives(answer)["form-action"] == ["'self'"]
+
+
+async def test_binding_cookie_attributes_on_loopback_http(deployment: Deployment) -> None:
+    async with asking(deployment) as ask, ScriptedBrowser() as browser:
+        pending = await ask()
+        page = await browser.get(pending.url)
+        cookies = page.headers.get_list("set-cookie")
+        assert len(cookies) == 1
+        name_value, *attributes = [part.strip() for part in cookies[0].split(";")]
+        name, value = name_value.split("=", 1)
+        assert name == "connector-browser"  # __Host- requires Secure, which plain http cannot have
+        assert len(value) >= 43
+        flags = {a.split("=")[0].lower(): (a.split("=", 1)[1] if "=" in a else True) for a in attributes}
+        assert flags.get("httponly") is True
+        assert str(flags.get("samesite")).lower() == "lax"
+        assert flags.get("path") == "/"
+        assert "domain" not in flags
+        assert "secure" not in flags
+        assert 0 < int(str(flags["max-age"])) <= 3600  # short-lived
+        # The cookie is set once; a second visit keeps it.
+        again = await browser.get(pending.url)
+        assert again.headers.get_list("set-cookie") == []
+
+
+# --- CSRF ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("attack", ["missing", "wrong", "other_browser", "no_cookie"])
+@pytest.mark.parametrize("action", ["continue", "decline"])
+async def test_consent_post_without_a_valid_csrf_token_is_refused(
+    deployment: Deployment, attack: str, action: str
+) -> None:
+    async with asking(deployment) as ask, ScriptedBrowser() as alice, ScriptedBrowser() as mallory:
+        pending = await ask()
+        page = await alice.get(pending.url)
+        token = page.text.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+        if attack == "missing":
+            posted = await alice.client.post(pending.url, data={"action": action})
+        elif attack == "wrong":
+            posted = await alice.client.post(pending.url, data={"csrf": token[:-2] + "AA", "action": action})
+        elif attack == "other_browser":  # a valid token, replayed from a browser with another binding
+            await mallory.get(pending.url)
+            posted = await mallory.client.post(pending.url, data={"csrf": token, "action": action})
+        else:  # a cross-site form post arrives without the SameSite=Lax cookie
+            async with httpx.AsyncClient() as bare:
+                posted = await bare.post(pending.url, data={"csrf": token, "action": action})
+        assert posted.status_code == 403
+        assert posted.headers["x-connector-error"] == "csrf_failed"
+        assert "location" not in posted.headers
+        assert await status_of(deployment, pending.elicitation_id) is ElicitationStatus.CONSENTED
+        recorded = await events(deployment, pending.elicitation_id)
+        assert "verified" not in recorded and "declined" not in recorded
+        # The genuine form still works afterwards.
+        assert (await alice.submit(page, action)).status_code in (200, 303)
+
+
+# --- hosts a person could misread --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("provider", "shown", "warning"),
+    [
+        ("github", None, None),
+        ("lookalike", "g\u0456thub.com", "mixes letters from different alphabets"),
+        ("idn", "пример.com", "uses international characters"),
+    ],
+)
+async def test_consent_page_highlights_the_provider_host_and_warns_about_lookalikes(
+    deployment: Deployment, provider: str, shown: str | None, warning: str | None
+) -> None:
+    async with asking(deployment) as ask, ScriptedBrowser() as browser:
+        pending = await ask(provider=provider)
+        page = await browser.get(pending.url)
+    assert page.status_code == 200
+    host = {"github": deployment.provider.host, "lookalike": LOOKALIKE_HOST, "idn": IDN_HOST}[provider]
+    assert f'<span class="host">{host}</span>' in page.text
+    if warning is None:
+        assert 'class="warning"' not in page.text
+        return
+    assert shown is not None
+    assert page.text.count('class="warning"') == 1
+    assert warning in page.text and "sign-in address" in page.text and shown in page.text
+
+
+# --- no open redirects -------------------------------------------------------------------------------------
+
+EVIL = "https://evil.example/steal"
+REDIRECT_PARAMS = {"return_to": EVIL, "next": EVIL, "redirect_uri": EVIL, "redirect": EVIL, "url": EVIL}
+
+
+async def test_no_parameter_steers_a_redirect(deployment: Deployment) -> None:
+    async with asking(deployment) as ask, ScriptedBrowser() as browser:
+        pending = await ask()
+        page = await browser.client.get(pending.url, params=REDIRECT_PARAMS)
+        browser.responses.append(page)
+        assert page.status_code == 200 and "location" not in page.headers
+        assert f'action="/connect/{pending.elicitation_id}"' in page.text  # the form carries no parameters on
+        token = page.text.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+        sent = await browser.client.post(
+            pending.url, params=REDIRECT_PARAMS, data={"csrf": token, "action": "continue", **REDIRECT_PARAMS}
+        )
+        assert sent.status_code == 303
+        location = sent.headers["location"]
+        assert location.startswith(deployment.provider.base_url + "/authorize?")
+        assert query_of(location)["redirect_uri"] == f"{deployment.base_url}/callback/github"
+        at_provider = await browser.get(location)
+        callback = at_provider.headers["location"]
+        done = await browser.client.get(with_query(callback, **REDIRECT_PARAMS))
+        assert done.status_code == 200 and "location" not in done.headers
+    assert EVIL not in done.text
+
+
+@pytest.mark.parametrize(
+    "path", ["//evil.example/", "/connect//evil.example", "/callback/github/", "/%2F%2Fevil.example/", "/connect/"]
+)
+async def test_odd_paths_never_redirect_off_site(deployment: Deployment, path: str) -> None:
+    async with httpx.AsyncClient() as client:
+        answer = await client.get(deployment.base_url + path)
+    location = answer.headers.get("location")
+    if location is not None:
+        assert httpx.URL(deployment.base_url).join(location).host == "127.0.0.1"
+        assert not location.startswith("//")
