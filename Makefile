@@ -21,8 +21,8 @@ test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check service tests migrations
-	$(BIN)/ruff format --check service tests migrations
+	$(BIN)/ruff check service tests migrations examples bench
+	$(BIN)/ruff format --check service tests migrations examples bench
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -3,7 +3,7 @@
 Tokens stay server-side and encrypted; the agent uses them through `Connector.http(...)`.
 """
 
-from .acp_bridge import url_mode_advertised
+from .acp_bridge import AcpLink, ForegroundState, url_mode_advertised
 from .config import Settings, load_settings
 from .connector import AuthorizationOutcome, AuthorizationStatus, Connector, GrantInfo
 from .errors import (
@@ -19,11 +19,13 @@ from .identity import Identity
 from .scopes import RequestScope, SessionScope
 
 __all__ = [
+    "AcpLink",
     "AuthorizationOutcome",
     "AuthorizationStatus",
     "ConfigError",
     "Connector",
     "ConnectorError",
+    "ForegroundState",
     "GrantInfo",
     "Identity",
     "NotAuthorized",

@@ -36,7 +36,7 @@ from .foreground import ForegroundTracker
 from .identity import Identity
 from .identity.base import IdentityVerifier
 from .identity.factory import build_verifier
-from .lifecycle import finish
+from .lifecycle import audit_elicitation, finish
 from .oauth import revoke
 from .providers import load_catalog
 from .runtime import Runtime
@@ -309,6 +309,7 @@ class Connector:
         for grant in await self.runtime.store.grants.find(user, provider):
             if entry.configured:
                 await revoke(entry, self.tokens.decrypt(grant))
+            self.tokens.forget(grant.id)
             if await self.runtime.store.grants.delete(grant.id):
                 removed += 1
                 await self.runtime.store.audit.record(
@@ -356,11 +357,10 @@ class Connector:
         )
         async with self.runtime.store.transaction() as db:
             await self.runtime.store.elicitations.insert(record, conn=db)
-            await self.runtime.store.audit.record(
+            await audit_elicitation(
+                self.runtime,
+                record,
                 "created",
-                elicitation_id=record.id,
-                identity=user,
-                provider=provider,
                 detail={"scopes": list(scopes), "scope_kind": record.scope_kind},
                 now=now,
                 conn=db,
@@ -372,13 +372,7 @@ class Connector:
         if await self.runtime.store.elicitations.transition(
             record.id, ElicitationStatus.CONSENTED, now=self.runtime.now()
         ):
-            await self.runtime.store.audit.record(
-                "consented",
-                elicitation_id=record.id,
-                identity=record.identity,
-                provider=record.provider,
-                now=self.runtime.now(),
-            )
+            await audit_elicitation(self.runtime, record, "consented")
 
     async def _answered_without_consent(
         self, record: ElicitationRecord, kind: AnswerKind, error_code: int | None
@@ -450,13 +444,7 @@ class Connector:
             if link.closed():
                 # The user may still be in the browser: the elicitation stays open and a grant that arrives
                 # later is stored. Only the notification has nowhere to go.
-                await self.runtime.store.audit.record(
-                    "disconnected",
-                    elicitation_id=record.id,
-                    identity=record.identity,
-                    provider=record.provider,
-                    now=self.runtime.now(),
-                )
+                await audit_elicitation(self.runtime, record, "disconnected")
                 return AuthorizationOutcome(
                     AuthorizationStatus.DISCONNECTED,
                     record.provider,

@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 from .errors import ConnectorError, ProviderError
 from .events import ElicitationEvent
 from .identity import Identity
-from .lifecycle import finish
+from .lifecycle import audit_elicitation, finish
 from .oauth import (
     IdTokenError,
     TokenSet,
@@ -138,13 +138,7 @@ class BrowserFlow:
     # -- steps -----------------------------------------------------------------------------------------
     async def consent_view(self, elicitation_id: str) -> ConsentView:
         record = await self.open_elicitation(elicitation_id)
-        await self.rt.store.audit.record(
-            "opened",
-            elicitation_id=record.id,
-            identity=record.identity,
-            provider=record.provider,
-            now=self.rt.now(),
-        )
+        await audit_elicitation(self.rt, record, "opened")
         return ConsentView(record, self.rt.catalog.get(record.provider), self.rt.settings.agent_name)
 
     async def decline(self, elicitation_id: str) -> None:
@@ -191,14 +185,7 @@ class BrowserFlow:
             await store.flows.invalidate_open(record.id, now, conn=conn)
             await store.flows.insert(flow, conn=conn)
             await store.elicitations.transition(record.id, ElicitationStatus.AUTHORIZING, now=now, conn=conn)
-            await store.audit.record(
-                "verified",
-                elicitation_id=record.id,
-                identity=record.identity,
-                provider=record.provider,
-                now=now,
-                conn=conn,
-            )
+            await audit_elicitation(self.rt, record, "verified", now=now, conn=conn)
         return authorization_url(entry, redirect_uri=redirect_uri, scopes=record.scopes, flow=secrets_)
 
     async def check_identity(self, record: ElicitationRecord, browser_user: Identity) -> None:
@@ -211,11 +198,10 @@ class BrowserFlow:
         limit = self.rt.settings.identity.max_mismatches
         async with store.transaction() as conn:
             count = await store.elicitations.add_identity_mismatch(record.id, now=now, conn=conn)
-            await store.audit.record(
+            await audit_elicitation(
+                self.rt,
+                record,
                 "identity_mismatch",
-                elicitation_id=record.id,
-                identity=record.identity,
-                provider=record.provider,
                 detail={
                     "identity_verifier": self.rt.settings.identity.verifier,
                     "browser_issuer": browser_user.issuer,
@@ -259,25 +245,14 @@ class BrowserFlow:
         record = await self.open_elicitation(flow.elicitation_id, allow_cancelled=True)
         if record.provider != provider_name:
             # One redirect URI per provider: an answer for provider A arriving at B's callback is a mix-up.
-            await store.audit.record(
-                "provider_mismatch",
-                elicitation_id=record.id,
-                identity=record.identity,
-                provider=record.provider,
-                detail={"callback_provider": provider_name[:64]},
-                now=self.rt.now(),
+            await audit_elicitation(
+                self.rt, record, "provider_mismatch", detail={"callback_provider": provider_name[:64]}
             )
             raise FlowError(
                 400, "provider_mismatch", "Invalid request", "This answer came back from the wrong provider."
             )
         if browser_binding is None or binding_hash(browser_binding) != flow.browser_binding_hash:
-            await store.audit.record(
-                "browser_mismatch",
-                elicitation_id=record.id,
-                identity=record.identity,
-                provider=record.provider,
-                now=self.rt.now(),
-            )
+            await audit_elicitation(self.rt, record, "browser_mismatch")
             raise FlowError(
                 403,
                 "browser_mismatch",
@@ -349,13 +324,7 @@ class BrowserFlow:
         current = await self.rt.store.flows.get_by_state_hash(flow.state_hash)
         # Unused yet unclaimable means expired; used means answered before (or superseded by a newer start).
         replay = current is None or current.used_at is not None
-        await self.rt.store.audit.record(
-            "replay_attempt" if replay else "state_expired",
-            elicitation_id=record.id,
-            identity=record.identity,
-            provider=record.provider,
-            now=now,
-        )
+        await audit_elicitation(self.rt, record, "replay_attempt" if replay else "state_expired", now=now)
         if replay:
             raise FlowError(
                 400,
@@ -387,13 +356,8 @@ class BrowserFlow:
             return
         if received is None or not issuer_matches(expected, received):
             log.warning("issuer mismatch on callback", extra={"elicitation_id": record.id})
-            await self.rt.store.audit.record(
-                "issuer_mismatch",
-                elicitation_id=record.id,
-                identity=record.identity,
-                provider=record.provider,
-                detail={"iss": "missing" if received is None else "unexpected"},
-                now=self.rt.now(),
+            await audit_elicitation(
+                self.rt, record, "issuer_mismatch", detail={"iss": "missing" if received is None else "unexpected"}
             )
             raise FlowError(
                 400,
@@ -448,11 +412,10 @@ class BrowserFlow:
             # so the grant is kept, but the cancelled elicitation stays cancelled and resumes nothing.
             late = completed is None
             stored = await store.grants.upsert(grant, conn=conn)
-            await store.audit.record(
+            await audit_elicitation(
+                self.rt,
+                record,
                 "completed_after_cancel" if late else "completed",
-                elicitation_id=record.id,
-                identity=record.identity,
-                provider=entry.name,
                 detail={"grant_id": stored.id, "scopes": list(stored.scopes)},
                 now=now,
                 conn=conn,

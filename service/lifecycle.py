@@ -1,13 +1,42 @@
-"""Ending an elicitation: one terminal transition, its audit line and the wake-up call, together."""
+"""Ending an elicitation: one terminal transition, its audit line and the wake-up call, together.
+
+Also owns the audit line about one elicitation (`audit_elicitation`), which names its id, bound identity and provider.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime
+from typing import TYPE_CHECKING
 
 from .events import ElicitationEvent
 from .runtime import Runtime
 from .states import ElicitationStatus
 from .store import ElicitationRecord
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection  # the connection of a Store.transaction()
+
+
+async def audit_elicitation(
+    rt: Runtime,
+    record: ElicitationRecord,
+    event: str,
+    *,
+    detail: Mapping[str, object] | None = None,
+    now: datetime | None = None,
+    conn: AsyncConnection | None = None,
+) -> None:
+    """Record an audit event about `record` (its id, bound identity and provider); `now` defaults to `rt.now()`."""
+    await rt.store.audit.record(
+        event,
+        elicitation_id=record.id,
+        identity=record.identity,
+        provider=record.provider,
+        detail=detail,
+        now=rt.now() if now is None else now,
+        conn=conn,
+    )
 
 
 async def finish(
@@ -32,14 +61,6 @@ async def finish(
             return False
         if close_flows:
             await rt.store.flows.invalidate_open(record.id, now, conn=conn)
-        await rt.store.audit.record(
-            event,
-            elicitation_id=record.id,
-            identity=record.identity,
-            provider=record.provider,
-            detail={"reason": reason, **(detail or {})},
-            now=now,
-            conn=conn,
-        )
+        await audit_elicitation(rt, record, event, detail={"reason": reason, **(detail or {})}, now=now, conn=conn)
     rt.bus.publish(ElicitationEvent(record.id, status, record.connection_key))
     return True

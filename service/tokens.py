@@ -34,6 +34,13 @@ class TokenAccess:
     def __init__(self, runtime: Runtime) -> None:
         self.rt = runtime
         self._locks: dict[str, asyncio.Lock] = {}
+        # Decrypted token sets by grant id, so a request does not cost a database read and a decryption.
+        # A set is used from here only while it is not near expiry; a 401 (`stale`) always re-reads the
+        # database, where another process may have stored a refreshed set.
+        self._cache: dict[str, TokenSet] = {}
+
+    def forget(self, grant_id: str) -> None:
+        self._cache.pop(grant_id, None)
 
     async def find_grant(self, user: Identity, provider: str, scopes: Sequence[str]) -> GrantRecord | None:
         """The newest grant of `user` at `provider` that covers every scope asked for."""
@@ -50,12 +57,17 @@ class TokenAccess:
 
     async def access_token(self, grant_id: str, entry: ProviderEntry, *, stale: str | None = None) -> str:
         """A usable access token; refreshes when near expiry, or when the caller saw `stale` rejected."""
+        cached = self._cache.get(grant_id)
+        if stale is None and cached is not None and not cached.expires_within(REFRESH_AHEAD_SECONDS):
+            return cached.access_token
         lock = self._locks.setdefault(grant_id, asyncio.Lock())
         async with lock:
             grant = await self.rt.store.grants.get(grant_id)
             if grant is None:
+                self.forget(grant_id)
                 raise NotAuthorized("the grant was disconnected")
             tokens = self.decrypt(grant)
+            self._cache[grant_id] = tokens
             must_refresh = (stale is not None and tokens.access_token == stale) or tokens.expires_within(
                 REFRESH_AHEAD_SECONDS
             )
@@ -66,6 +78,7 @@ class TokenAccess:
                     raise NotAuthorized(f"the {entry.display_name} token was rejected and cannot be refreshed")
                 return tokens.access_token
             fresh = await self._refresh(grant, entry, tokens)
+            self._cache[grant_id] = fresh
             return fresh.access_token
 
     async def _refresh(self, grant: GrantRecord, entry: ProviderEntry, tokens: TokenSet) -> TokenSet:

@@ -25,6 +25,7 @@ from .identity.base import (
 )
 from .identity.confirm import ConfirmVerifier
 from .identity.oidc import OidcVerifier
+from .lifecycle import audit_elicitation
 from .runtime import Runtime
 
 
@@ -56,13 +57,11 @@ class IdentityStep:
         if isinstance(step, Verified):
             return await self.flow.start_authorization(record.id, step.identity, browser_binding)
         assert isinstance(step, RedirectFirst)
-        await self.rt.store.audit.record(
+        await audit_elicitation(
+            self.rt,
+            record,
             "identity_challenge",
-            elicitation_id=record.id,
-            identity=record.identity,
-            provider=record.provider,
             detail={"identity_verifier": self.verifier.name, "verification_id": step.verification_id},
-            now=self.rt.now(),
         )
         return step.url
 
@@ -107,13 +106,11 @@ class IdentityStep:
             raise await self._refused(exc) from None
         next_uri = self.verifier.return_url(code)
         if matched:
-            await self.rt.store.audit.record(
+            await audit_elicitation(
+                self.rt,
+                elicitation,
                 "identity_confirmed",
-                elicitation_id=elicitation.id,
-                identity=elicitation.identity,
-                provider=elicitation.provider,
                 detail={"identity_verifier": self.verifier.name, "verification_id": record.id},
-                now=self.rt.now(),
             )
             return ConfirmAnswer(True, next_uri)
         try:

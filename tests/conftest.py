@@ -1,16 +1,26 @@
-"""Shared fixtures: a migrated SQLite database, a mock provider, a connector served by uvicorn on loopback."""
+"""Shared fixtures: a migrated SQLite database, a mock provider, a connector served by uvicorn on loopback.
+
+Also `deploy` / the `deploy_with` fixture (a connector with chosen settings and bound user) and
+`fresh_postgres_database`, a throwaway PostgreSQL database for the store and migration tests.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
-from collections.abc import AsyncIterator, Iterator
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import respx
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.pool import NullPool
 
 from service import Connector, Identity, load_settings
 from service.store import migrate
@@ -20,6 +30,7 @@ from service.web.server import make_server
 
 ALICE = Identity("https://login.example.com", "alice")
 BOB = Identity("https://login.example.com", "bob")
+POSTGRES_ENV = "CONNECTOR_TEST_POSTGRES_URL"
 
 
 def _toml_value(value: object) -> str:
@@ -38,6 +49,26 @@ def write_catalog(path: Path, entries: dict[str, dict[str, object]]) -> Path:
         lines.append("")
     path.write_text("\n".join(lines))
     return path
+
+
+@asynccontextmanager
+async def fresh_postgres_database() -> AsyncIterator[str]:
+    """A new, uniquely named database on the server in CONNECTOR_TEST_POSTGRES_URL, dropped afterwards."""
+    admin_url = os.environ.get(POSTGRES_ENV)
+    if not admin_url:
+        pytest.skip(f"PostgreSQL tests need {POSTGRES_ENV} (e.g. postgresql+asyncpg://postgres@127.0.0.1:5432/test)")
+    name = f"connector_test_{uuid.uuid4().hex[:12]}"
+    admin = create_async_engine(admin_url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    try:
+        async with admin.connect() as conn:
+            await conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+        try:
+            yield make_url(admin_url).set(database=name).render_as_string(hide_password=False)
+        finally:
+            async with admin.connect() as conn:
+                await conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.dispose()
 
 
 @dataclass
@@ -97,30 +128,62 @@ def connector_env(
     return env
 
 
+@asynccontextmanager
+async def deploy(
+    env: dict[str, str],
+    tmp_path: Path,
+    provider: MockOAuthProvider,
+    sock: socket.socket,
+    user: Identity | None = None,
+    **overrides: str,
+) -> AsyncIterator[Deployment]:
+    """A connector with the test environment plus `overrides` (CONNECTOR_* names), on a real loopback port.
+
+    `user` is whom the agent binds elicitations to; by default the local verifier's user.
+    """
+    settings_env = {**env, **overrides}
+    config_file = tmp_path / "connector.toml"
+    config_file.write_text("# all settings come from the environment in tests\n")
+    settings = load_settings(config_file, env=settings_env)
+    migrate(settings.database.url)
+    connector = Connector.from_settings(settings)
+    await connector.start()
+    server = make_server(connector.asgi_app(), "127.0.0.1", 0)
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started:  # noqa: ASYNC110 - uvicorn offers a flag, not an event
+        await asyncio.sleep(0.01)
+    try:
+        bound = user if user is not None else connector.verifier.user()
+        yield Deployment(connector, provider, settings.public_base_url, bound)
+    finally:
+        server.should_exit = True
+        await task
+        await connector.close()
+
+
+Deploy = Callable[..., AbstractAsyncContextManager[Deployment]]
+
+
 @pytest.fixture
-async def deployment(
+def deploy_with(
     connector_env: dict[str, str],
     tmp_path: Path,
     mock_provider: MockOAuthProvider,
     respx_router: respx.MockRouter,
     loopback_socket: socket.socket,
-) -> AsyncIterator[Deployment]:
-    config_file = tmp_path / "connector.toml"
-    config_file.write_text("# all settings come from the environment in tests\n")
-    settings = load_settings(config_file, env=connector_env)
-    migrate(settings.database.url)
-    connector = Connector.from_settings(settings)
-    await connector.start()
-    server = make_server(connector.asgi_app(), "127.0.0.1", 0)
-    task = asyncio.create_task(server.serve(sockets=[loopback_socket]))
-    while not server.started:  # noqa: ASYNC110 - uvicorn offers a flag, not an event
-        await asyncio.sleep(0.01)
-    try:
-        yield Deployment(connector, mock_provider, settings.public_base_url, connector.verifier.user())
-    finally:
-        server.should_exit = True
-        await task
-        await connector.close()
+) -> Deploy:
+    """`deploy_with(user=None, **overrides)`: `deploy` on this test's environment, mock provider and port."""
+
+    def make(user: Identity | None = None, **overrides: str) -> AbstractAsyncContextManager[Deployment]:
+        return deploy(connector_env, tmp_path, mock_provider, loopback_socket, user, **overrides)
+
+    return make
+
+
+@pytest.fixture
+async def deployment(deploy_with: Deploy) -> AsyncIterator[Deployment]:
+    async with deploy_with() as deployment:
+        yield deployment
 
 
 @pytest.fixture
@@ -131,8 +194,6 @@ def captured_logs(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """In CI (CONNECTOR_REQUIRE_ALL_TESTS=1) a skipped test fails the run: nothing may silently not run."""
-    import os
-
     if os.environ.get("CONNECTOR_REQUIRE_ALL_TESTS") != "1":
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")

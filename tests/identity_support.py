@@ -21,7 +21,6 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
@@ -33,15 +32,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from service import Connector, Identity, load_settings
+from service import Identity
 from service.states import ElicitationStatus
-from service.store import migrate
 from service.store.tables import identity_verifications, oauth_flows
-from service.testing import MockOAuthProvider
 from service.web.server import make_server
 
 from .acp_peers import RecordingClient, Wire, connect, prompt_text
 from .conftest import Deployment
+from .conftest import deploy as deploy  # re-exported: identity tests used to import it from here
 
 CLIENT_ID = "connector-at-idp"
 
@@ -216,35 +214,6 @@ async def serve_idp(idp: LoopbackIdP) -> AsyncIterator[LoopbackIdP]:
         server.should_exit = True
         await task
         sock.close()
-
-
-@asynccontextmanager
-async def deploy(
-    env: dict[str, str],
-    tmp_path: Path,
-    provider: MockOAuthProvider,
-    sock: socket.socket,
-    user: Identity,
-    **overrides: str,
-) -> AsyncIterator[Deployment]:
-    """A connector with the test environment plus `overrides` (CONNECTOR_* names), on a real loopback port."""
-    settings_env = {**env, **overrides}
-    config_file = tmp_path / "connector.toml"
-    config_file.write_text("# all settings come from the environment in tests\n")
-    settings = load_settings(config_file, env=settings_env)
-    migrate(settings.database.url)
-    connector = Connector.from_settings(settings)
-    await connector.start()
-    server = make_server(connector.asgi_app(), "127.0.0.1", 0)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started:  # noqa: ASYNC110
-        await asyncio.sleep(0.01)
-    try:
-        yield Deployment(connector, provider, settings.public_base_url, user)
-    finally:
-        server.should_exit = True
-        await task
-        await connector.close()
 
 
 @dataclass

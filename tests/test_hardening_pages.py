@@ -137,6 +137,7 @@ async def test_consent_post_without_a_valid_csrf_token_is_refused(
         assert await status_of(deployment, pending.elicitation_id) is ElicitationStatus.CONSENTED
         recorded = await events(deployment, pending.elicitation_id)
         assert "verified" not in recorded and "declined" not in recorded
+        assert "csrf_failed" in recorded
         # The genuine form still works afterwards.
         assert (await alice.submit(page, action)).status_code in (200, 303)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -11,16 +10,14 @@ from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
-import respx
 
 from service import Connector, load_settings
 from service.errors import ConfigError
-from service.testing import MockOAuthProvider, ScriptedBrowser
+from service.testing import ScriptedBrowser
 
-from .conftest import ALICE, BOB, Deployment
+from .conftest import ALICE, BOB, Deploy, Deployment
 from .identity_support import (
     assert_nothing_happened,
-    deploy,
     events,
     last_event,
     page_reveals_no_identity,
@@ -42,14 +39,8 @@ def confirm_env(**extra: str) -> dict[str, str]:
 
 
 @pytest.fixture
-async def operated(
-    connector_env: dict[str, str],
-    tmp_path: Path,
-    mock_provider: MockOAuthProvider,
-    respx_router: respx.MockRouter,
-    loopback_socket: socket.socket,
-) -> AsyncIterator[Deployment]:
-    async with deploy(connector_env, tmp_path, mock_provider, loopback_socket, ALICE, **confirm_env()) as deployment:
+async def operated(deploy_with: Deploy) -> AsyncIterator[Deployment]:
+    async with deploy_with(ALICE, **confirm_env()) as deployment:
         yield deployment
 
 
@@ -250,15 +241,9 @@ def test_api_key_hashes_must_be_sha256_digests(tmp_path: Path) -> None:
     assert API_KEY not in str(caught.value)
 
 
-async def test_confirm_calls_for_one_flow_are_rate_limited(
-    connector_env: dict[str, str],
-    tmp_path: Path,
-    mock_provider: MockOAuthProvider,
-    respx_router: respx.MockRouter,
-    loopback_socket: socket.socket,
-) -> None:
+async def test_confirm_calls_for_one_flow_are_rate_limited(deploy_with: Deploy) -> None:
     env = confirm_env(CONNECTOR_RATE_LIMIT__CONFIRM_PER_ELICITATION="2")
-    async with deploy(connector_env, tmp_path, mock_provider, loopback_socket, ALICE, **env) as deployment:
+    async with deploy_with(ALICE, **env) as deployment:
         async with started(deployment, ALICE) as pending:
             async with ScriptedBrowser() as browser:
                 flow_id = await to_operator(browser, pending.url)

@@ -11,20 +11,18 @@ from typing import Any
 
 import httpx
 import pytest
-import respx
 from joserfc.jwk import RSAKey
 from sqlalchemy import select
 
 from service import Connector, load_settings
 from service.errors import ConfigError
-from service.testing import MockOAuthProvider, ScriptedBrowser
+from service.testing import ScriptedBrowser
 
-from .conftest import Deployment
+from .conftest import Deploy, Deployment
 from .identity_support import (
     CLIENT_ID,
     LoopbackIdP,
     assert_nothing_happened,
-    deploy,
     events,
     identity_verifications,
     last_event,
@@ -52,14 +50,10 @@ def oidc_env(idp: LoopbackIdP, **extra: str) -> dict[str, str]:
 @pytest.fixture
 async def sso(
     idp: LoopbackIdP,
-    connector_env: dict[str, str],
-    tmp_path: Path,
-    mock_provider: MockOAuthProvider,
-    respx_router: respx.MockRouter,
-    loopback_socket: socket.socket,
+    deploy_with: Deploy,
 ) -> AsyncIterator[Deployment]:
     alice = idp.identity("alice")
-    async with deploy(connector_env, tmp_path, mock_provider, loopback_socket, alice, **oidc_env(idp)) as deployment:
+    async with deploy_with(alice, **oidc_env(idp)) as deployment:
         yield deployment
 
 
@@ -293,16 +287,12 @@ async def test_idp_error_is_shown_and_the_link_stays_open(sso: Deployment, idp: 
 
 @pytest.mark.parametrize("sent_iss", [None, "https://evil.example"], ids=["right-iss", "wrong-iss"])
 async def test_rfc9207_iss_on_the_sign_in_response_is_checked(
-    connector_env: dict[str, str],
-    tmp_path: Path,
-    mock_provider: MockOAuthProvider,
-    respx_router: respx.MockRouter,
-    loopback_socket: socket.socket,
+    deploy_with: Deploy,
     sent_iss: str | None,
 ) -> None:
     async with serve_idp(LoopbackIdP(send_iss=True, iss_override=sent_iss)) as idp:
         alice = idp.identity("alice")
-        async with deploy(connector_env, tmp_path, mock_provider, loopback_socket, alice, **oidc_env(idp)) as sso:
+        async with deploy_with(alice, **oidc_env(idp)) as sso:
             async with started(sso, alice) as pending:
                 async with ScriptedBrowser() as browser:
                     callback = await idp_answer(browser, await to_idp(browser, pending.url))
@@ -319,16 +309,12 @@ async def test_rfc9207_iss_on_the_sign_in_response_is_checked(
 
 
 async def test_a_confidential_client_authenticates_at_the_token_endpoint(
-    connector_env: dict[str, str],
-    tmp_path: Path,
-    mock_provider: MockOAuthProvider,
-    respx_router: respx.MockRouter,
-    loopback_socket: socket.socket,
+    deploy_with: Deploy,
 ) -> None:
     async with serve_idp(LoopbackIdP(client_secret="idp-client-secret")) as idp:
         alice = idp.identity("alice")
         env = oidc_env(idp, CONNECTOR_IDENTITY__OIDC__CLIENT_SECRET="idp-client-secret")
-        async with deploy(connector_env, tmp_path, mock_provider, loopback_socket, alice, **env) as deployment:
+        async with deploy_with(alice, **env) as deployment:
             async with started(deployment, alice) as pending:
                 async with ScriptedBrowser() as browser:
                     final = await browser.follow(await to_idp(browser, pending.url), limit=6)
@@ -337,11 +323,7 @@ async def test_a_confidential_client_authenticates_at_the_token_endpoint(
 
 
 async def test_an_unreachable_idp_is_a_clear_503(
-    connector_env: dict[str, str],
-    tmp_path: Path,
-    mock_provider: MockOAuthProvider,
-    respx_router: respx.MockRouter,
-    loopback_socket: socket.socket,
+    deploy_with: Deploy,
 ) -> None:
     with socket.socket() as closed:
         closed.bind(("127.0.0.1", 0))
@@ -352,7 +334,7 @@ async def test_an_unreachable_idp_is_a_clear_503(
         "CONNECTOR_IDENTITY__OIDC__CLIENT_ID": CLIENT_ID,
     }
     user = LoopbackIdP(base_url=dead).identity("alice")
-    async with deploy(connector_env, tmp_path, mock_provider, loopback_socket, user, **env) as deployment:
+    async with deploy_with(user, **env) as deployment:
         async with started(deployment, user) as pending:
             async with ScriptedBrowser() as browser:
                 refused = await to_idp(browser, pending.url)

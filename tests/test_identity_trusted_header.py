@@ -2,24 +2,21 @@
 
 from __future__ import annotations
 
-import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import pytest
-import respx
 
 from service import AuthorizationStatus, Connector, load_settings
 from service.cli import main
 from service.errors import ConfigError
 from service.states import ElicitationStatus
-from service.testing import MockOAuthProvider, ScriptedBrowser
+from service.testing import ScriptedBrowser
 
-from .conftest import ALICE, BOB, Deployment
+from .conftest import ALICE, BOB, Deploy, Deployment
 from .identity_support import (
     assert_nothing_happened,
-    deploy,
     events,
     last_event,
     logging_restored,
@@ -33,19 +30,13 @@ PROXY = {
     "CONNECTOR_SERVER__TRUSTED_PROXIES": "127.0.0.1/32",  # the test's loopback peer plays the proxy
 }
 
-Deploy = Callable[..., AbstractAsyncContextManager[Deployment]]
-
 
 @pytest.fixture
-def deploy_with(
-    connector_env: dict[str, str],
-    tmp_path: Path,
-    mock_provider: MockOAuthProvider,
-    respx_router: respx.MockRouter,
-    loopback_socket: socket.socket,
-) -> Deploy:
+def deploy_with(deploy_with: Deploy) -> Deploy:
+    """The shared `deploy_with`, behind the proxy: ALICE bound, PROXY settings plus the test's overrides."""
+
     def make(**overrides: str) -> AbstractAsyncContextManager[Deployment]:
-        return deploy(connector_env, tmp_path, mock_provider, loopback_socket, ALICE, **{**PROXY, **overrides})
+        return deploy_with(ALICE, **{**PROXY, **overrides})
 
     return make
 

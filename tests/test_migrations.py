@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import io
-import os
 import sqlite3
-import uuid
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,36 +15,15 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Column, Connection, Index, MetaData, String, inspect, text
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import create_async_engine
-from sqlalchemy.pool import NullPool
 
 from service.errors import SchemaNotCurrent
 from service.store import Store, alembic_config, create_engine, display_url, head_revision, migrate
 from service.store import schema as schema_module
 from service.store.tables import metadata
 
-POSTGRES_ENV = "CONNECTOR_TEST_POSTGRES_URL"
+from .conftest import fresh_postgres_database
+
 REPO = Path(__file__).resolve().parents[1]
-
-
-@asynccontextmanager
-async def fresh_postgres_database() -> AsyncIterator[str]:
-    """A new, uniquely named database on the server in CONNECTOR_TEST_POSTGRES_URL, dropped afterwards."""
-    admin_url = os.environ.get(POSTGRES_ENV)
-    if not admin_url:
-        pytest.skip(f"PostgreSQL tests need {POSTGRES_ENV} (e.g. postgresql+asyncpg://postgres@127.0.0.1:5432/test)")
-    name = f"connector_test_{uuid.uuid4().hex[:12]}"
-    admin = create_async_engine(admin_url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
-    try:
-        async with admin.connect() as conn:
-            await conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-        try:
-            yield make_url(admin_url).set(database=name).render_as_string(hide_password=False)
-        finally:
-            async with admin.connect() as conn:
-                await conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.dispose()
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

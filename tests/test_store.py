@@ -3,20 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import uuid
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 from sqlalchemy import select
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError, StatementError
-from sqlalchemy.ext.asyncio import create_async_engine
-from sqlalchemy.pool import NullPool
 
 from service.identity import Identity
 from service.states import ALLOWED, TERMINAL, ElicitationStatus, can_transition
@@ -24,30 +19,11 @@ from service.store import ElicitationRecord, FlowRecord, GrantRecord, Store, dis
 from service.store.elicitations import predecessors
 from service.store.tables import elicitations
 
-POSTGRES_ENV = "CONNECTOR_TEST_POSTGRES_URL"
+from .conftest import fresh_postgres_database
+
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 ALICE = Identity("https://issuer.example", "alice")
 BOB = Identity("https://issuer.example", "bob")
-
-
-@asynccontextmanager
-async def fresh_postgres_database() -> AsyncIterator[str]:
-    """A new, uniquely named database on the server in CONNECTOR_TEST_POSTGRES_URL, dropped afterwards."""
-    admin_url = os.environ.get(POSTGRES_ENV)
-    if not admin_url:
-        pytest.skip(f"PostgreSQL tests need {POSTGRES_ENV} (e.g. postgresql+asyncpg://postgres@127.0.0.1:5432/test)")
-    name = f"connector_test_{uuid.uuid4().hex[:12]}"
-    admin = create_async_engine(admin_url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
-    try:
-        async with admin.connect() as conn:
-            await conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-        try:
-            yield make_url(admin_url).set(database=name).render_as_string(hide_password=False)
-        finally:
-            async with admin.connect() as conn:
-                await conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.dispose()
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

@@ -127,6 +127,40 @@ class IdentityVerifier(ABC):
         return []
 
 
+async def insert_verification(
+    rt: Runtime,
+    attempt: VerificationAttempt,
+    *,
+    verification_id: str,
+    verifier: str,
+    handle_hash: str,
+    nonce: str | None = None,
+    pkce_key_id: str | None = None,
+    pkce_ciphertext: bytes | None = None,
+) -> None:
+    """Store the server-side row of a verification that sends the browser away, bound to its browser and expiry."""
+    now = rt.now()
+    await rt.store.verifications.insert(
+        VerificationRecord(
+            id=verification_id,
+            elicitation_id=attempt.elicitation.id,
+            verifier=verifier,
+            handle_hash=handle_hash,
+            return_hash=None,
+            browser_binding_hash=binding_hash(attempt.browser_binding),
+            nonce=nonce,
+            pkce_key_id=pkce_key_id,
+            pkce_ciphertext=pkce_ciphertext,
+            outcome=None,
+            identity=None,
+            created_at=now,
+            expires_at=min(attempt.elicitation.expires_at, now + VERIFICATION_TTL),
+            confirmed_at=None,
+            used_at=None,
+        )
+    )
+
+
 async def claim_for_browser(
     rt: Runtime, record: VerificationRecord, browser_binding: str | None, *, verifier: str
 ) -> VerificationRecord:

@@ -21,15 +21,14 @@ from ..runtime import Runtime
 from ..store import VerificationRecord
 from . import Identity
 from .base import (
-    VERIFICATION_TTL,
     IdentityVerifier,
     RedirectFirst,
     Returned,
     VerificationAttempt,
     VerificationRefused,
-    binding_hash,
     claim_for_browser,
     handle_hash,
+    insert_verification,
 )
 
 CONFIRM_PATH = "/v1/identity/confirm"
@@ -74,28 +73,14 @@ class ConfirmVerifier(IdentityVerifier):
 
     # -- the browser leaves ------------------------------------------------------------------------------
     async def begin(self, attempt: VerificationAttempt) -> RedirectFirst:
-        record = attempt.elicitation
         flow_id = secrets.token_urlsafe(32)
         verification_id = secrets.token_urlsafe(16)
-        now = self.rt.now()
-        await self.rt.store.verifications.insert(
-            VerificationRecord(
-                id=verification_id,
-                elicitation_id=record.id,
-                verifier=self.name,
-                handle_hash=handle_hash("confirm-flow", flow_id),
-                return_hash=None,
-                browser_binding_hash=binding_hash(attempt.browser_binding),
-                nonce=None,
-                pkce_key_id=None,
-                pkce_ciphertext=None,
-                outcome=None,
-                identity=None,
-                created_at=now,
-                expires_at=min(record.expires_at, now + VERIFICATION_TTL),
-                confirmed_at=None,
-                used_at=None,
-            )
+        await insert_verification(
+            self.rt,
+            attempt,
+            verification_id=verification_id,
+            verifier=self.name,
+            handle_hash=handle_hash("confirm-flow", flow_id),
         )
         parts = urlsplit(self.operator_url)
         query = urlencode([*parse_qsl(parts.query, keep_blank_values=True), ("flow_id", flow_id)])

@@ -46,15 +46,14 @@ from ..store import VerificationRecord
 from ..vault import verification_aad
 from . import Identity
 from .base import (
-    VERIFICATION_TTL,
     IdentityVerifier,
     RedirectFirst,
     Returned,
     VerificationAttempt,
     VerificationRefused,
-    binding_hash,
     claim_for_browser,
     handle_hash,
+    insert_verification,
 )
 
 log = logging.getLogger("service.identity.oidc")
@@ -140,25 +139,15 @@ class OidcVerifier(IdentityVerifier):
         code_verifier = secrets.token_urlsafe(64)
         verification_id = secrets.token_urlsafe(16)
         key_id, blob = self.rt.vault.encrypt(code_verifier.encode(), aad=verification_aad(verification_id))
-        now = self.rt.now()
-        await self.rt.store.verifications.insert(
-            VerificationRecord(
-                id=verification_id,
-                elicitation_id=record.id,
-                verifier=self.name,
-                handle_hash=handle_hash("oidc-state", state),
-                return_hash=None,
-                browser_binding_hash=binding_hash(attempt.browser_binding),
-                nonce=nonce,
-                pkce_key_id=key_id,
-                pkce_ciphertext=blob,
-                outcome=None,
-                identity=None,
-                created_at=now,
-                expires_at=min(record.expires_at, now + VERIFICATION_TTL),
-                confirmed_at=None,
-                used_at=None,
-            )
+        await insert_verification(
+            self.rt,
+            attempt,
+            verification_id=verification_id,
+            verifier=self.name,
+            handle_hash=handle_hash("oidc-state", state),
+            nonce=nonce,
+            pkce_key_id=key_id,
+            pkce_ciphertext=blob,
         )
         async with self._client() as client:
             url, _ = client.create_authorization_url(

@@ -2,6 +2,16 @@
 
 from .acp_client import Answer, Elicitation, Reply, ScriptedClient, spawn_agent
 from .browser import ScriptedBrowser
+from .mock_oidc import MockOIDCProvider
 from .mock_provider import MockOAuthProvider
 
-__all__ = ["Answer", "Elicitation", "MockOAuthProvider", "Reply", "ScriptedBrowser", "ScriptedClient", "spawn_agent"]
+__all__ = [
+    "Answer",
+    "Elicitation",
+    "MockOAuthProvider",
+    "MockOIDCProvider",
+    "Reply",
+    "ScriptedBrowser",
+    "ScriptedClient",
+    "spawn_agent",
+]

@@ -75,6 +75,10 @@ class BrowserRoutes:
         if not csrf_valid(
             self.connector.runtime.vault, elicitation_id, binding, token if isinstance(token, str) else None
         ):
+            # The id may be forged: it is recorded as given, and nothing about the elicitation changes.
+            await self.connector.runtime.store.audit.record(
+                "csrf_failed", elicitation_id=elicitation_id[:64], now=self.connector.runtime.now()
+            )
             return self.pages.error(
                 request,
                 FlowError(
