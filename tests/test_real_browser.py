@@ -1,0 +1,76 @@
+"""The flow in a real browser: Debian's Chromium driven by Playwright, against the mock provider over HTTP.
+
+What only a real browser shows: the CSP lets the consent form's redirect reach the provider, the cookie survives
+the round trip with its attributes, and the pages render. Skipped (with the reason) where Chromium is missing;
+CI installs it and refuses skips.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+
+from service.testing import MockOAuthProvider
+
+from .acp_peers import RecordingClient, connect, prompt_text
+from .conftest import deploy, write_catalog
+
+CHROMIUM = "/usr/bin/chromium"
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+playwright_api = pytest.importorskip("playwright.async_api", reason="Playwright (pip package) is not installed")
+if shutil.which(CHROMIUM) is None:
+    pytest.skip(f"real-browser tests need Debian's chromium at {CHROMIUM}", allow_module_level=True)
+
+
+async def test_consent_and_authorization_in_chromium(
+    connector_env: dict[str, str], tmp_path: Path, loopback_socket: socket.socket, mock_provider: MockOAuthProvider
+) -> None:
+    provider = mock_provider  # the instance whose credentials connector_env holds, served over HTTP this time
+    async with provider.serve_http() as provider_url:
+        catalog = write_catalog(tmp_path / "http_providers.toml", {"github": provider.catalog_entry()})
+        async with deploy(
+            connector_env, tmp_path, provider, loopback_socket, None, CONNECTOR_PROVIDERS__CATALOG=str(catalog)
+        ) as deployment:
+            client = RecordingClient(answer="accept")
+            wire = await connect(deployment.connector, deployment.local_user, client)
+            prompt = asyncio.create_task(wire.client_conn.prompt(session_id="sess-1", prompt=prompt_text("go")))
+            url = await client.next_url()
+
+            async with playwright_api.async_playwright() as pw:
+                browser = await pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+                context = await browser.new_context()
+                page = await context.new_page()
+                blocked: list[str] = []
+                page.on("console", lambda m: blocked.append(m.text) if "Content Security Policy" in m.text else None)
+                response = await page.goto(url)
+                assert response is not None and response.status == 200
+                assert await page.locator(".host").inner_text() == "127.0.0.1"  # the provider's host
+                await page.screenshot(path=str(tmp_path / "consent.png"))
+                cookies = await context.cookies()
+                (binding,) = [c for c in cookies if c["name"] == "connector-browser"]
+                assert binding["httpOnly"] and binding["sameSite"] == "Lax"
+
+                await page.get_by_role("button", name="Continue to Mock Provider").click()
+                await page.wait_for_load_state()
+                assert "/callback/github" in page.url
+                assert await page.locator("h1").inner_text() == "Connected"
+                assert blocked == []  # the CSP let the form's redirect go to the provider
+                await browser.close()
+
+            await asyncio.wait_for(prompt, 10)
+            assert wire.agent.outcomes[0].ok
+            assert client.completions == [wire.received("elicitation/create")[0]["params"]["elicitationId"]]
+            await wire.close()
