@@ -39,7 +39,7 @@ async def test_consent_and_authorization_in_chromium(
     connector_env: dict[str, str], tmp_path: Path, loopback_socket: socket.socket, mock_provider: MockOAuthProvider
 ) -> None:
     provider = mock_provider  # the instance whose credentials connector_env holds, served over HTTP this time
-    async with provider.serve_http() as provider_url:
+    async with provider.serve_http():
         catalog = write_catalog(tmp_path / "http_providers.toml", {"github": provider.catalog_entry()})
         async with deploy(
             connector_env, tmp_path, provider, loopback_socket, None, CONNECTOR_PROVIDERS__CATALOG=str(catalog)
