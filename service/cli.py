@@ -19,7 +19,7 @@ from .vault import ensure_dev_key_file, generate_key
 
 log = logging.getLogger("service.cli")
 
-DEV_KEY_FILE = Path("var/connector-dev.keys")
+DEV_KEY_FILE = Path("var/vault.keys")
 EXIT_CONFIG = 2
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +29,21 @@ from acp.schema import (
 )
 
 from service import AuthorizationOutcome, Connector, Identity, RequestScope, SessionScope
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], what: str) -> None:
+    """Wait until `check()` holds (a condition, not a fixed delay); fail after 10 s naming `what`."""
+    try:
+        async with asyncio.timeout(10):
+            while not await check():  # noqa: ASYNC110 - the condition lives in the database, no event to await
+                await asyncio.sleep(0.005)
+    except TimeoutError:
+        raise AssertionError(f"timed out waiting until {what}") from None
+
+
+async def status_is(connector: Connector, elicitation_id: str, status: Any) -> bool:
+    record = await connector.runtime.store.elicitations.get(elicitation_id)
+    return record is not None and record.status is status
 
 
 class RecordingTransport:

@@ -16,7 +16,7 @@ from service import AuthorizationStatus, RequestScope, SessionScope
 from service.states import ElicitationStatus
 from service.testing import ScriptedBrowser
 
-from .acp_peers import RawClient, RecordingClient, connect, connect_raw
+from .acp_peers import RawClient, RecordingClient, connect, connect_raw, eventually, status_is
 from .conftest import BOB, Deployment
 
 URL = {"url": {}}
@@ -180,9 +180,10 @@ async def test_session_cancel_sends_cancel_request_for_the_pending_create_only(d
     other = await connector.runtime.store.elicitations.get(unrelated_params["elicitationId"])
     assert other is not None and other.status is ElicitationStatus.PENDING
     client.release()
-    await asyncio.sleep(0.05)
-    other = await connector.runtime.store.elicitations.get(unrelated_params["elicitationId"])
-    assert other is not None and other.status is ElicitationStatus.CONSENTED
+    await eventually(
+        lambda: status_is(connector, unrelated_params["elicitationId"], ElicitationStatus.CONSENTED),
+        "the request-scoped elicitation goes on when the client accepts",
+    )
     assert agent.outcomes == []  # the cancelled work never resumed
     unrelated.cancel()
     await asyncio.gather(unrelated, return_exceptions=True)
@@ -199,7 +200,7 @@ async def test_answer_first_then_cancel(deployment: Deployment) -> None:
     session = await client.new_session()
     await asyncio.wait_for(client.prompt(session), 10)
     await client.notify("session/cancel", {"sessionId": session})  # arrives after the work already resumed
-    await asyncio.sleep(0.05)
+    await client.new_session()  # a round trip: the agent has handled the cancel before it answers this
     assert agent.outcomes[0].status is AuthorizationStatus.DECLINED
     assert client.received("$/cancel_request") == []
     await client.close()
@@ -219,7 +220,6 @@ async def test_cancel_while_in_browser_then_callback_stores_grant_but_resumes_no
     async with ScriptedBrowser() as browser:
         page = await browser.get(params["url"])
         to_provider = await browser.submit(page, "continue")  # the user is now at the provider
-        await asyncio.sleep(0.05)
         await client.notify("session/cancel", {"sessionId": session})
         assert await asyncio.wait_for(prompt, 10) == {"stopReason": "cancelled"}
         final = await browser.follow(to_provider)  # ... and comes back after the cancellation
@@ -230,7 +230,7 @@ async def test_cancel_while_in_browser_then_callback_stores_grant_but_resumes_no
     assert len(await connector.runtime.store.grants.find(deployment.local_user, "github")) == 1
     events = [e.event for e in await connector.runtime.store.audit.list(elicitation_id=params["elicitationId"])]
     assert "completed_after_cancel" in events and "completed" not in events
-    await asyncio.sleep(0.05)
+    await client.new_session()  # a round trip: a completion sent before this answer would have arrived first
     assert client.received("elicitation/complete") == []  # decided: no completion for cancelled work
     assert agent.outcomes == []
     await client.close()
@@ -249,7 +249,7 @@ async def test_callback_first_then_cancel(deployment: Deployment) -> None:
         assert (await browser.authorize(params["url"])).status_code == 200
     await asyncio.wait_for(prompt, 10)
     await client.notify("session/cancel", {"sessionId": session})
-    await asyncio.sleep(0.05)
+    await client.new_session()  # a round trip: the cancel has been handled
     record = await connector.runtime.store.elicitations.get(params["elicitationId"])
     assert record is not None and record.status is ElicitationStatus.COMPLETED
     assert [m["params"] for m in client.received("elicitation/complete")] == [
@@ -275,7 +275,9 @@ async def test_v2_foreground_state_requires_action_then_running(deployment: Depl
     session = await client.new_session()
     prompt = asyncio.create_task(client.prompt(session))
     params = await client.next_create()
-    await asyncio.sleep(0.05)  # the accept has arrived: it must change nothing
+    await eventually(
+        lambda: status_is(connector, params["elicitationId"], ElicitationStatus.CONSENTED), "the accept arrives"
+    )  # the accept has arrived: it must change nothing
     assert states_on_wire(client) == [(session, "requires_action")]
     async with ScriptedBrowser() as browser:
         assert (await browser.authorize(params["url"])).status_code == 200

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from service import ConfigError, load_settings
+from service import ConfigError, Connector, load_settings
 from service.cli import _parser
 from service.vault import generate_key
 
@@ -79,13 +79,16 @@ def connector_env(service: str, operator_env: dict[str, str]) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("service", ["migrate", "connector"])
-def test_compose_services_run_real_commands_with_valid_settings(service: str) -> None:
+async def test_compose_services_run_real_commands_with_valid_settings(service: str) -> None:
     spec = compose()["services"][service]
     _parser().parse_args(spec["command"])
     settings = load_settings(env=connector_env(service, OPERATOR_ENV))
     assert settings.database.url.startswith("postgresql+asyncpg://")
     assert settings.identity.verifier == "trusted_header"
     assert not settings.is_loopback_deployment
+    # Everything the container builds at start (key ring, catalog, verifier) comes together from that environment.
+    connector = Connector.from_settings(settings)
+    await connector.close()
 
 
 def test_compose_refuses_to_start_without_a_verifier_choice_or_key() -> None:
@@ -96,8 +99,6 @@ def test_compose_refuses_to_start_without_a_verifier_choice_or_key() -> None:
 
 
 def test_compose_with_the_local_verifier_is_refused_by_the_connector() -> None:
-    from service import Connector
-
     settings = load_settings(env=connector_env("connector", {**OPERATOR_ENV, "CONNECTOR_IDENTITY__VERIFIER": "local"}))
     with pytest.raises(ConfigError, match=r"identity\.verifier"):
         Connector.from_settings(settings)

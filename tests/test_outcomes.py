@@ -13,7 +13,7 @@ from service import AuthorizationStatus, SessionScope
 from service.states import ElicitationStatus
 from service.testing import ScriptedBrowser
 
-from .acp_peers import RecordingClient, connect, prompt_text
+from .acp_peers import RecordingClient, connect, eventually, prompt_text, status_is
 from .conftest import Deployment
 
 
@@ -161,18 +161,22 @@ async def test_dropped_connection_sends_nothing_but_keeps_the_grant(deployment: 
         )
     )
     url = await client.next_url()
-    await asyncio.sleep(0.05)  # let the accept arrive
+    elicitation_id = wire.received("elicitation/create")[0]["params"]["elicitationId"]
+    await eventually(lambda: status_is(connector, elicitation_id, ElicitationStatus.CONSENTED), "the accept arrives")
     await wire.client_conn.close()  # the client goes away while the user is in the browser
     outcome = await asyncio.wait_for(request, 10)
     assert outcome.status is AuthorizationStatus.DISCONNECTED
     async with ScriptedBrowser() as browser:
         assert (await browser.authorize(url)).status_code == 200
-    for _ in range(50):
-        events = [e.event for e in await connector.runtime.store.audit.list(elicitation_id=outcome.elicitation_id)]
-        if "completion_undeliverable" in events:
-            break
-        await asyncio.sleep(0.02)
-    assert "completion_undeliverable" in events and "completion_sent" not in events
+
+    async def audited() -> list[str]:
+        return [e.event for e in await connector.runtime.store.audit.list(elicitation_id=outcome.elicitation_id)]
+
+    async def delivery_decided() -> bool:
+        return "completion_undeliverable" in await audited()
+
+    await eventually(delivery_decided, "the delivery attempt is recorded")
+    assert "completion_sent" not in await audited()
     assert client.completions == []
     assert len(await connector.runtime.store.grants.find(deployment.local_user, "github")) == 1
     await wire.agent_conn.close()
