@@ -103,7 +103,7 @@ def test_shipped_config_loads_and_points_at_the_shipped_catalog() -> None:
     assert settings.identity == defaults.identity
     assert settings.providers.catalog == REPO / "config" / "providers.toml"
     assert settings.providers.catalog.is_file()
-    assert settings.vault.key_file == REPO / "var" / "vault.keys"
+    assert settings.vault.key_file is None  # no key file by default: serve makes a dev key on loopback only
     assert settings.is_loopback_deployment
 
 
