@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -36,7 +37,9 @@ def test_migrate_then_serve_on_loopback_creates_a_dev_key_and_serves(tmp_path: P
     env = scratch_env(tmp_path, CONNECTOR_SERVER__PORT=str(port), CONNECTOR_PUBLIC_BASE_URL=f"http://127.0.0.1:{port}")
     migrated = subprocess.run([*CLI, "migrate"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert migrated.returncode == 0, migrated.stderr
-    server = subprocess.Popen([*CLI, "serve"], cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [*CLI, "--log-format", "json", "serve"], cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True
+    )
     try:
         ready = None
         deadline = time.monotonic() + 30
@@ -55,6 +58,10 @@ def test_migrate_then_serve_on_loopback_creates_a_dev_key_and_serves(tmp_path: P
     key_file = tmp_path / "var" / "vault.keys"
     assert key_file.is_file() and stat.S_IMODE(key_file.stat().st_mode) == 0o600
     assert "created a development key file at var/vault.keys" in stderr
+    # With --log-format json every log line is one JSON object (the two "acp-connector:" lines are plain notices).
+    log_lines = [line for line in stderr.splitlines() if line and not line.startswith("acp-connector:")]
+    records = [json.loads(line) for line in log_lines]
+    assert any(r["logger"] == "service.web" and r["message"].startswith("GET /readyz 200") for r in records)
     assert key_file.read_text().split(":", 1)[1].strip()[:16] not in stderr  # the key itself is never printed
 
 
