@@ -8,6 +8,7 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -78,6 +79,9 @@ async def test_alice_signs_in_and_completes(sso: Deployment, idp: LoopbackIdP, c
             page = await browser.get(pending.url)
             # The consent form may redirect to the IdP (form-action covers the redirect after submit).
             assert idp.base_url in page.headers["content-security-policy"]
+            # ... and the page says so: the user first confirms who they are at the IdP's host.
+            assert "First, you confirm who you are at" in page.text
+            assert f'<span class="host">{urlsplit(idp.base_url).hostname}</span>' in page.text
             leaving = await browser.submit(page, "continue")
             assert leaving.status_code == 303
             assert leaving.headers["location"].startswith(f"{idp.base_url}/authorize?")

@@ -39,6 +39,8 @@ class BrowserRoutes:
         entry = view.provider
         auth_host = entry.provider_host or ""
         provider_host = assess_host(auth_host)
+        # Continue redirects to the identity verifier's sign-in first (oidc, confirm) or straight to the provider.
+        verifier_targets = await self.identity.form_targets()
         response = self.pages.render(
             request,
             "consent.html",
@@ -50,14 +52,14 @@ class BrowserRoutes:
                 "host_warnings": host_warnings(
                     [("sign-in address", provider_host), ("this page's address", assess_host(self.public_host))]
                 ),
+                "identity_hosts": [urlsplit(target).hostname for target in verifier_targets],
                 "scopes": view.elicitation.scopes,
                 "message": view.elicitation.message,
                 "action": f"/connect/{view.elicitation.id}",
                 "csrf": csrf_token(self.connector.runtime.vault, view.elicitation.id, binding),
             },
         )
-        # Continue redirects to the identity verifier's sign-in first (oidc, confirm) or straight to the provider.
-        targets = await self.identity.form_targets()
+        targets = list(verifier_targets)
         if entry.authorization_endpoint:
             parts = urlsplit(entry.authorization_endpoint)
             targets.append(f"{parts.scheme}://{parts.netloc}")
