@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -303,6 +304,19 @@ class RawClient:
     async def close(self) -> None:
         if self.conn is not None:
             await self.conn.close()
+
+
+@asynccontextmanager
+async def raw_peer(
+    connector: Connector, user: Identity, client: RawClient, initialize: dict[str, Any]
+) -> AsyncIterator[ConnectorAgent]:
+    """`connect_raw`, closing both ends when the block ends (also when a test fails inside it)."""
+    agent, agent_conn = await connect_raw(connector, user, client, initialize)
+    try:
+        yield agent
+    finally:
+        await client.close()
+        await agent_conn.close()
 
 
 async def connect_raw(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import pytest
@@ -16,7 +17,7 @@ from service import AuthorizationStatus, RequestScope, SessionScope
 from service.states import ElicitationStatus
 from service.testing import ScriptedBrowser
 
-from .acp_peers import RawClient, RecordingClient, connect, connect_raw, eventually, status_is
+from .acp_peers import ConnectorAgent, RawClient, RecordingClient, connect, eventually, raw_peer, status_is
 from .conftest import BOB, Deployment
 
 URL = {"url": {}}
@@ -37,6 +38,13 @@ CAPABILITY_TABLE: list[tuple[Any, bool]] = [
 ]
 
 
+def raw(
+    deployment: Deployment, client: RawClient, version: int = 1, elicitation: Any = URL
+) -> AbstractAsyncContextManager[ConnectorAgent]:
+    """The connector's test agent and `client` connected, initialized with `elicitation`; closed on exit."""
+    return raw_peer(deployment.connector, deployment.local_user, client, initialize_params(version, elicitation))
+
+
 def initialize_params(version: int, elicitation: Any) -> dict[str, Any]:
     capabilities: dict[str, Any] = {}
     if elicitation != "<omitted>":
@@ -51,21 +59,17 @@ async def test_capabilities_as_sent_on_the_wire(
     deployment: Deployment, version: int, elicitation: Any, advertised: bool
 ) -> None:
     client = RawClient({"action": "decline"})
-    agent, agent_conn = await connect_raw(
-        deployment.connector, deployment.local_user, client, initialize_params(version, elicitation)
-    )
-    session = await client.new_session()
-    await asyncio.wait_for(client.prompt(session), 10)
-    creates = client.received("elicitation/create")
-    if advertised:
-        assert [c["params"]["mode"] for c in creates] == ["url"]
-        assert agent.outcomes[0].status is AuthorizationStatus.DECLINED
-    else:
-        assert creates == []  # nothing sent, and never a form-mode fallback
-        assert agent.outcomes[0].status is AuthorizationStatus.UNSUPPORTED
-    assert all(m.get("params", {}).get("mode") != "form" for m in creates)
-    await client.close()
-    await agent_conn.close()
+    async with raw(deployment, client, version, elicitation) as agent:
+        session = await client.new_session()
+        await asyncio.wait_for(client.prompt(session), 10)
+        creates = client.received("elicitation/create")
+        if advertised:
+            assert [c["params"]["mode"] for c in creates] == ["url"]
+            assert agent.outcomes[0].status is AuthorizationStatus.DECLINED
+        else:
+            assert creates == []  # nothing sent, and never a form-mode fallback
+            assert agent.outcomes[0].status is AuthorizationStatus.UNSUPPORTED
+        assert all(m.get("params", {}).get("mode") != "form" for m in creates)
 
 
 async def test_same_session_id_on_two_connections_never_crosses(deployment: Deployment) -> None:
@@ -147,64 +151,60 @@ async def test_session_cancel_sends_cancel_request_for_the_pending_create_only(d
     """Response-vs-cancel, cancel first: the late accept resumes nothing."""
     connector = deployment.connector
     client = RawClient({"action": "accept"}, hold=True)
-    agent, agent_conn = await connect_raw(connector, deployment.local_user, client, initialize_params(1, URL))
-    session = await client.new_session()
-    # An unrelated request-scoped elicitation on the same connection, outside the session.
-    assert agent.conn is not None
-    unrelated = asyncio.create_task(
-        connector.request_authorization(
-            agent.conn, user=deployment.local_user, provider="github", scopes=["other"], scope=RequestScope(7)
+    async with raw(deployment, client) as agent:
+        session = await client.new_session()
+        # An unrelated request-scoped elicitation on the same connection, outside the session.
+        assert agent.conn is not None
+        unrelated = asyncio.create_task(
+            connector.request_authorization(
+                agent.conn, user=deployment.local_user, provider="github", scopes=["other"], scope=RequestScope(7)
+            )
         )
-    )
-    unrelated_params = await client.next_create()
-    prompt = asyncio.create_task(client.prompt(session))
-    session_params = await client.next_create()
+        unrelated_params = await client.next_create()
+        prompt = asyncio.create_task(client.prompt(session))
+        session_params = await client.next_create()
 
-    await client.notify("session/cancel", {"sessionId": session})
-    result = await asyncio.wait_for(prompt, 10)
-    assert result == {"stopReason": "cancelled"}
+        await client.notify("session/cancel", {"sessionId": session})
+        result = await asyncio.wait_for(prompt, 10)
+        assert result == {"stopReason": "cancelled"}
 
-    cancels = client.received("$/cancel_request")
-    session_request_id = next(
-        m["id"]
-        for m in client.received("elicitation/create")
-        if m["params"]["elicitationId"] == session_params["elicitationId"]
-    )
-    assert [c["params"] for c in cancels] == [{"requestId": session_request_id}]
-    record = await connector.runtime.store.elicitations.get(session_params["elicitationId"])
-    assert record is not None and record.status is ElicitationStatus.CANCELLED
-    # The client answered the cancelled request with -32800, which changed nothing.
-    assert any(m.get("id") == session_request_id and m.get("error", {}).get("code") == -32800 for m in client.sent())
+        cancels = client.received("$/cancel_request")
+        session_request_id = next(
+            m["id"]
+            for m in client.received("elicitation/create")
+            if m["params"]["elicitationId"] == session_params["elicitationId"]
+        )
+        assert [c["params"] for c in cancels] == [{"requestId": session_request_id}]
+        record = await connector.runtime.store.elicitations.get(session_params["elicitationId"])
+        assert record is not None and record.status is ElicitationStatus.CANCELLED
+        # The client answered the cancelled request with -32800, which changed nothing.
+        assert any(
+            m.get("id") == session_request_id and m.get("error", {}).get("code") == -32800 for m in client.sent()
+        )
 
-    # The request-scoped elicitation is untouched by session/cancel and goes on when the client answers.
-    other = await connector.runtime.store.elicitations.get(unrelated_params["elicitationId"])
-    assert other is not None and other.status is ElicitationStatus.PENDING
-    client.release()
-    await eventually(
-        lambda: status_is(connector, unrelated_params["elicitationId"], ElicitationStatus.CONSENTED),
-        "the request-scoped elicitation goes on when the client accepts",
-    )
-    assert agent.outcomes == []  # the cancelled work never resumed
-    unrelated.cancel()
-    await asyncio.gather(unrelated, return_exceptions=True)
-    await client.close()
-    await agent_conn.close()
+        # The request-scoped elicitation is untouched by session/cancel and goes on when the client answers.
+        other = await connector.runtime.store.elicitations.get(unrelated_params["elicitationId"])
+        assert other is not None and other.status is ElicitationStatus.PENDING
+        client.release()
+        await eventually(
+            lambda: status_is(connector, unrelated_params["elicitationId"], ElicitationStatus.CONSENTED),
+            "the request-scoped elicitation goes on when the client accepts",
+        )
+        assert agent.outcomes == []  # the cancelled work never resumed
+        unrelated.cancel()
+        await asyncio.gather(unrelated, return_exceptions=True)
 
 
 async def test_answer_first_then_cancel(deployment: Deployment) -> None:
     """Response-vs-cancel, response first: decline is processed, the work resumes, no $/cancel_request."""
     client = RawClient({"action": "decline"})
-    agent, agent_conn = await connect_raw(
-        deployment.connector, deployment.local_user, client, initialize_params(1, URL)
-    )
-    session = await client.new_session()
-    await asyncio.wait_for(client.prompt(session), 10)
-    await client.notify("session/cancel", {"sessionId": session})  # arrives after the work already resumed
-    await client.new_session()  # a round trip: the agent has handled the cancel before it answers this
-    assert agent.outcomes[0].status is AuthorizationStatus.DECLINED
-    assert client.received("$/cancel_request") == []
-    await client.close()
-    await agent_conn.close()
+    async with raw(deployment, client) as agent:
+        session = await client.new_session()
+        await asyncio.wait_for(client.prompt(session), 10)
+        await client.notify("session/cancel", {"sessionId": session})  # arrives after the work already resumed
+        await client.new_session()  # a round trip: the agent has handled the cancel before it answers this
+        assert agent.outcomes[0].status is AuthorizationStatus.DECLINED
+        assert client.received("$/cancel_request") == []
 
 
 async def test_cancel_while_in_browser_then_callback_stores_grant_but_resumes_nothing(
@@ -213,51 +213,47 @@ async def test_cancel_while_in_browser_then_callback_stores_grant_but_resumes_no
     """Callback-vs-cancel, cancel first."""
     connector = deployment.connector
     client = RawClient({"action": "accept"})
-    agent, agent_conn = await connect_raw(connector, deployment.local_user, client, initialize_params(1, URL))
-    session = await client.new_session()
-    prompt = asyncio.create_task(client.prompt(session))
-    params = await client.next_create()
-    async with ScriptedBrowser() as browser:
-        page = await browser.get(params["url"])
-        to_provider = await browser.submit(page, "continue")  # the user is now at the provider
-        await client.notify("session/cancel", {"sessionId": session})
-        assert await asyncio.wait_for(prompt, 10) == {"stopReason": "cancelled"}
-        final = await browser.follow(to_provider)  # ... and comes back after the cancellation
-    assert final.status_code == 200 and "already cancelled" in final.text
-    assert client.received("$/cancel_request") == []  # the create request was already answered
-    record = await connector.runtime.store.elicitations.get(params["elicitationId"])
-    assert record is not None and record.status is ElicitationStatus.CANCELLED
-    assert len(await connector.runtime.store.grants.find(deployment.local_user, "github")) == 1
-    events = [e.event for e in await connector.runtime.store.audit.list(elicitation_id=params["elicitationId"])]
-    assert "completed_after_cancel" in events and "completed" not in events
-    await client.new_session()  # a round trip: a completion sent before this answer would have arrived first
-    assert client.received("elicitation/complete") == []  # decided: no completion for cancelled work
-    assert agent.outcomes == []
-    await client.close()
-    await agent_conn.close()
+    async with raw(deployment, client) as agent:
+        session = await client.new_session()
+        prompt = asyncio.create_task(client.prompt(session))
+        params = await client.next_create()
+        async with ScriptedBrowser() as browser:
+            page = await browser.get(params["url"])
+            to_provider = await browser.submit(page, "continue")  # the user is now at the provider
+            await client.notify("session/cancel", {"sessionId": session})
+            assert await asyncio.wait_for(prompt, 10) == {"stopReason": "cancelled"}
+            final = await browser.follow(to_provider)  # ... and comes back after the cancellation
+        assert final.status_code == 200 and "already cancelled" in final.text
+        assert client.received("$/cancel_request") == []  # the create request was already answered
+        record = await connector.runtime.store.elicitations.get(params["elicitationId"])
+        assert record is not None and record.status is ElicitationStatus.CANCELLED
+        assert len(await connector.runtime.store.grants.find(deployment.local_user, "github")) == 1
+        events = [e.event for e in await connector.runtime.store.audit.list(elicitation_id=params["elicitationId"])]
+        assert "completed_after_cancel" in events and "completed" not in events
+        await client.new_session()  # a round trip: a completion sent before this answer would have arrived first
+        assert client.received("elicitation/complete") == []  # decided: no completion for cancelled work
+        assert agent.outcomes == []
 
 
 async def test_callback_first_then_cancel(deployment: Deployment) -> None:
     """Callback-vs-cancel, callback first: the completion stands and is sent once."""
     connector = deployment.connector
     client = RawClient({"action": "accept"})
-    agent, agent_conn = await connect_raw(connector, deployment.local_user, client, initialize_params(1, URL))
-    session = await client.new_session()
-    prompt = asyncio.create_task(client.prompt(session))
-    params = await client.next_create()
-    async with ScriptedBrowser() as browser:
-        assert (await browser.authorize(params["url"])).status_code == 200
-    await asyncio.wait_for(prompt, 10)
-    await client.notify("session/cancel", {"sessionId": session})
-    await client.new_session()  # a round trip: the cancel has been handled
-    record = await connector.runtime.store.elicitations.get(params["elicitationId"])
-    assert record is not None and record.status is ElicitationStatus.COMPLETED
-    assert [m["params"] for m in client.received("elicitation/complete")] == [
-        {"elicitationId": params["elicitationId"]}
-    ]
-    assert agent.outcomes[0].status is AuthorizationStatus.AUTHORIZED
-    await client.close()
-    await agent_conn.close()
+    async with raw(deployment, client) as agent:
+        session = await client.new_session()
+        prompt = asyncio.create_task(client.prompt(session))
+        params = await client.next_create()
+        async with ScriptedBrowser() as browser:
+            assert (await browser.authorize(params["url"])).status_code == 200
+        await asyncio.wait_for(prompt, 10)
+        await client.notify("session/cancel", {"sessionId": session})
+        await client.new_session()  # a round trip: the cancel has been handled
+        record = await connector.runtime.store.elicitations.get(params["elicitationId"])
+        assert record is not None and record.status is ElicitationStatus.COMPLETED
+        assert [m["params"] for m in client.received("elicitation/complete")] == [
+            {"elicitationId": params["elicitationId"]}
+        ]
+        assert agent.outcomes[0].status is AuthorizationStatus.AUTHORIZED
 
 
 def states_on_wire(client: RawClient) -> list[tuple[str, str]]:
@@ -271,103 +267,87 @@ def states_on_wire(client: RawClient) -> list[tuple[str, str]]:
 async def test_v2_foreground_state_requires_action_then_running(deployment: Deployment) -> None:
     connector = deployment.connector
     client = RawClient({"action": "accept"})
-    agent, agent_conn = await connect_raw(connector, deployment.local_user, client, initialize_params(2, URL))
-    session = await client.new_session()
-    prompt = asyncio.create_task(client.prompt(session))
-    params = await client.next_create()
-    await eventually(
-        lambda: status_is(connector, params["elicitationId"], ElicitationStatus.CONSENTED), "the accept arrives"
-    )  # the accept has arrived: it must change nothing
-    assert states_on_wire(client) == [(session, "requires_action")]
-    async with ScriptedBrowser() as browser:
-        assert (await browser.authorize(params["url"])).status_code == 200
-    await asyncio.wait_for(prompt, 10)
-    assert states_on_wire(client) == [(session, "requires_action"), (session, "running")]
-    assert agent.states == [(session, "requires_action"), (session, "running")]
-    # running comes after elicitation/complete: progress resumes once the completion is out
-    methods = [m.get("method") for d, m in client.messages if d == "in"]
-    complete_at = methods.index("elicitation/complete")
-    running_at = max(
-        i
-        for i, (d, m) in enumerate(m for m in client.messages if m[0] == "in")
-        if m.get("params", {}).get("update", {}).get("state") == "running"
-    )
-    assert complete_at < running_at
-    await client.close()
-    await agent_conn.close()
+    async with raw(deployment, client, 2) as agent:
+        session = await client.new_session()
+        prompt = asyncio.create_task(client.prompt(session))
+        params = await client.next_create()
+        await eventually(
+            lambda: status_is(connector, params["elicitationId"], ElicitationStatus.CONSENTED), "the accept arrives"
+        )  # the accept has arrived: it must change nothing
+        assert states_on_wire(client) == [(session, "requires_action")]
+        async with ScriptedBrowser() as browser:
+            assert (await browser.authorize(params["url"])).status_code == 200
+        await asyncio.wait_for(prompt, 10)
+        assert states_on_wire(client) == [(session, "requires_action"), (session, "running")]
+        assert agent.states == [(session, "requires_action"), (session, "running")]
+        # running comes after elicitation/complete: progress resumes once the completion is out
+        methods = [m.get("method") for d, m in client.messages if d == "in"]
+        complete_at = methods.index("elicitation/complete")
+        running_at = max(
+            i
+            for i, (d, m) in enumerate(m for m in client.messages if m[0] == "in")
+            if m.get("params", {}).get("update", {}).get("state") == "running"
+        )
+        assert complete_at < running_at
 
 
 async def test_v2_several_outstanding_cause_one_transition_each_way(deployment: Deployment) -> None:
     connector = deployment.connector
     client = RawClient({"action": "decline"}, hold=True)
-    agent, agent_conn = await connect_raw(connector, deployment.local_user, client, initialize_params(2, URL))
-    session = await client.new_session()
-    assert agent.conn is not None
-    tasks = [
-        asyncio.create_task(
-            connector.request_authorization(
-                agent.conn,
-                user=deployment.local_user,
-                provider="github",
-                scopes=[f"s{i}"],
-                scope=SessionScope(session, f"call-{i}"),
+    async with raw(deployment, client, 2) as agent:
+        session = await client.new_session()
+        assert agent.conn is not None
+        tasks = [
+            asyncio.create_task(
+                connector.request_authorization(
+                    agent.conn,
+                    user=deployment.local_user,
+                    provider="github",
+                    scopes=[f"s{i}"],
+                    scope=SessionScope(session, f"call-{i}"),
+                )
             )
-        )
-        for i in range(3)
-    ]
-    for _ in tasks:
-        await client.next_create()
-    client.release()
-    await asyncio.wait_for(asyncio.gather(*tasks), 10)
-    assert states_on_wire(client) == [(session, "requires_action"), (session, "running")]
-    await client.close()
-    await agent_conn.close()
+            for i in range(3)
+        ]
+        for _ in tasks:
+            await client.next_create()
+        client.release()
+        await asyncio.wait_for(asyncio.gather(*tasks), 10)
+        assert states_on_wire(client) == [(session, "requires_action"), (session, "running")]
 
 
 @pytest.mark.parametrize("kind", ["request-scoped", "background"])
 async def test_request_scoped_and_background_elicitations_change_no_state(deployment: Deployment, kind: str) -> None:
     client = RawClient({"action": "decline"})
-    agent, agent_conn = await connect_raw(
-        deployment.connector, deployment.local_user, client, initialize_params(2, URL)
-    )
-    if kind == "request-scoped":
-        agent.scope_for = lambda sid: RequestScope("auth-1")
-    else:
-        agent.foreground = False
-    session = await client.new_session()
-    await asyncio.wait_for(client.prompt(session), 10)
-    assert len(client.received("elicitation/create")) == 1
-    assert states_on_wire(client) == [] and agent.states == []
-    await client.close()
-    await agent_conn.close()
+    async with raw(deployment, client, 2) as agent:
+        if kind == "request-scoped":
+            agent.scope_for = lambda sid: RequestScope("auth-1")
+        else:
+            agent.foreground = False
+        session = await client.new_session()
+        await asyncio.wait_for(client.prompt(session), 10)
+        assert len(client.received("elicitation/create")) == 1
+        assert states_on_wire(client) == [] and agent.states == []
 
 
 async def test_v1_sends_no_state_update_but_the_agent_hears_transitions(deployment: Deployment) -> None:
     client = RawClient({"action": "decline"})
-    agent, agent_conn = await connect_raw(
-        deployment.connector, deployment.local_user, client, initialize_params(1, URL)
-    )
-    session = await client.new_session()
-    await asyncio.wait_for(client.prompt(session), 10)
-    assert states_on_wire(client) == []
-    assert agent.states == [(session, "requires_action"), (session, "running")]
-    await client.close()
-    await agent_conn.close()
+    async with raw(deployment, client) as agent:
+        session = await client.new_session()
+        await asyncio.wait_for(client.prompt(session), 10)
+        assert states_on_wire(client) == []
+        assert agent.states == [(session, "requires_action"), (session, "running")]
 
 
 async def test_v2_cancelled_work_reports_idle(deployment: Deployment) -> None:
     client = RawClient({"action": "accept"}, hold=True)
-    _agent, agent_conn = await connect_raw(
-        deployment.connector, deployment.local_user, client, initialize_params(2, URL)
-    )
-    session = await client.new_session()
-    prompt = asyncio.create_task(client.prompt(session))
-    await client.next_create()
-    await client.notify("session/cancel", {"sessionId": session})
-    await asyncio.wait_for(prompt, 10)
-    assert states_on_wire(client) == [(session, "requires_action"), (session, "idle")]
-    await client.close()
-    await agent_conn.close()
+    async with raw(deployment, client, 2) as _agent:
+        session = await client.new_session()
+        prompt = asyncio.create_task(client.prompt(session))
+        await client.next_create()
+        await client.notify("session/cancel", {"sessionId": session})
+        await asyncio.wait_for(prompt, 10)
+        assert states_on_wire(client) == [(session, "requires_action"), (session, "idle")]
 
 
 async def test_incoming_cancel_request_is_answered_not_an_error(
@@ -375,22 +355,18 @@ async def test_incoming_cancel_request_is_answered_not_an_error(
 ) -> None:
     caplog.set_level(logging.DEBUG)
     client = RawClient({"action": "accept"}, hold=True)
-    _agent, agent_conn = await connect_raw(
-        deployment.connector, deployment.local_user, client, initialize_params(1, URL)
-    )
-    session = await client.new_session()
-    prompt = asyncio.create_task(client.prompt(session))
-    await client.next_create()
-    prompt_id = next(m["id"] for m in client.sent("session/prompt"))
-    await client.notify("$/cancel_request", {"requestId": 9999})  # not in progress: ignored quietly
-    await client.notify("$/cancel_request", {"requestId": prompt_id})
-    try:
-        outcome = await asyncio.wait_for(prompt, 10)
-    except RequestError as exc:
-        outcome = exc.code
-    # The agent's prompt handler caught the cancellation and answered; either answer is allowed by the text.
-    assert outcome in ({"stopReason": "cancelled"}, -32800)
-    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
-    assert not [r for r in caplog.records if "Method not found" in r.getMessage() or "Unhandled" in r.getMessage()]
-    await client.close()
-    await agent_conn.close()
+    async with raw(deployment, client) as _agent:
+        session = await client.new_session()
+        prompt = asyncio.create_task(client.prompt(session))
+        await client.next_create()
+        prompt_id = next(m["id"] for m in client.sent("session/prompt"))
+        await client.notify("$/cancel_request", {"requestId": 9999})  # not in progress: ignored quietly
+        await client.notify("$/cancel_request", {"requestId": prompt_id})
+        try:
+            outcome = await asyncio.wait_for(prompt, 10)
+        except RequestError as exc:
+            outcome = exc.code
+        # The agent's prompt handler caught the cancellation and answered; either answer is allowed by the text.
+        assert outcome in ({"stopReason": "cancelled"}, -32800)
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+        assert not [r for r in caplog.records if "Method not found" in r.getMessage() or "Unhandled" in r.getMessage()]
