@@ -23,10 +23,11 @@ from pathlib import Path
 import httpx
 
 from service import Connector, Identity, load_settings
-from service.oauth import TokenSet
-from service.store import GrantRecord, migrate
+from service.core.handles import grant_aad
+from service.core.records import GrantRecord, TokenSet
+from service.store import migrate
 from service.testing import MockOAuthProvider
-from service.vault import generate_key, grant_aad
+from service.vault import generate_key
 
 USER = Identity("https://login.example.com", "bench-user")
 

@@ -3,20 +3,23 @@
 Tokens stay server-side and encrypted; the agent uses them through `Connector.http(...)`.
 """
 
-from .acp_bridge import AcpLink, ForegroundState, url_mode_advertised
+from .acp import AcpLink, ForegroundState, url_mode_advertised
 from .config import Settings, load_settings
-from .connector import AuthorizationOutcome, AuthorizationStatus, Connector, GrantInfo
-from .errors import (
+from .connector import Connector
+from .core.errors import (
     ConfigError,
     ConnectorError,
+    FlowRefused,
     NotAuthorized,
     ProviderError,
     ProviderNotConfigured,
     SchemaNotCurrent,
     UnknownProvider,
 )
-from .identity import Identity
-from .scopes import RequestScope, SessionScope
+from .core.identity import Identity
+from .core.outcomes import AuthorizationOutcome, AuthorizationStatus, GrantInfo
+from .core.scopes import RequestScope, SessionScope
+from .core.states import ElicitationStatus
 
 __all__ = [
     "AcpLink",
@@ -25,6 +28,8 @@ __all__ = [
     "ConfigError",
     "Connector",
     "ConnectorError",
+    "ElicitationStatus",
+    "FlowRefused",
     "ForegroundState",
     "GrantInfo",
     "Identity",

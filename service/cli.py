@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from .config import Settings, load_settings
-from .errors import ConfigError, ConnectorError, SchemaNotCurrent, VaultError
+from .core.errors import ConfigError, ConnectorError, SchemaNotCurrent, VaultError
 from .logs import configure
 from .providers import load_catalog
 from .store import display_url, migrate

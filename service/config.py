@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError, field_validator
 from pydantic_core import ErrorDetails
 from pydantic_settings import (
     BaseSettings,
@@ -31,25 +31,24 @@ from pydantic_settings import (
 )
 from pydantic_settings.exceptions import SettingsError
 
-from service.errors import ConfigError
+from service.core.errors import ConfigError
+from service.core.urls import is_loopback_host, url_problem
 
 __all__ = [
     "CONFIG_ENV_VAR",
     "DEFAULT_CONFIG_PATH",
     "ENV_PREFIX",
-    "ConfirmVerifierSettings",
     "DatabaseSettings",
     "ElicitationSettings",
     "IdentitySettings",
-    "OidcVerifierSettings",
     "ProvidersSettings",
     "RateLimitSettings",
     "ServerSettings",
     "Settings",
-    "TrustedHeaderVerifierSettings",
     "VaultSettings",
-    "is_loopback_host",
     "load_settings",
+    "optional_str",
+    "split_list",
 ]
 
 ENV_PREFIX = "CONNECTOR_"
@@ -76,20 +75,7 @@ _FORBIDDEN_TOML_KEYS: dict[tuple[str, ...], str] = {
 }
 
 
-def is_loopback_host(host: str | None) -> bool:
-    """True for `localhost`, any 127.0.0.0/8 address and ::1 (brackets allowed)."""
-    if not host:
-        return False
-    host = host.strip().lower().removeprefix("[").removesuffix("]")
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _optional_str(value: Any) -> Any:
+def optional_str(value: Any) -> Any:
     """An empty or blank string means "not set" (TOML has no null)."""
     if isinstance(value, str) and not value.strip():
         return None
@@ -133,139 +119,27 @@ class ElicitationSettings(_Section):
     ttl_seconds: int = Field(default=600, gt=0)
 
 
-def _split_list(value: Any) -> Any:
+def split_list(value: Any) -> Any:
     """A comma-separated string (the environment's way to give a list) becomes a list of its non-empty parts."""
     if isinstance(value, str):
         return [part.strip() for part in value.split(",") if part.strip()]
     return value
 
 
-def _check_endpoint_url(value: str | None) -> str | None:
-    """An absolute http(s) URL without credentials or fragment; https unless the host is loopback."""
-    if value is None:
-        return None
-    value = value.strip()
-    try:
-        parts = urlsplit(value)
-        parts.port  # noqa: B018 - raises ValueError on a bad port
-    except ValueError:
-        raise ValueError("is not a valid URL") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError("must be an absolute http(s) URL")
-    if parts.username is not None or parts.password is not None or parts.fragment:
-        raise ValueError("must not contain user credentials or a fragment")
-    if parts.scheme != "https" and not is_loopback_host(parts.hostname):
-        raise ValueError("must use https unless the host is loopback (127.0.0.1, ::1, localhost)")
-    return value
+class IdentitySettings(BaseModel):
+    """`[identity]`: which verifier learns who is in the browser. Each verifier's own settings are in
+    `[identity.<name>]` (e.g. `[identity.oidc]`), validated by that verifier (`service.identity`)."""
 
+    model_config = ConfigDict(extra="allow", frozen=True)
 
-class OidcVerifierSettings(_Section):
-    """The `oidc` verifier: the operator's OpenID Connect identity provider (authorization code + PKCE)."""
-
-    discovery_url: str | None = None  # .../.well-known/openid-configuration
-    client_id: str | None = None
-    client_secret: SecretStr | None = None  # environment only; unset: a public client (PKCE only)
-    scopes: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["openid"])
-    leeway_seconds: int = Field(default=60, ge=0, le=600)
-
-    @field_validator("discovery_url", "client_id", mode="before")
-    @classmethod
-    def _empty_is_none(cls, value: Any) -> Any:
-        return _optional_str(value)
-
-    @field_validator("client_secret", mode="before")
-    @classmethod
-    def _empty_secret_is_none(cls, value: Any) -> Any:
-        if isinstance(value, SecretStr):
-            value = value.get_secret_value()
-        return _optional_str(value)
-
-    @field_validator("discovery_url")
-    @classmethod
-    def _check_discovery_url(cls, value: str | None) -> str | None:
-        return _check_endpoint_url(value)
-
-    @field_validator("scopes", mode="before")
-    @classmethod
-    def _split_scopes(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return value.replace(",", " ").split()
-        return value
-
-
-class TrustedHeaderVerifierSettings(_Section):
-    """The `trusted_header` verifier: an authenticating reverse proxy (oauth2-proxy, ...) names the user."""
-
-    issuer: str | None = None  # the identity issuer the proxy's user names belong to
-    user_headers: Annotated[list[str], NoDecode] = Field(
-        default_factory=lambda: ["X-Forwarded-User", "X-Auth-Request-User"]
-    )
-    email_header: str | None = None  # e.g. X-Auth-Request-Email; needed when subject = "email"
-    subject: Literal["user", "email"] = "user"
-
-    @field_validator("issuer", "email_header", mode="before")
-    @classmethod
-    def _empty_is_none(cls, value: Any) -> Any:
-        return _optional_str(value)
-
-    @field_validator("user_headers", mode="before")
-    @classmethod
-    def _split_headers(cls, value: Any) -> Any:
-        return _split_list(value)
-
-    @field_validator("user_headers")
-    @classmethod
-    def _check_headers(cls, value: list[str]) -> list[str]:
-        for name in value:
-            if not re.fullmatch(r"[A-Za-z0-9-]+", name):
-                raise ValueError(f"'{name}' is not an HTTP header name")
-        return value
-
-
-class ConfirmVerifierSettings(_Section):
-    """The `confirm` verifier: the operator's own app confirms its logged-in user over an authenticated call."""
-
-    operator_url: str | None = None  # where the browser is sent with ?flow_id=...
-    issuer: str | None = None  # the identity issuer the operator's user ids belong to
-    # SHA-256 (hex) of each operator API key; the keys themselves are never configured.
-    api_key_hashes: Annotated[list[str], NoDecode] = Field(default_factory=list)
-
-    @field_validator("operator_url", "issuer", mode="before")
-    @classmethod
-    def _empty_is_none(cls, value: Any) -> Any:
-        return _optional_str(value)
-
-    @field_validator("operator_url")
-    @classmethod
-    def _check_operator_url(cls, value: str | None) -> str | None:
-        return _check_endpoint_url(value)
-
-    @field_validator("api_key_hashes", mode="before")
-    @classmethod
-    def _split_hashes(cls, value: Any) -> Any:
-        return _split_list(value)
-
-    @field_validator("api_key_hashes")
-    @classmethod
-    def _check_hashes(cls, value: list[str]) -> list[str]:
-        checked = []
-        for index, entry in enumerate(value):
-            digest = entry.strip().lower().removeprefix("sha256:")
-            if not re.fullmatch(r"[0-9a-f]{64}", digest):
-                raise ValueError(f"entry {index} is not a SHA-256 hex digest (64 hex characters)")
-            checked.append(digest)
-        return checked
-
-
-class IdentitySettings(_Section):
-    verifier: Literal["local", "oidc", "trusted_header", "confirm"] = "local"
+    verifier: str = Field(default="local", min_length=1)
     # Identity mismatches (someone else's browser) an elicitation survives; the last one fails it as locked.
     max_mismatches: int = Field(default=3, gt=0, le=100)
-    local_issuer: str = Field(default="local", min_length=1)
-    local_subject: str = Field(default="local-user", min_length=1)
-    oidc: OidcVerifierSettings = Field(default_factory=OidcVerifierSettings)
-    trusted_header: TrustedHeaderVerifierSettings = Field(default_factory=TrustedHeaderVerifierSettings)
-    confirm: ConfirmVerifierSettings = Field(default_factory=ConfirmVerifierSettings)
+
+    def section(self, name: str) -> dict[str, Any]:
+        """The `[identity.<name>]` table as written (TOML and environment merged); empty when absent."""
+        value = (self.model_extra or {}).get(name)
+        return dict(value) if isinstance(value, dict) else {}
 
 
 class VaultSettings(_Section):
@@ -304,7 +178,7 @@ class VaultSettings(_Section):
     @field_validator("key_file", "primary_key_id", mode="before")
     @classmethod
     def _empty_is_none(cls, value: Any) -> Any:
-        return _optional_str(value)
+        return optional_str(value)
 
 
 class ProvidersSettings(_Section):
@@ -353,20 +227,35 @@ class Settings(BaseSettings):
     @classmethod
     def _check_public_base_url(cls, value: str) -> str:
         value = value.strip()
-        try:
-            parts = urlsplit(value)
-            parts.port  # noqa: B018 - raises ValueError on a bad port
-        except ValueError:
-            raise ValueError("is not a valid URL") from None
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError("must be an absolute http(s) URL, e.g. https://connector.example.com")
-        if "?" in value or "#" in value:
-            raise ValueError("must not have a query or fragment")
-        if parts.username is not None or parts.password is not None:
-            raise ValueError("must not contain user credentials")
-        if parts.scheme != "https" and not is_loopback_host(parts.hostname):
-            raise ValueError("must use https unless the host is loopback (127.0.0.1, ::1, localhost)")
+        problem = url_problem(value, allow_query=False)
+        if problem is not None:
+            raise ValueError(problem)
         return value.rstrip("/")
+
+    # The CONNECTOR_* variables the loader read (names and values; never in a repr). Provider credentials come
+    # from here too, so `load_settings(env=...)` governs everything.
+    _env: dict[str, str] = PrivateAttr(
+        default_factory=lambda: {k: v for k, v in os.environ.items() if v != "" and k.upper().startswith(ENV_PREFIX)}
+    )
+
+    def environment(self) -> Mapping[str, str]:
+        """The CONNECTOR_* environment these settings were loaded with."""
+        return dict(self._env)
+
+    def config_error(self, loc: tuple[str, ...], problem: str) -> ConfigError:
+        """A ConfigError about the setting at `loc`, naming the environment variable or the file that set it."""
+        env_var = _env_var_for(loc, self._env)
+        if env_var is not None:
+            return ConfigError(ENVIRONMENT, _dotted(loc), f"{problem} (set by {env_var})")
+        return ConfigError(
+            str(self.config_file) if self.config_file is not None else ENVIRONMENT, _dotted(loc), problem
+        )
+
+    def section_error(self, prefix: tuple[str, ...], exc: ValidationError) -> ConfigError:
+        """A ConfigError for the first problem pydantic found in the section at `prefix`."""
+        error = exc.errors(include_url=False, include_input=False)[0]
+        loc = (*prefix, *(str(part) for part in error["loc"]))
+        return self.config_error(loc, _problem(error))
 
     @property
     def public_host(self) -> str:
@@ -526,10 +415,12 @@ def load_settings(path: str | Path | None = None, env: Mapping[str, str] | None 
     catalog = _resolve_relative(
         settings.providers.catalog, base, _env_var_for(("providers", "catalog"), environ) is not None
     )
-    return settings.model_copy(
+    loaded = settings.model_copy(
         update={
             "vault": settings.vault.model_copy(update={"key_file": key_file}),
             "providers": settings.providers.model_copy(update={"catalog": catalog}),
             "config_file": config_file.resolve() if config_file is not None else None,
         }
     )
+    loaded._env = {key: value for key, value in environ.items() if value != "" and key.upper().startswith(ENV_PREFIX)}
+    return loaded

@@ -1,36 +1,31 @@
 """The provider catalog: one `ProviderEntry` per OAuth provider, from providers.toml plus env credentials.
 
-Endpoints come from the catalog file (or, for generic OIDC entries, from the provider's discovery document at
-first use); client credentials come only from CONNECTOR_PROVIDER_<NAME>_CLIENT_ID / _CLIENT_SECRET.
-This module never talks to a provider except to fetch a discovery document in `ProviderCatalog.resolve`.
+Endpoints come from the catalog file (or, for generic OIDC entries, from the provider's discovery document, which
+`service.oauth` fetches); client credentials come only from CONNECTOR_PROVIDER_<NAME>_CLIENT_ID / _CLIENT_SECRET.
+This module never talks to a provider.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import tomllib
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal, get_args
-from urllib.parse import urlsplit
 
-import httpx
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, StrictBool, StrictStr, ValidationError
 
-from service.config import is_loopback_host
-from service.errors import ConfigError, ConnectorError, ProviderNotConfigured, UnknownProvider
+from service.core.errors import ConfigError, ProviderNotConfigured, UnknownProvider
+from service.core.urls import host_of, url_problem
 
 __all__ = [
-    "DISCOVERY_FAILED",
     "ENDPOINT_FIELDS",
     "ProviderCatalog",
     "ProviderEntry",
     "TokenEndpointAuthMethod",
-    "issuer_matches",
     "load_catalog",
     "provider_env_var",
 ]
@@ -38,7 +33,6 @@ __all__ = [
 TokenEndpointAuthMethod = Literal["client_secret_post", "client_secret_basic"]
 _AUTH_METHODS: tuple[TokenEndpointAuthMethod, ...] = get_args(TokenEndpointAuthMethod)
 
-DISCOVERY_FAILED = "provider_discovery_failed"
 ENVIRONMENT = "environment"
 
 # Fields that hold URLs: each must be https unless its host is loopback.
@@ -60,56 +54,11 @@ _DEFAULT_TENANT = "common"
 # In `issuer` only: a multi-tenant provider (Microsoft Entra ID) puts the user's tenant id here; an ID token's
 # `iss` must then carry the same id as its `tid` claim. Microsoft's discovery documents use the same notation.
 TENANT_ID_PLACEHOLDER = "{tenantid}"
-_TENANT_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,63}")
-_DISCOVERY_TIMEOUT = httpx.Timeout(10.0)
 
 
 def provider_env_var(name: str, suffix: str) -> str:
     """`CONNECTOR_PROVIDER_<NAME>_<SUFFIX>`, NAME upper-cased with '-' as '_'; SUFFIX e.g. CLIENT_ID."""
     return f"CONNECTOR_PROVIDER_{name.upper().replace('-', '_')}_{suffix.upper()}"
-
-
-def _host(url: str | None) -> str | None:
-    if not url:
-        return None
-    try:
-        return urlsplit(url).hostname
-    except ValueError:
-        return None
-
-
-def issuer_matches(expected: str, received: str, *, tenant_id: str | None = None) -> bool:
-    """Whether `received` is the expected issuer: exact string equality (OpenID Connect, RFC 9207).
-
-    An `expected` with `{tenantid}` accepts any tenant id in that place, or exactly `tenant_id` when given.
-    """
-    if TENANT_ID_PLACEHOLDER not in expected:
-        return received == expected
-    prefix, _, suffix = expected.partition(TENANT_ID_PLACEHOLDER)
-    if not (received.startswith(prefix) and received.endswith(suffix)) or len(received) < len(prefix) + len(suffix):
-        return False
-    tenant = received[len(prefix) : len(received) - len(suffix)]
-    if not _TENANT_ID_RE.fullmatch(tenant):
-        return False
-    return tenant_id is None or tenant == tenant_id
-
-
-def _endpoint_problem(url: str) -> str | None:
-    """Why `url` is not acceptable as an endpoint, or None if it is (no value is ever quoted back)."""
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises ValueError on a bad port
-    except ValueError:
-        return "is not a valid URL"
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return "must be an absolute https URL"
-    if parts.username is not None or parts.password is not None:
-        return "must not contain user credentials"
-    if parts.fragment or "#" in url:
-        return "must not have a fragment"
-    if parts.scheme != "https" and not is_loopback_host(parts.hostname):
-        return "must use https unless the host is loopback (127.0.0.1, ::1, localhost)"
-    return None
 
 
 @dataclass(frozen=True)
@@ -160,12 +109,12 @@ class ProviderEntry:
 
     @property
     def api_host(self) -> str | None:
-        return _host(self.api_base_url)
+        return host_of(self.api_base_url)
 
     @property
     def provider_host(self) -> str | None:
         """Host the user is sent to (for the consent page); the discovery host until resolved."""
-        return _host(self.authorization_endpoint) or _host(self.discovery_url)
+        return host_of(self.authorization_endpoint) or host_of(self.discovery_url)
 
     @property
     def client_id_env_var(self) -> str:
@@ -194,8 +143,6 @@ class ProviderCatalog:
                 raise ValueError(f"provider {entry.name!r} is defined twice")
             self._entries[entry.name] = entry
         self.source = source
-        self._resolved: dict[str, ProviderEntry] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
 
     def __repr__(self) -> str:
         return f"ProviderCatalog(source={self.source!r}, providers={sorted(self._entries)!r})"
@@ -232,119 +179,6 @@ class ProviderCatalog:
 
     def entries(self) -> list[ProviderEntry]:
         return [self._entries[name] for name in sorted(self._entries)]
-
-    async def resolve(self, name: str, http: httpx.AsyncClient) -> ProviderEntry:
-        """The configured entry with every endpoint known: discovery entries are fetched once, then cached."""
-        entry = self.require_configured(name)
-        if entry.discovery_url is None:
-            return entry
-        cached = self._resolved.get(name)
-        if cached is not None:
-            return cached
-        lock = self._locks.setdefault(name, asyncio.Lock())
-        async with lock:
-            cached = self._resolved.get(name)
-            if cached is None:
-                cached = await _discover(entry, entry.discovery_url, http)
-                self._resolved[name] = cached
-        return cached
-
-
-def _discovery_error(entry: ProviderEntry, url: str, problem: str) -> ConnectorError:
-    return ConnectorError(f"provider {entry.name!r}: discovery at {url} failed: {problem}", code=DISCOVERY_FAILED)
-
-
-def _expected_issuer(discovery_url: str) -> str | None:
-    """The issuer a discovery URL implies (OIDC Discovery 1.0 §4, RFC 8414 §3), if of a known form."""
-    parts = urlsplit(discovery_url)
-    oidc_suffix = "/.well-known/openid-configuration"
-    if parts.path.endswith(oidc_suffix):
-        return f"{parts.scheme}://{parts.netloc}{parts.path[: -len(oidc_suffix)]}"
-    rfc8414_prefix = "/.well-known/oauth-authorization-server"
-    if parts.path == rfc8414_prefix or parts.path.startswith(rfc8414_prefix + "/"):
-        return f"{parts.scheme}://{parts.netloc}{parts.path[len(rfc8414_prefix) :]}"
-    return None
-
-
-def _same_issuer(a: str, b: str) -> bool:
-    return a.rstrip("/") == b.rstrip("/")
-
-
-async def _discover(entry: ProviderEntry, url: str, http: httpx.AsyncClient) -> ProviderEntry:
-    try:
-        response = await http.get(url, headers={"Accept": "application/json"}, timeout=_DISCOVERY_TIMEOUT)
-    except httpx.HTTPError as exc:
-        raise _discovery_error(entry, url, f"request error ({type(exc).__name__})") from None
-    if response.status_code != 200:
-        raise _discovery_error(entry, url, f"HTTP status {response.status_code}")
-    try:
-        document: Any = response.json()
-    except ValueError:
-        raise _discovery_error(entry, url, "the response is not JSON") from None
-    if not isinstance(document, dict):
-        raise _discovery_error(entry, url, "the response is not a JSON object")
-
-    def text(key: str, *, required: bool) -> str | None:
-        value = document.get(key)
-        if value is None or value == "":
-            if required:
-                raise _discovery_error(entry, url, f"the document has no {key}")
-            return None
-        if not isinstance(value, str):
-            raise _discovery_error(entry, url, f"{key} is not a string")
-        problem = _endpoint_problem(value)
-        if problem is not None:
-            raise _discovery_error(entry, url, f"{key} {problem}")
-        return value
-
-    issuer = text("issuer", required=True)
-    assert issuer is not None
-    implied = _expected_issuer(url)
-    if implied is not None and not _same_issuer(issuer, implied):
-        raise _discovery_error(entry, url, f"the document's issuer {issuer} does not match its location ({implied})")
-    if entry.issuer is not None and not _same_issuer(issuer, entry.issuer):
-        raise _discovery_error(entry, url, f"the document's issuer {issuer} is not the configured {entry.issuer}")
-
-    authorization_endpoint = text("authorization_endpoint", required=True)
-    token_endpoint = text("token_endpoint", required=True)
-    userinfo_endpoint = text("userinfo_endpoint", required=False)
-    revocation_endpoint = text("revocation_endpoint", required=False)
-    jwks_uri = text("jwks_uri", required=False)
-
-    iss_supported = document.get("authorization_response_iss_parameter_supported", False)
-    if not isinstance(iss_supported, bool):
-        raise _discovery_error(entry, url, "authorization_response_iss_parameter_supported is not a boolean")
-    if entry.oidc and not (entry.jwks_uri or jwks_uri):
-        raise _discovery_error(entry, url, "the document has no jwks_uri, needed to check ID tokens")
-
-    auth_method = entry.token_endpoint_auth_method
-    methods = document.get("token_endpoint_auth_methods_supported")
-    if methods is not None:
-        if not isinstance(methods, list):
-            raise _discovery_error(entry, url, "token_endpoint_auth_methods_supported is not a list")
-        if auth_method not in methods:
-            usable = [method for method in _AUTH_METHODS if method in methods]
-            if not usable:
-                raise _discovery_error(
-                    entry,
-                    url,
-                    f"the provider supports none of {', '.join(_AUTH_METHODS)} at its token endpoint",
-                )
-            auth_method = usable[0]
-
-    # Endpoints written in the catalog win over discovered ones (operators can pin them); the issuer is the
-    # document's exact string, as ID tokens and RFC 9207 `iss` carry it.
-    return replace(
-        entry,
-        issuer=issuer,
-        authorization_endpoint=entry.authorization_endpoint or authorization_endpoint,
-        token_endpoint=entry.token_endpoint or token_endpoint,
-        userinfo_endpoint=entry.userinfo_endpoint or userinfo_endpoint,
-        revocation_endpoint=entry.revocation_endpoint or revocation_endpoint,
-        jwks_uri=entry.jwks_uri or jwks_uri,
-        authorization_response_iss_parameter_supported=iss_supported,
-        token_endpoint_auth_method=auth_method,
-    )
 
 
 # --- loading the catalog file ----------------------------------------------------------------------------
@@ -475,10 +309,10 @@ def _build_entry(name: str, raw: Any, environ: Mapping[str, str], file: str) -> 
             continue
         origin = sources.get(key, file)
         url = _fill_placeholders(written, tenant, file=origin, key=f"{name}.{key}")
-        url_problem = _endpoint_problem(url)
-        if url_problem is not None:
+        url_error = url_problem(url)
+        if url_error is not None:
             suffix = f" (set by {discovery_var})" if origin == ENVIRONMENT else ""
-            raise ConfigError(origin, f"{name}.{key}", url_problem + suffix)
+            raise ConfigError(origin, f"{name}.{key}", url_error + suffix)
         values[key] = url
 
     if not values.get("discovery_url"):

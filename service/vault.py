@@ -3,7 +3,7 @@
 Keys are 32 random bytes, written as ``KID:BASE64URL``. A key ring holds several keys; the primary key
 encrypts and signs new data, every key in the ring still decrypts and verifies, so keys rotate by putting a
 new key first and re-encrypting lazily (see `Vault.needs_rotation`). Associated data binds a ciphertext to
-the row it belongs to (`grant_aad`, `flow_aad`): a ciphertext copied to another row does not decrypt.
+the row it belongs to (`service.core.handles`): a ciphertext copied to another row does not decrypt.
 
 Nothing in this module puts key material in a repr, an exception message or a log line.
 """
@@ -31,7 +31,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from pydantic import SecretStr
 
-from service.errors import VaultError
+from service.core.errors import VaultError
 
 __all__ = [
     "KEY_BYTES",
@@ -39,9 +39,7 @@ __all__ = [
     "KeyRing",
     "Vault",
     "ensure_dev_key_file",
-    "flow_aad",
     "generate_key",
-    "grant_aad",
     "load_key_ring",
 ]
 
@@ -329,26 +327,6 @@ def generate_key(key_id: str | None = None) -> str:
     elif not _valid_key_id(key_id):
         raise ValueError(f"invalid key id: expected {_KEY_FORM}")
     return f"{key_id}:{_b64url(secrets.token_bytes(KEY_BYTES))}"
-
-
-def _aad(*parts: str) -> bytes:
-    # A JSON array is an unambiguous encoding: no choice of field values makes two different tuples collide.
-    return json.dumps(list(parts), ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-
-
-def grant_aad(issuer: str, subject: str, provider: str, account_id: str) -> bytes:
-    """Associated data binding a grant's token ciphertext to its unique key (user, provider, account)."""
-    return _aad("connector/grant/v1", issuer, subject, provider, account_id)
-
-
-def flow_aad(flow_id: str) -> bytes:
-    """Associated data binding an OAuth flow's secret (the PKCE verifier) to that flow."""
-    return _aad("connector/flow/v1", flow_id)
-
-
-def verification_aad(verification_id: str) -> bytes:
-    """Associated data binding an identity verification's secret (its PKCE verifier) to that verification."""
-    return _aad("connector/identity-verification/v1", verification_id)
 
 
 def load_key_ring(keys: Sequence[str | SecretStr], key_file: Path | None, primary_key_id: str | None) -> KeyRing | None:

@@ -43,7 +43,7 @@ async def eventually(check: Callable[[], Awaitable[bool]], what: str) -> None:
 
 
 async def status_is(connector: Connector, elicitation_id: str, status: Any) -> bool:
-    record = await connector.runtime.store.elicitations.get(elicitation_id)
+    record = await connector.elicitation(elicitation_id)
     return record is not None and record.status is status
 
 

@@ -117,8 +117,8 @@ def connector_env(
         "CONNECTOR_VAULT__KEYS": generate_key("k1"),
         "CONNECTOR_PROVIDERS__CATALOG": str(catalog),
         "CONNECTOR_AGENT_NAME": "Test Agent",
-        "CONNECTOR_IDENTITY__LOCAL_ISSUER": ALICE.issuer,
-        "CONNECTOR_IDENTITY__LOCAL_SUBJECT": ALICE.subject,
+        "CONNECTOR_IDENTITY__LOCAL__ISSUER": ALICE.issuer,
+        "CONNECTOR_IDENTITY__LOCAL__SUBJECT": ALICE.subject,
         "CONNECTOR_PROVIDER_GITHUB_CLIENT_ID": mock_provider.client_id,
         "CONNECTOR_PROVIDER_GITHUB_CLIENT_SECRET": mock_provider.client_secret,
     }

@@ -11,8 +11,7 @@ from urllib.parse import parse_qs, urlencode, urljoin, urlsplit
 import httpx
 import pytest
 
-from service import AuthorizationOutcome, Identity, SessionScope
-from service.states import ElicitationStatus
+from service import AuthorizationOutcome, ElicitationStatus, Identity, SessionScope
 from service.testing import ScriptedBrowser
 
 from .acp_peers import RecordingClient, Wire, connect
@@ -114,7 +113,7 @@ async def events(deployment: Deployment, elicitation_id: str | None = None) -> l
 
 
 async def status_of(deployment: Deployment, elicitation_id: str) -> ElicitationStatus:
-    record = await deployment.connector.runtime.store.elicitations.get(elicitation_id)
+    record = await deployment.connector.elicitation(elicitation_id)
     assert record is not None
     return record.status
 
@@ -123,7 +122,7 @@ async def assert_nothing_stored(deployment: Deployment, pending: Pending) -> Non
     """No grant for anyone, no completion sent, the elicitation not completed."""
     store = deployment.connector.runtime.store
     assert await store.grants.find(deployment.local_user, "github") == []
-    for provider in deployment.connector.runtime.catalog.entries():
+    for provider in deployment.connector.runtime.providers.catalog.entries():
         assert await store.grants.find(deployment.local_user, provider.name) == []
     assert await status_of(deployment, pending.elicitation_id) is not ElicitationStatus.COMPLETED
     assert pending.client.completions == []

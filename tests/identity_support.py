@@ -32,8 +32,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from service import Identity
-from service.states import ElicitationStatus
+from service import ElicitationStatus, Identity
 from service.store.tables import identity_verifications, oauth_flows
 from service.web.server import make_server
 

@@ -13,8 +13,7 @@ from typing import Any
 import pytest
 from acp.exceptions import RequestError
 
-from service import AuthorizationStatus, RequestScope, SessionScope
-from service.states import ElicitationStatus
+from service import AuthorizationStatus, ElicitationStatus, RequestScope, SessionScope
 from service.testing import ScriptedBrowser
 
 from .acp_peers import ConnectorAgent, RawClient, RecordingClient, connect, eventually, raw_peer, status_is
@@ -88,9 +87,9 @@ async def test_same_session_id_on_two_connections_never_crosses(deployment: Depl
     assert second.completions == [id_b] and first.completions == []
     # The other connection's elicitation for the same session id is still waiting on its own user.
     id_a = wire_a.received("elicitation/create")[0]["params"]["elicitationId"]
-    record_a = await connector.runtime.store.elicitations.get(id_a)
+    record_a = await connector.elicitation(id_a)
     assert record_a is not None and record_a.status is ElicitationStatus.CONSENTED
-    assert record_a.connection_key != (await connector.runtime.store.elicitations.get(id_b)).connection_key  # type: ignore[union-attr]
+    assert record_a.connection_key != (await connector.elicitation(id_b)).connection_key  # type: ignore[union-attr]
     prompt_a.cancel()
     await wire_a.close()
     await wire_b.close()
@@ -175,7 +174,7 @@ async def test_session_cancel_sends_cancel_request_for_the_pending_create_only(d
             if m["params"]["elicitationId"] == session_params["elicitationId"]
         )
         assert [c["params"] for c in cancels] == [{"requestId": session_request_id}]
-        record = await connector.runtime.store.elicitations.get(session_params["elicitationId"])
+        record = await connector.elicitation(session_params["elicitationId"])
         assert record is not None and record.status is ElicitationStatus.CANCELLED
         # The client answered the cancelled request with -32800, which changed nothing.
         assert any(
@@ -183,7 +182,7 @@ async def test_session_cancel_sends_cancel_request_for_the_pending_create_only(d
         )
 
         # The request-scoped elicitation is untouched by session/cancel and goes on when the client answers.
-        other = await connector.runtime.store.elicitations.get(unrelated_params["elicitationId"])
+        other = await connector.elicitation(unrelated_params["elicitationId"])
         assert other is not None and other.status is ElicitationStatus.PENDING
         client.release()
         await eventually(
@@ -225,7 +224,7 @@ async def test_cancel_while_in_browser_then_callback_stores_grant_but_resumes_no
             final = await browser.follow(to_provider)  # ... and comes back after the cancellation
         assert final.status_code == 200 and "already cancelled" in final.text
         assert client.received("$/cancel_request") == []  # the create request was already answered
-        record = await connector.runtime.store.elicitations.get(params["elicitationId"])
+        record = await connector.elicitation(params["elicitationId"])
         assert record is not None and record.status is ElicitationStatus.CANCELLED
         assert len(await connector.runtime.store.grants.find(deployment.local_user, "github")) == 1
         events = [e.event for e in await connector.runtime.store.audit.list(elicitation_id=params["elicitationId"])]
@@ -248,7 +247,7 @@ async def test_callback_first_then_cancel(deployment: Deployment) -> None:
         await asyncio.wait_for(prompt, 10)
         await client.notify("session/cancel", {"sessionId": session})
         await client.new_session()  # a round trip: the cancel has been handled
-        record = await connector.runtime.store.elicitations.get(params["elicitationId"])
+        record = await connector.elicitation(params["elicitationId"])
         assert record is not None and record.status is ElicitationStatus.COMPLETED
         assert [m["params"] for m in client.received("elicitation/complete")] == [
             {"elicitationId": params["elicitationId"]}

@@ -7,14 +7,16 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from service import Connector
 from service.config import (
     DatabaseSettings,
     ServerSettings,
     Settings,
-    is_loopback_host,
     load_settings,
 )
-from service.errors import ConfigError
+from service.core.errors import ConfigError
+from service.core.urls import is_loopback_host
+from service.vault import generate_key
 
 REPO = Path(__file__).resolve().parent.parent
 SECRET_KEY = "k1:c2VjcmV0LWtleS1tYXRlcmlhbC0zMi1ieXRlcy1sb25nISE"
@@ -48,8 +50,7 @@ def test_no_file_gives_defaults(empty_cwd: Path) -> None:
     assert settings.database == DatabaseSettings(url="sqlite+aiosqlite:///./var/connector.db")
     assert settings.elicitation.ttl_seconds == 600
     assert settings.identity.verifier == "local"
-    assert settings.identity.local_issuer == "local"
-    assert settings.identity.local_subject == "local-user"
+    assert settings.identity.section("local") == {}
     assert settings.vault.keys == []
     assert settings.vault.key_file is None
     assert settings.vault.primary_key_id is None
@@ -100,7 +101,7 @@ def test_shipped_config_loads_and_points_at_the_shipped_catalog() -> None:
     assert settings.server == defaults.server
     assert settings.database == defaults.database
     assert settings.elicitation == defaults.elicitation
-    assert settings.identity == defaults.identity
+    assert (settings.identity.verifier, settings.identity.max_mismatches) == ("local", 3)
     assert settings.providers.catalog == REPO / "config" / "providers.toml"
     assert settings.providers.catalog.is_file()
     assert settings.vault.key_file is None  # no key file by default: serve makes a dev key on loopback only
@@ -203,8 +204,6 @@ def test_unparseable_json_section_from_env(empty_cwd: Path) -> None:
         ("[server]\nport = 65536\n", "server.port"),
         ('[server]\nport = "http"\n', "server.port"),
         ('log_format = "xml"\n', "log_format"),
-        ('[identity]\nverifier = "kerberos"\n', "identity.verifier"),
-        ('[identity]\nlocal_subject = ""\n', "identity.local_subject"),
         ('agent_name = ""\n', "agent_name"),
     ],
 )
@@ -413,3 +412,24 @@ def test_empty_key_file_means_unset(tmp_path: Path) -> None:
     settings = load_settings(path, env={})
     assert settings.vault.key_file is None
     assert settings.vault.primary_key_id is None
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ('[identity]\nverifier = "kerberos"\n', "identity.verifier"),
+        ('[identity.local]\nsubject = ""\n', "identity.local.subject"),
+        ('[identity.local]\nsubjet = "typo"\n', "identity.local.subjet"),
+    ],
+)
+def test_invalid_verifier_settings_are_refused_when_the_connector_is_built(tmp_path: Path, text: str, key: str) -> None:
+    path = write(tmp_path / "c.toml", text)
+    env = {
+        "CONNECTOR_VAULT__KEYS": generate_key("k1"),
+        "CONNECTOR_PROVIDERS__CATALOG": str(REPO / "config/providers.toml"),
+    }
+    settings = load_settings(path, env=env)
+    with pytest.raises(ConfigError) as caught:
+        Connector.from_settings(settings)
+    assert caught.value.key == key
+    assert caught.value.file == str(path.resolve())

@@ -7,10 +7,9 @@ import json
 
 import pytest
 
-from service import AuthorizationStatus
-from service.states import ElicitationStatus
+from service import AuthorizationStatus, ElicitationStatus
+from service.core.handles import grant_aad
 from service.testing import ScriptedBrowser
-from service.vault import grant_aad
 
 from .acp_peers import RecordingClient, connect, prompt_text
 from .conftest import Deployment

@@ -10,7 +10,6 @@ from datetime import timedelta
 
 import pytest
 
-from service.runtime import utcnow
 from service.testing import ScriptedBrowser
 
 from .conftest import BOB, Deployment
@@ -76,7 +75,7 @@ async def test_each_ending_and_attack_is_audited_and_logged(
         elif scenario == "expired":
             pending = await ask()
             ttl = deployment.connector.settings.elicitation.ttl_seconds
-            monkeypatch.setattr(deployment.connector.runtime, "clock", lambda: utcnow() + timedelta(seconds=ttl + 1))
+            deployment.connector.clock.advance(timedelta(seconds=ttl + 1))
             assert (await browser.get(pending.url)).status_code == 410
             expected = "expired"
         elif scenario == "provider_error":

@@ -19,9 +19,11 @@ import pytest
 from joserfc import jwt
 from joserfc.jwk import OctKey, RSAKey
 
-from service.oauth import IdTokenError, JwksCache, validate_id_token
-from service.providers import ProviderEntry, issuer_matches
-from service.states import ElicitationStatus
+from service import ElicitationStatus
+from service.oauth import IdTokenError, JwksCache, ResolvedProvider
+from service.oauth.id_token import validate_id_token
+from service.oauth.issuer import issuer_matches
+from service.providers import ProviderEntry
 from service.testing import MockOAuthProvider, ScriptedBrowser
 from service.testing.mock_oidc import MockOIDCProvider
 
@@ -204,7 +206,7 @@ async def test_bad_id_token_is_refused_and_nothing_is_stored(
 async def test_rotated_keys_are_read_again(
     deployment: Deployment, oidc_provider: MockOIDCProvider, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    cache = deployment.connector.runtime.jwks
+    cache = deployment.connector.runtime.providers.jwks
     async with asking(deployment) as ask, ScriptedBrowser() as browser:
         first = await ask(provider="oidcmock", scopes=["email"])
         assert (await browser.follow(await to_provider(browser, first.url))).status_code == 200
@@ -317,13 +319,17 @@ async def test_tenant_issuer_must_carry_the_tokens_own_tid(
     import httpx
 
     template = f"{oidc_provider.base_url}/{{tenantid}}/v2.0"
-    entry = ProviderEntry(
-        name="entra",
-        display_name="Entra",
-        oidc=True,
-        issuer=template,
-        jwks_uri=f"{oidc_provider.base_url}/jwks",
-        client_id=oidc_provider.client_id,
+    entry = ResolvedProvider.from_entry(
+        ProviderEntry(
+            name="entra",
+            display_name="Entra",
+            oidc=True,
+            issuer=template,
+            authorization_endpoint=f"{oidc_provider.base_url}/authorize",
+            token_endpoint=f"{oidc_provider.base_url}/token",
+            jwks_uri=f"{oidc_provider.base_url}/jwks",
+            client_id=oidc_provider.client_id,
+        )
     )
     oidc_provider.id_token_claims = {"iss": f"{oidc_provider.base_url}/tenant-1/v2.0", "tid": tid_claim}
     token = oidc_provider.make_id_token(nonce="n-1")

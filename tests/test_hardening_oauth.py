@@ -17,12 +17,12 @@ import pytest
 import respx
 from sqlalchemy import select
 
+from service import ElicitationStatus
 from service.config import load_settings
-from service.errors import ConfigError, ConnectorError
-from service.oauth import authorization_url, new_flow_secrets
+from service.core.errors import ConfigError, ConnectorError
+from service.oauth import ProviderGateway, ResolvedProvider
+from service.oauth.authorize import authorization_url, new_flow_secrets
 from service.providers import ProviderCatalog, ProviderEntry, load_catalog
-from service.runtime import utcnow
-from service.states import ElicitationStatus
 from service.store.tables import oauth_flows
 from service.testing import ScriptedBrowser
 
@@ -39,8 +39,8 @@ from .hardening_support import (
 )
 
 
-def shift_clock(deployment: Deployment, monkeypatch: pytest.MonkeyPatch, delta: timedelta) -> None:
-    monkeypatch.setattr(deployment.connector.runtime, "clock", lambda: utcnow() + delta)
+def shift_clock(deployment: Deployment, delta: timedelta) -> None:
+    deployment.connector.clock.advance(delta)
 
 
 # --- the authorization request ------------------------------------------------------------------------
@@ -73,7 +73,9 @@ def test_pkce_is_left_out_only_when_the_provider_entry_turns_it_off() -> None:
         name="acme", display_name="Acme", authorization_endpoint="https://as.acme.test/authorize", client_id="c"
     )
     for pkce, expected in ((True, True), (False, False)):
-        configured = ProviderEntry(**{**entry.__dict__, "pkce": pkce})
+        configured = ResolvedProvider.from_entry(
+            ProviderEntry(**{**entry.__dict__, "pkce": pkce, "token_endpoint": "https://as.acme.test/token"})
+        )
         flow = new_flow_secrets(configured)
         url = authorization_url(configured, redirect_uri="https://c.test/callback/acme", scopes=["a"], flow=flow)
         assert ("code_challenge" in query_of(url)) is expected
@@ -154,11 +156,11 @@ async def test_unknown_forged_and_missing_states_are_refused(deployment: Deploym
 async def test_expired_state_is_refused_but_the_elicitation_stays_open(
     deployment: Deployment, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("service.flow.FLOW_TTL", timedelta(seconds=30))
+    monkeypatch.setattr("service.core.browser.FLOW_TTL", timedelta(seconds=30))
     async with asking(deployment) as ask, ScriptedBrowser() as browser:
         pending = await ask()
         callback = await to_callback(browser, pending.url)
-        shift_clock(deployment, monkeypatch, timedelta(seconds=31))
+        shift_clock(deployment, timedelta(seconds=31))
         late = await browser.get(callback)
         assert late.status_code == 400
         assert late.headers["x-connector-error"] == "state_expired"
@@ -176,9 +178,7 @@ async def test_expired_elicitation_refuses_the_page_and_the_callback(
     async with asking(deployment) as ask, ScriptedBrowser() as browser:
         pending = await ask()
         callback = await to_callback(browser, pending.url)
-        shift_clock(
-            deployment, monkeypatch, timedelta(seconds=deployment.connector.settings.elicitation.ttl_seconds + 1)
-        )
+        shift_clock(deployment, timedelta(seconds=deployment.connector.settings.elicitation.ttl_seconds + 1))
         page = await browser.get(pending.url)
         assert page.status_code == 410 and page.headers["x-connector-error"] == "expired"
         late = await browser.get(callback)
@@ -361,9 +361,12 @@ async def test_discovered_endpoints_must_be_https() -> None:
     }
     with respx.mock(assert_all_mocked=True) as router:
         router.get(discovery).mock(return_value=httpx.Response(200, json=document))
-        async with httpx.AsyncClient() as http:
+        gateway = ProviderGateway(catalog)
+        try:
             with pytest.raises(ConnectorError) as caught:
-                await catalog.resolve("sso", http)
+                await gateway.resolve("sso")
+        finally:
+            await gateway.aclose()
     assert "jwks_uri" in str(caught.value) and "https" in str(caught.value)
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.states import ElicitationStatus
+from service import ElicitationStatus
 from service.testing import MockOAuthProvider, ScriptedBrowser
 
 from .conftest import Deployment, write_catalog

@@ -9,8 +9,8 @@ import secrets
 import httpx
 import pytest
 
+from service import ElicitationStatus
 from service.config import RateLimitSettings
-from service.states import ElicitationStatus
 from service.testing import ScriptedBrowser
 from service.web.ratelimit import RateLimiter, TokenBuckets, route_group
 

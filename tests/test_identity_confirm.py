@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from service import Connector, load_settings
-from service.errors import ConfigError
+from service.core.errors import ConfigError
 from service.testing import ScriptedBrowser
 
 from .conftest import ALICE, BOB, Deploy, Deployment
@@ -102,7 +102,7 @@ async def test_phishing_the_operator_says_bob_is_logged_in(operated: Deployment)
         await assert_nothing_happened(operated, pending)
         event = await last_event(operated, "identity_mismatch")
         assert event.elicitation_id == pending.elicitation_id and event.detail["browser_subject"] == "bob"
-        assert (await operated.connector.runtime.store.elicitations.get(pending.elicitation_id)) is not None
+        assert (await operated.connector.elicitation(pending.elicitation_id)) is not None
 
         # Counted once, though both the operator's call and Bob's browser were refused.
         record = await operated.connector.runtime.store.audit.list(event="identity_mismatch")
@@ -232,11 +232,11 @@ def test_incomplete_settings_are_refused(tmp_path: Path, connector_env: dict[str
     assert caught.value.key == key
 
 
-def test_api_key_hashes_must_be_sha256_digests(tmp_path: Path) -> None:
+def test_api_key_hashes_must_be_sha256_digests(tmp_path: Path, connector_env: dict[str, str]) -> None:
     config_file = tmp_path / "connector.toml"
-    config_file.write_text(f'[identity.confirm]\napi_key_hashes = ["{API_KEY}"]\n')
+    config_file.write_text(f'[identity]\nverifier = "confirm"\n[identity.confirm]\napi_key_hashes = ["{API_KEY}"]\n')
     with pytest.raises(ConfigError) as caught:
-        load_settings(config_file, env={})
+        Connector.from_settings(load_settings(config_file, env=connector_env))
     assert caught.value.key == "identity.confirm.api_key_hashes"
     assert API_KEY not in str(caught.value)
 

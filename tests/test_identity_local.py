@@ -12,8 +12,9 @@ from alembic import command
 
 from service import Connector, Identity, load_settings
 from service.cli import main
-from service.errors import ConfigError
-from service.store import Store, VerificationRecord, alembic_config, migrate
+from service.core.errors import ConfigError
+from service.core.records import VerificationRecord
+from service.store import Store, alembic_config, migrate
 from service.testing import ScriptedBrowser
 
 from .conftest import ALICE, BOB, Deployment

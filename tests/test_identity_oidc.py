@@ -16,7 +16,7 @@ from joserfc.jwk import RSAKey
 from sqlalchemy import select
 
 from service import Connector, load_settings
-from service.errors import ConfigError
+from service.core.errors import ConfigError
 from service.testing import ScriptedBrowser
 
 from .conftest import Deploy, Deployment
@@ -383,10 +383,12 @@ def test_incomplete_settings_are_refused(
         ),
     ],
 )
-def test_the_file_refuses_secrets_and_plain_http(tmp_path: Path, text: str, key: str) -> None:
+def test_the_file_refuses_secrets_and_plain_http(
+    tmp_path: Path, connector_env: dict[str, str], text: str, key: str
+) -> None:
     config_file = tmp_path / "connector.toml"
-    config_file.write_text(text)
+    config_file.write_text('[identity]\nverifier = "oidc"\n' + text)
     with pytest.raises(ConfigError) as caught:
-        load_settings(config_file, env={})
+        Connector.from_settings(load_settings(config_file, env=connector_env))
     assert caught.value.key == key
     assert "s3cret" not in str(caught.value)

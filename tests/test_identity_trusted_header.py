@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from service import AuthorizationStatus, Connector, load_settings
+from service import AuthorizationStatus, Connector, ElicitationStatus, load_settings
 from service.cli import main
-from service.errors import ConfigError
-from service.states import ElicitationStatus
+from service.core.errors import ConfigError
 from service.testing import ScriptedBrowser
 
 from .conftest import ALICE, BOB, Deploy, Deployment

@@ -16,7 +16,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Column, Connection, Index, MetaData, String, inspect, text
 from sqlalchemy.engine import make_url
 
-from service.errors import SchemaNotCurrent
+from service.core.errors import SchemaNotCurrent
 from service.store import Store, alembic_config, create_engine, display_url, head_revision, migrate
 from service.store import schema as schema_module
 from service.store.tables import metadata

@@ -9,12 +9,11 @@ import pytest
 from acp.exceptions import RequestError
 from acp.schema import ClientCapabilities, ElicitationCapabilities, ElicitationFormCapabilities
 
-from service import AuthorizationStatus, SessionScope
-from service.states import ElicitationStatus
+from service import AuthorizationStatus, ElicitationStatus, SessionScope
 from service.testing import ScriptedBrowser
 
 from .acp_peers import RecordingClient, connect, eventually, prompt_text, status_is
-from .conftest import Deployment
+from .conftest import Deploy, Deployment
 
 
 async def run_prompt(deployment: Deployment, client: RecordingClient, **connect_kwargs: Any):  # type: ignore[no-untyped-def]
@@ -58,7 +57,7 @@ async def test_decline_and_cancel_in_the_client(
     wire = await run_prompt(deployment, RecordingClient(answer=answer))
     outcome = wire.agent.outcomes[0]
     assert outcome.status is status
-    record = await deployment.connector.runtime.store.elicitations.get(outcome.elicitation_id or "")
+    record = await deployment.connector.elicitation(outcome.elicitation_id or "")
     assert record is not None and record.status is stored
     assert wire.received("elicitation/complete") == []
     assert await deployment.connector.runtime.store.grants.find(deployment.local_user, "github") == []
@@ -73,7 +72,7 @@ async def test_json_rpc_error_from_the_client(deployment: Deployment, code: int)
     wire = await run_prompt(deployment, RecordingClient(answer=refuse))
     outcome = wire.agent.outcomes[0]
     assert outcome.status is AuthorizationStatus.CLIENT_ERROR and outcome.error_code == code
-    record = await deployment.connector.runtime.store.elicitations.get(outcome.elicitation_id or "")
+    record = await deployment.connector.elicitation(outcome.elicitation_id or "")
     assert record is not None and record.status is ElicitationStatus.FAILED
     await wire.close()
 
@@ -131,18 +130,16 @@ async def test_access_denied_at_the_provider_is_a_decline(deployment: Deployment
     await wire.close()
 
 
-async def test_elicitation_expires_while_waiting(deployment: Deployment, monkeypatch: pytest.MonkeyPatch) -> None:
-    settings = deployment.connector.runtime.settings
-    short = settings.model_copy(update={"elicitation": settings.elicitation.model_copy(update={"ttl_seconds": 1})})
-    monkeypatch.setattr(deployment.connector.runtime, "settings", short)
-    client = RecordingClient(answer="accept")
-    wire = await run_prompt(deployment, client)
-    outcome = wire.agent.outcomes[0]
-    assert outcome.status is AuthorizationStatus.EXPIRED
-    async with ScriptedBrowser() as browser:
-        page = await browser.get(str(client.elicitations[0]["mode"].url))
-        assert page.status_code == 410 and page.headers["x-connector-error"] == "expired"
-    await wire.close()
+async def test_elicitation_expires_while_waiting(deploy_with: Deploy) -> None:
+    async with deploy_with(CONNECTOR_ELICITATION__TTL_SECONDS="1") as deployment:
+        client = RecordingClient(answer="accept")
+        wire = await run_prompt(deployment, client)
+        outcome = wire.agent.outcomes[0]
+        assert outcome.status is AuthorizationStatus.EXPIRED
+        async with ScriptedBrowser() as browser:
+            page = await browser.get(str(client.elicitations[0]["mode"].url))
+            assert page.status_code == 410 and page.headers["x-connector-error"] == "expired"
+        await wire.close()
 
 
 async def test_dropped_connection_sends_nothing_but_keeps_the_grant(deployment: Deployment) -> None:

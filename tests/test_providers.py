@@ -12,7 +12,8 @@ import pytest
 import respx
 from pydantic import SecretStr
 
-from service.errors import ConfigError, ConnectorError, ProviderNotConfigured, UnknownProvider
+from service.core.errors import ConfigError, ConnectorError, ProviderNotConfigured, UnknownProvider
+from service.oauth import ProviderGateway
 from service.providers import ProviderCatalog, ProviderEntry, load_catalog, provider_env_var
 
 SHIPPED = Path(__file__).resolve().parent.parent / "config" / "providers.toml"
@@ -428,8 +429,8 @@ def test_duplicate_names_are_refused() -> None:
 async def test_resolve_static_entry_makes_no_request(http: httpx.AsyncClient) -> None:
     catalog = load_catalog(SHIPPED, env=creds("github"))
     with respx.mock(assert_all_mocked=True) as mock:
-        entry = await catalog.resolve("github", http)
-    assert entry is catalog.get("github")
+        entry = await ProviderGateway(catalog, http=http).resolve("github")
+    assert entry.entry is catalog.get("github")
     assert mock.calls.call_count == 0
 
 
@@ -438,7 +439,7 @@ async def test_resolve_refuses_unconfigured_before_any_request(http: httpx.Async
     with respx.mock(assert_all_called=False) as mock:
         route = mock.get(DISCOVERY).respond(json=discovery_document())
         with pytest.raises(ProviderNotConfigured):
-            await catalog.resolve("oidc", http)
+            await ProviderGateway(catalog, http=http).resolve("oidc")
     assert not route.called
 
 
@@ -446,8 +447,9 @@ async def test_resolve_refuses_unconfigured_before_any_request(http: httpx.Async
 async def test_resolve_discovers_endpoints_once(http: httpx.AsyncClient) -> None:
     route = respx.get(DISCOVERY).respond(json=discovery_document())
     catalog = oidc_catalog()
-    first, *others = await asyncio.gather(*(catalog.resolve("oidc", http) for _ in range(5)))
-    again = await catalog.resolve("oidc", http)
+    gateway = ProviderGateway(catalog, http=http)
+    first, *others = await asyncio.gather(*(gateway.resolve("oidc") for _ in range(5)))
+    again = await gateway.resolve("oidc")
     assert route.call_count == 1
     assert all(other is first for other in others) and again is first
     assert first.issuer == ISSUER
@@ -457,7 +459,7 @@ async def test_resolve_discovers_endpoints_once(http: httpx.AsyncClient) -> None
     assert first.revocation_endpoint == f"{ISSUER}/protocol/openid-connect/revoke"
     assert first.authorization_response_iss_parameter_supported is True
     assert first.token_endpoint_auth_method == "client_secret_basic"
-    assert first.provider_host == "sso.example.com"
+    assert first.sign_in_host == "sso.example.com"
     assert first.client_secret is not None and first.client_secret.get_secret_value() == SECRET
     # The catalog's own entry is untouched: resolution returns a new entry.
     assert catalog.get("oidc").token_endpoint is None
@@ -466,7 +468,7 @@ async def test_resolve_discovers_endpoints_once(http: httpx.AsyncClient) -> None
 @respx.mock
 async def test_resolve_switches_to_a_supported_auth_method(http: httpx.AsyncClient) -> None:
     respx.get(DISCOVERY).respond(json=discovery_document(token_endpoint_auth_methods_supported=["client_secret_post"]))
-    entry = await oidc_catalog().resolve("oidc", http)
+    entry = await ProviderGateway(oidc_catalog(), http=http).resolve("oidc")
     assert entry.token_endpoint_auth_method == "client_secret_post"
 
 
@@ -480,7 +482,7 @@ async def test_resolve_rfc8414_metadata_location(http: httpx.AsyncClient) -> Non
             token_endpoint="https://as.example.com/tenant1/token",
         )
     )
-    entry = await oidc_catalog(CONNECTOR_PROVIDER_OIDC_DISCOVERY_URL=url).resolve("oidc", http)
+    entry = await ProviderGateway(oidc_catalog(CONNECTOR_PROVIDER_OIDC_DISCOVERY_URL=url), http=http).resolve("oidc")
     assert entry.issuer == "https://as.example.com/tenant1"
 
 
@@ -496,7 +498,7 @@ async def test_resolve_on_loopback_http(http: httpx.AsyncClient) -> None:
             "jwks_uri": f"{base}/jwks",  # required for an OpenID provider (oidc = true)
         }
     )
-    entry = await oidc_catalog(CONNECTOR_PROVIDER_OIDC_DISCOVERY_URL=url).resolve("oidc", http)
+    entry = await ProviderGateway(oidc_catalog(CONNECTOR_PROVIDER_OIDC_DISCOVERY_URL=url), http=http).resolve("oidc")
     assert entry.token_endpoint == f"{base}/token"
     assert entry.authorization_response_iss_parameter_supported is False  # absent means false (RFC 9207 §3)
     assert entry.userinfo_endpoint is None
@@ -513,7 +515,7 @@ async def test_endpoints_pinned_in_the_catalog_win(tmp_path: Path, http: httpx.A
         """,
     )
     respx.get(DISCOVERY).respond(json=discovery_document())
-    entry = await load_catalog(path, env=creds("sso")).resolve("sso", http)
+    entry = await ProviderGateway(load_catalog(path, env=creds("sso")), http=http).resolve("sso")
     assert entry.userinfo_endpoint == "https://api.example.com/me"
     assert entry.token_endpoint == f"{ISSUER}/protocol/openid-connect/token"
 
@@ -548,22 +550,22 @@ async def test_bad_discovery_documents_fail(http: httpx.AsyncClient, response: h
     with respx.mock:
         respx.get(DISCOVERY).mock(return_value=response)
         with pytest.raises(ConnectorError) as caught:
-            await catalog.resolve("oidc", http)
+            await ProviderGateway(catalog, http=http).resolve("oidc")
     assert caught.value.code == "provider_discovery_failed"
     assert problem in str(caught.value)
     assert SECRET not in str(caught.value)
 
 
 async def test_network_error_fails_and_is_not_cached(http: httpx.AsyncClient) -> None:
-    catalog = oidc_catalog()
+    gateway = ProviderGateway(oidc_catalog(), http=http)
     with respx.mock:
         respx.get(DISCOVERY).mock(side_effect=httpx.ConnectError("refused"))
         with pytest.raises(ConnectorError) as caught:
-            await catalog.resolve("oidc", http)
+            await gateway.resolve("oidc")
     assert caught.value.code == "provider_discovery_failed"
     with respx.mock:
         respx.get(DISCOVERY).respond(json=discovery_document())
-        assert (await catalog.resolve("oidc", http)).issuer == ISSUER
+        assert (await gateway.resolve("oidc")).issuer == ISSUER
 
 
 async def test_configured_issuer_must_match_the_document(tmp_path: Path, http: httpx.AsyncClient) -> None:
@@ -572,4 +574,4 @@ async def test_configured_issuer_must_match_the_document(tmp_path: Path, http: h
     with respx.mock:
         respx.get(url).respond(json=discovery_document())
         with pytest.raises(ConnectorError, match="is not the configured"):
-            await load_catalog(path, env=creds("sso")).resolve("sso", http)
+            await ProviderGateway(load_catalog(path, env=creds("sso")), http=http).resolve("sso")

@@ -13,9 +13,10 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError, StatementError
 
-from service.identity import Identity
-from service.states import ALLOWED, TERMINAL, ElicitationStatus, can_transition
-from service.store import ElicitationRecord, FlowRecord, GrantRecord, Store, display_url, migrate
+from service import Identity
+from service.core.records import ElicitationRecord, FlowRecord, GrantRecord
+from service.core.states import ALLOWED, TERMINAL, ElicitationStatus, can_transition
+from service.store import Store, display_url, migrate
 from service.store.elicitations import predecessors
 from service.store.tables import elicitations
 

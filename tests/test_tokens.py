@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from service import ConnectorError, NotAuthorized, SessionScope
+from service.core.handles import grant_aad
 from service.testing import ScriptedBrowser
-from service.vault import grant_aad
 
 from .acp_peers import RecordingClient, connect
 from .conftest import Deployment

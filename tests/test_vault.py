@@ -20,14 +20,13 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from pydantic import SecretStr
 
-from service.errors import VaultError
+from service.core.errors import VaultError
+from service.core.handles import flow_aad, grant_aad
 from service.vault import (
     KeyRing,
     Vault,
     ensure_dev_key_file,
-    flow_aad,
     generate_key,
-    grant_aad,
     load_key_ring,
 )
 

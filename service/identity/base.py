@@ -1,134 +1,150 @@
-"""The identity-verifier interface: how a deployment learns who is in the browser before it goes to a provider.
+"""Identity verifiers as plugins: what a verifier owns, what it is given, and the rows it keeps.
 
-A verifier either establishes the browser's identity at once (`Verified`: local, trusted_header) or sends the
-browser away first (`RedirectFirst`: oidc to the operator's identity provider, confirm to the operator's app)
-and finishes on a return route (`Returned`). Whatever it concludes is compared with the identity the
-elicitation was bound to by `BrowserFlow.check_identity` (called from `service.verification`); a verifier
-never decides that comparison itself.
+A verifier plugin (`VerifierPlugin`) owns its name, its settings model (the `[identity.<name>]` section, also
+`CONNECTOR_IDENTITY__<NAME>__*`), how it is built, and its routes: browser routes mounted under
+`/identity/<name>` and API routes under `/v1/identity/<name>`. Plugins are found by name in
+`service.identity.registry` (built-ins, the `acp_connector.verifiers` entry point group, or `register()`).
 
-Verifier state that must survive the round trip is server-side (`store.verifications`): single-use, expiring,
+A verifier answers `begin` with `Verified` (it knows the browser's identity at once) or `RedirectFirst` (it sends
+the browser away and finishes on its own route, calling `RouteKit.step.continue_after`). It never compares
+identities itself: `service.core.browser.BrowserFlow.check_identity` does. It refuses with `FlowRefused` (a stable
+code, an audit event); the web layer turns that into a page or a JSON error.
+
+Verifier state that must survive a round trip is server-side (`store.verifications`): single-use, expiring,
 bound to the browser-binding cookie, with handles stored only as hashes. Nothing the browser supplies
 unauthenticated (URL, form field, header from an untrusted peer) is ever taken as identity.
 """
 
 from __future__ import annotations
 
-import hashlib
-from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
-from typing import Any, ClassVar
+from datetime import datetime, timedelta
+from typing import Any, Protocol
 
-from ..runtime import Runtime
-from ..store import ElicitationRecord, VerificationRecord
-from . import Identity
+import httpx
+from pydantic import BaseModel
+from starlette.requests import Request
+from starlette.responses import Response
+
+from service.config import Settings
+from service.core.errors import FlowRefused
+from service.core.handles import binding_hash
+from service.core.records import VerificationRecord
+from service.core.settings import FlowSettings
+from service.core.verification import BrowserFacts, IdentityStep, VerificationAttempt, Verifier
+from service.store import Store
+from service.vault import Vault
 
 # How long the browser may spend at the identity provider or the operator's app.
 VERIFICATION_TTL = timedelta(minutes=10)
 
 
-def handle_hash(purpose: str, handle: str) -> str:
-    """What the store keeps of a handle that leaves the server (state, flow id, return code)."""
-    return hashlib.sha256(f"identity-{purpose}\x00{handle}".encode()).hexdigest()
+@dataclass(frozen=True)
+class VerifierContext:
+    """What a verifier is built with."""
+
+    settings: Settings  # the whole configuration (e.g. server.trusted_proxies, public_base_url)
+    flow: FlowSettings
+    store: Store
+    vault: Vault
+    http: httpx.AsyncClient  # for the verifier's own identity provider (metadata, keys, tokens)
+    clock: Callable[[], datetime]
+
+    def now(self) -> datetime:
+        return self.clock()
 
 
-def binding_hash(browser_binding: str) -> str:
-    """The stored form of the browser-binding cookie (the same hash the OAuth flows store)."""
-    return hashlib.sha256(b"browser-binding\x00" + browser_binding.encode()).hexdigest()
+class RouteKit(Protocol):
+    """What the web layer gives a verifier's routes: the identity step, the browser and HTTP answers."""
+
+    @property
+    def step(self) -> IdentityStep: ...
+
+    def binding(self, request: Request) -> str | None:
+        """The browser-binding cookie's value, if the browser carries a valid one."""
+        ...
+
+    def browser(self, request: Request) -> BrowserFacts: ...
+
+    def redirect(self, url: str) -> Response:
+        """Send the browser on (303)."""
+        ...
+
+    def json(self, body: dict[str, Any]) -> Response:
+        """A successful JSON answer for an API route."""
+        ...
+
+    async def read_json(self, request: Request) -> dict[str, Any]:
+        """The request's JSON object body (small; FlowRefused `bad_request` otherwise)."""
+        ...
+
+    async def limit(self, request: Request, key: str) -> Response | None:
+        """Count one request for `key` against the confirm rate limit: the 429 answer when over, else None."""
+        ...
+
+    def api_error(self, exc: FlowRefused, **extra: str) -> Response:
+        """The JSON error answer for `exc`, with `extra` fields beside it."""
+        ...
 
 
-@dataclass(frozen=True, slots=True)
-class BrowserFacts:
-    """What the web layer knows about the request. None of it is identity by itself.
-
-    `headers` maps lower-cased names to every value sent under that name; `peer_trusted` says whether the
-    TCP peer is in `server.trusted_proxies`.
-    """
-
-    headers: Mapping[str, tuple[str, ...]]
-    peer: str | None
-    peer_trusted: bool
+Endpoint = Callable[[Request], Awaitable[Response]]
 
 
-@dataclass(frozen=True, slots=True)
-class VerificationAttempt:
-    """The browser pressed Continue on an open elicitation."""
+@dataclass(frozen=True)
+class VerifierRoute:
+    """One route of a verifier: `path` relative to its prefix ("" is the prefix itself)."""
 
-    elicitation: ElicitationRecord
-    browser_binding: str
-    browser: BrowserFacts
-
-
-@dataclass(frozen=True, slots=True)
-class Verified:
-    """The verifier established the browser's identity at once."""
-
-    identity: Identity
+    path: str
+    endpoint: Endpoint
+    methods: tuple[str, ...] = ("GET",)
 
 
-@dataclass(frozen=True, slots=True)
-class RedirectFirst:
-    """Send the browser to `url` first; the verifier finishes when the browser comes back."""
+@dataclass(frozen=True)
+class VerifierRoutes:
+    """A verifier's routes: `browser` under `/identity/<name>`, `api` under `/v1/identity/<name>`."""
 
-    url: str = field(repr=False)  # carries a state or flow id
-    verification_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class Returned:
-    """A redirecting verifier finished: who the browser is, for which elicitation."""
-
-    elicitation_id: str
-    identity: Identity
-    verification_id: str
-    # confirm: the operator named someone else, and that mismatch was already recorded when it said so.
-    mismatch_recorded: bool = False
+    browser: Sequence[VerifierRoute] = field(default_factory=tuple)
+    api: Sequence[VerifierRoute] = field(default_factory=tuple)
 
 
-class VerificationRefused(Exception):
-    """The verifier refuses this browser: a page status, a stable code, a title, one sentence, an audit event.
+class IdentityVerifier(Verifier, Protocol):
+    """A built verifier: the core's `Verifier`, plus its routes and, for the local verifier, its one user."""
 
-    Neither the message nor the audit detail ever holds a secret or says whom the elicitation belongs to.
-    """
-
-    def __init__(
-        self,
-        status_code: int,
-        code: str,
-        title: str,
-        message: str,
-        *,
-        event: str,
-        elicitation_id: str | None = None,
-        detail: Mapping[str, Any] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status_code = status_code
-        self.code = code
-        self.title = title
-        self.message = message
-        self.event = event
-        self.elicitation_id = elicitation_id
-        self.detail = dict(detail or {})
+    def routes(self, kit: RouteKit) -> VerifierRoutes: ...
 
 
-class IdentityVerifier(ABC):
-    """One configured way to learn who is in the browser."""
+class VerifierPlugin(Protocol):
+    """One kind of verifier, found by `name` in the registry."""
 
-    name: ClassVar[str]
+    @property
+    def name(self) -> str: ...
 
-    @abstractmethod
-    async def begin(self, attempt: VerificationAttempt) -> Verified | RedirectFirst:
-        """Establish the browser's identity, or say where to send the browser first. May raise VerificationRefused."""
+    @property
+    def settings_model(self) -> type[BaseModel]:
+        """The model of the `[identity.<name>]` section (extra keys forbidden)."""
+        ...
+
+    def build(self, ctx: VerifierContext, settings: Any) -> IdentityVerifier:
+        """The verifier; ConfigError naming the key when the settings do not allow it."""
+        ...
+
+
+class NoRoutes:
+    """Mixin for verifiers that know the browser's identity at once and need no routes of their own."""
+
+    def routes(self, kit: RouteKit) -> VerifierRoutes:
+        return VerifierRoutes()
 
     async def form_targets(self) -> list[str]:
-        """Origins the consent form's Continue may redirect to (for the page's CSP `form-action`)."""
         return []
 
 
+# -- server-side verification rows ---------------------------------------------------------------------------
+
+
 async def insert_verification(
-    rt: Runtime,
+    ctx: VerifierContext,
     attempt: VerificationAttempt,
     *,
     verification_id: str,
@@ -139,8 +155,8 @@ async def insert_verification(
     pkce_ciphertext: bytes | None = None,
 ) -> None:
     """Store the server-side row of a verification that sends the browser away, bound to its browser and expiry."""
-    now = rt.now()
-    await rt.store.verifications.insert(
+    now = ctx.now()
+    await ctx.store.verifications.insert(
         VerificationRecord(
             id=verification_id,
             elicitation_id=attempt.elicitation.id,
@@ -162,42 +178,33 @@ async def insert_verification(
 
 
 async def claim_for_browser(
-    rt: Runtime, record: VerificationRecord, browser_binding: str | None, *, verifier: str
+    ctx: VerifierContext, record: VerificationRecord, browser_binding: str | None, *, verifier: str
 ) -> VerificationRecord:
-    """Use a verification row once, from the browser that started it. Raises VerificationRefused otherwise.
+    """Use a verification row once, from the browser that started it. Raises FlowRefused otherwise.
 
     A row brought back by another browser is not consumed: the rightful browser can still finish.
     """
     if browser_binding is None or binding_hash(browser_binding) != record.browser_binding_hash:
-        raise VerificationRefused(
-            403,
+        raise FlowRefused(
             "browser_mismatch",
-            "Different browser",
-            "This sign-in must be finished in the browser where the link was opened.",
             event="browser_mismatch",
             elicitation_id=record.elicitation_id,
-            detail={"identity_verifier": verifier, "step": "identity"},
+            audit={"identity_verifier": verifier, "step": "identity"},
         )
-    claimed = await rt.store.verifications.claim(record.id, rt.now())
+    claimed = await ctx.store.verifications.claim(record.id, ctx.now())
     if claimed is not None:
         return claimed
-    record = await rt.store.verifications.get_by_handle(record.handle_hash) or record  # what beat us to it
+    record = await ctx.store.verifications.get_by_handle(record.handle_hash) or record  # what beat us to it
     if record.used_at is not None or (record.verifier == "confirm" and record.confirmed_at is None):
-        raise VerificationRefused(
-            400,
+        raise FlowRefused(
             "verification_used",
-            "Link already used",
-            "This sign-in answer was already used. Open the link from the agent again.",
             event="replay_attempt" if record.used_at is not None else "verification_unconfirmed",
             elicitation_id=record.elicitation_id,
-            detail={"identity_verifier": verifier, "step": "identity"},
+            audit={"identity_verifier": verifier, "step": "identity"},
         )
-    raise VerificationRefused(
-        400,
+    raise FlowRefused(
         "verification_expired",
-        "Sign-in expired",
-        "This sign-in took too long. Open the link from the agent again.",
         event="verification_expired",
         elicitation_id=record.elicitation_id,
-        detail={"identity_verifier": verifier},
+        audit={"identity_verifier": verifier},
     )

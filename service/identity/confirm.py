@@ -13,70 +13,83 @@ import hashlib
 import hmac
 import re
 import secrets
+from typing import Annotated, Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from ..config import Settings
-from ..errors import ConfigError
-from ..runtime import Runtime
-from ..store import VerificationRecord
-from . import Identity
-from .base import (
-    IdentityVerifier,
-    RedirectFirst,
-    Returned,
-    VerificationAttempt,
-    VerificationRefused,
-    claim_for_browser,
-    handle_hash,
-    insert_verification,
-)
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_settings import NoDecode
+from starlette.requests import Request
+from starlette.responses import Response
 
-CONFIRM_PATH = "/v1/identity/confirm"
+from service.config import optional_str, split_list
+from service.core.errors import FlowRefused
+from service.core.handles import handle_hash
+from service.core.identity import Identity
+from service.core.records import VerificationRecord
+from service.core.urls import origin, url_problem
+from service.core.verification import RedirectFirst, Returned, VerificationAttempt
+
+from .base import RouteKit, VerifierContext, VerifierRoute, VerifierRoutes, claim_for_browser, insert_verification
+
 RETURN_PATH = "/identity/confirm/return"
 _HANDLE = re.compile(r"[A-Za-z0-9_\-]{20,128}")
 MAX_USER_ID_LENGTH = 512
 
 
-class ConfirmVerifier(IdentityVerifier):
+class ConfirmSettings(BaseModel):
+    """`[identity.confirm]`: the operator's own app confirms its logged-in user over an authenticated call."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    operator_url: str | None = None  # where the browser is sent with ?flow_id=...
+    issuer: str | None = None  # the identity issuer the operator's user ids belong to
+    # SHA-256 (hex) of each operator API key; the keys themselves are never configured.
+    api_key_hashes: Annotated[list[str], NoDecode] = Field(default_factory=list)
+
+    @field_validator("operator_url", "issuer", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: Any) -> Any:
+        return optional_str(value)
+
+    @field_validator("operator_url")
+    @classmethod
+    def _check_operator_url(cls, value: str | None) -> str | None:
+        if value is not None and (problem := url_problem(value.strip())) is not None:
+            raise ValueError(problem)
+        return value.strip() if value is not None else None
+
+    @field_validator("api_key_hashes", mode="before")
+    @classmethod
+    def _split_hashes(cls, value: Any) -> Any:
+        return split_list(value)
+
+    @field_validator("api_key_hashes")
+    @classmethod
+    def _check_hashes(cls, value: list[str]) -> list[str]:
+        checked = []
+        for index, entry in enumerate(value):
+            digest = entry.strip().lower().removeprefix("sha256:")
+            if not re.fullmatch(r"[0-9a-f]{64}", digest):
+                raise ValueError(f"entry {index} is not a SHA-256 hex digest (64 hex characters)")
+            checked.append(digest)
+        return checked
+
+
+class ConfirmVerifier:
     name = "confirm"
 
-    def __init__(self, runtime: Runtime, operator_url: str, issuer: str, api_key_hashes: list[str]) -> None:
-        self.rt = runtime
+    def __init__(self, ctx: VerifierContext, operator_url: str, issuer: str, api_key_hashes: list[str]) -> None:
+        self.ctx = ctx
         self.operator_url = operator_url
         self.issuer = issuer
         self._api_key_hashes = tuple(api_key_hashes)
-
-    @classmethod
-    def from_settings(cls, runtime: Runtime, settings: Settings | None = None) -> ConfirmVerifier:
-        settings = settings or runtime.settings
-        where = str(settings.config_file or "environment")
-        section = settings.identity.confirm
-        if not section.operator_url:
-            raise ConfigError(
-                where,
-                "identity.confirm.operator_url",
-                "the confirm verifier needs the operator app's URL the browser is sent to (it gets ?flow_id=...)",
-            )
-        if not section.issuer:
-            raise ConfigError(
-                where,
-                "identity.confirm.issuer",
-                "the confirm verifier needs the issuer the operator's user ids belong to (as Identity.issuer)",
-            )
-        if not section.api_key_hashes:
-            raise ConfigError(
-                where,
-                "identity.confirm.api_key_hashes",
-                "the confirm verifier needs at least one operator API key, given as its SHA-256 hex digest",
-            )
-        return cls(runtime, section.operator_url, section.issuer, section.api_key_hashes)
 
     # -- the browser leaves ------------------------------------------------------------------------------
     async def begin(self, attempt: VerificationAttempt) -> RedirectFirst:
         flow_id = secrets.token_urlsafe(32)
         verification_id = secrets.token_urlsafe(16)
         await insert_verification(
-            self.rt,
+            self.ctx,
             attempt,
             verification_id=verification_id,
             verifier=self.name,
@@ -87,8 +100,7 @@ class ConfirmVerifier(IdentityVerifier):
         return RedirectFirst(urlunsplit(parts._replace(query=query)), verification_id)
 
     async def form_targets(self) -> list[str]:
-        parts = urlsplit(self.operator_url)
-        return [f"{parts.scheme}://{parts.netloc}"]
+        return [origin(self.operator_url)]
 
     # -- the operator's app calls -------------------------------------------------------------------------
     def authenticate(self, authorization: str | None) -> bool:
@@ -106,76 +118,143 @@ class ConfirmVerifier(IdentityVerifier):
     def identity_of(self, user_id: str) -> Identity:
         """The identity the operator asserts: its user id under the configured issuer."""
         if not user_id or len(user_id) > MAX_USER_ID_LENGTH or not user_id.isprintable():
-            raise ValueError("user_id must be a non-empty printable string of at most 512 characters")
+            raise FlowRefused(
+                "bad_request",
+                detail={"problem": "user_id must be a non-empty printable string of at most 512 characters"},
+            )
         return Identity(self.issuer, user_id)
 
     async def lookup(self, flow_id: str) -> VerificationRecord:
-        """The open hand-off for `flow_id`; VerificationRefused (with an API status) when there is none."""
+        """The open hand-off for `flow_id`; FlowRefused `unknown_flow` when there is none."""
         record = None
         if _HANDLE.fullmatch(flow_id):
-            record = await self.rt.store.verifications.get_by_handle(handle_hash("confirm-flow", flow_id))
+            record = await self.ctx.store.verifications.get_by_handle(handle_hash("confirm-flow", flow_id))
         if record is None or record.verifier != self.name:
-            raise VerificationRefused(
-                404,
+            raise FlowRefused(
                 "unknown_flow",
-                "Unknown flow",
-                "No hand-off with this flow id is known.",
                 event="unknown_verification",
-                detail={"identity_verifier": self.name, "step": "confirm"},
+                audit={"identity_verifier": self.name, "step": "confirm"},
             )
         return record
 
     async def record_answer(self, record: VerificationRecord, identity: Identity, *, matched: bool) -> str:
         """Store the operator's answer once; return the code for the browser's return URL."""
         code = secrets.token_urlsafe(32)
-        answered = await self.rt.store.verifications.confirm(
+        answered = await self.ctx.store.verifications.confirm(
             record.id,
             identity=identity,
             outcome="confirmed" if matched else "mismatch",
             return_hash=handle_hash("confirm-return", code),
-            now=self.rt.now(),
+            now=self.ctx.now(),
         )
         if answered is not None:
             return code
         if record.confirmed_at is not None or record.used_at is not None:
-            raise VerificationRefused(
-                409,
+            raise FlowRefused(
                 "flow_used",
-                "Flow already used",
-                "This flow id was already confirmed; each flow id is good for one confirmation.",
                 event="replay_attempt",
                 elicitation_id=record.elicitation_id,
-                detail={"identity_verifier": self.name, "step": "confirm"},
+                audit={"identity_verifier": self.name, "step": "confirm"},
             )
-        raise VerificationRefused(
-            410,
+        raise FlowRefused(
             "flow_expired",
-            "Flow expired",
-            "This flow id has expired; the user must open the link from the agent again.",
             event="verification_expired",
             elicitation_id=record.elicitation_id,
-            detail={"identity_verifier": self.name, "step": "confirm"},
+            audit={"identity_verifier": self.name, "step": "confirm"},
         )
 
     def return_url(self, code: str) -> str:
-        return f"{self.rt.settings.public_base_url}{RETURN_PATH}?{urlencode({'code': code})}"
+        return f"{self.ctx.flow.public_base_url}{RETURN_PATH}?{urlencode({'code': code})}"
 
     # -- the browser comes back ---------------------------------------------------------------------------
     async def complete(self, code: str | None, browser_binding: str | None) -> Returned:
         record = None
         if code and _HANDLE.fullmatch(code):
-            record = await self.rt.store.verifications.get_by_return(handle_hash("confirm-return", code))
+            record = await self.ctx.store.verifications.get_by_return(handle_hash("confirm-return", code))
         if record is None or record.verifier != self.name:
-            raise VerificationRefused(
-                400,
+            raise FlowRefused(
                 "unknown_verification",
-                "Invalid request",
-                "This link does not match any sign-in started here.",
                 event="unknown_verification",
-                detail={"identity_verifier": self.name, "step": "return"},
+                audit={"identity_verifier": self.name, "step": "return"},
             )
-        record = await claim_for_browser(self.rt, record, browser_binding, verifier=self.name)
+        record = await claim_for_browser(self.ctx, record, browser_binding, verifier=self.name)
         assert record.identity is not None
         return Returned(
             record.elicitation_id, record.identity, record.id, mismatch_recorded=record.outcome == "mismatch"
         )
+
+    # -- routes ---------------------------------------------------------------------------------------------
+    def routes(self, kit: RouteKit) -> VerifierRoutes:
+        async def confirm(request: Request) -> Response:
+            """`POST /v1/identity/confirm` {flow_id, user_id}, by the operator's app with its API key."""
+            if not self.authenticate(request.headers.get("authorization")):
+                await self.ctx.store.audit.record(
+                    "confirm_unauthorized", detail={"peer": kit.browser(request).peer}, now=self.ctx.now()
+                )
+                raise FlowRefused("unauthorized")
+            body = await kit.read_json(request)
+            flow_id, user_id = body.get("flow_id"), body.get("user_id")
+            if set(body) != {"flow_id", "user_id"} or not isinstance(flow_id, str) or not isinstance(user_id, str):
+                raise FlowRefused(
+                    "bad_request", detail={"problem": 'the body must be exactly {"flow_id": "...", "user_id": "..."}'}
+                )
+            limited = await kit.limit(request, "confirm-flow:" + hashlib.sha256(flow_id.encode()).hexdigest())
+            if limited is not None:
+                return limited
+            identity = self.identity_of(user_id)
+            async with kit.step.refusals():
+                record = await self.lookup(flow_id)
+                elicitation = await kit.step.flow.open_elicitation(record.elicitation_id)
+                matched = identity == elicitation.identity
+                code = await self.record_answer(record, identity, matched=matched)
+            next_uri = self.return_url(code)
+            if matched:
+                await kit.step.elicitations.audit(
+                    elicitation,
+                    "identity_confirmed",
+                    detail={"identity_verifier": self.name, "verification_id": record.id},
+                )
+                return kit.json({"status": "confirmed", "next_uri": next_uri})
+            # The browser's next stop shows the refusal page; this answer says nothing about whom.
+            try:
+                await kit.step.flow.check_identity(elicitation, identity)
+            except FlowRefused as exc:
+                return kit.api_error(exc, next_uri=next_uri)
+            raise AssertionError("check_identity accepted a mismatched identity")  # pragma: no cover
+
+        async def returned(request: Request) -> Response:
+            """`GET /identity/confirm/return?code=...`: the browser comes back from the operator's app."""
+            binding = kit.binding(request)
+            async with kit.step.refusals():
+                back = await self.complete(request.query_params.get("code"), binding)
+            assert binding is not None  # claim_for_browser checked it
+            return kit.redirect(await kit.step.continue_after(back, binding))
+
+        return VerifierRoutes(
+            browser=[VerifierRoute("/return", returned)],
+            api=[VerifierRoute("", confirm, ("POST",))],
+        )
+
+
+class ConfirmPlugin:
+    name = "confirm"
+    settings_model = ConfirmSettings
+
+    def build(self, ctx: VerifierContext, settings: ConfirmSettings) -> ConfirmVerifier:
+        config = ctx.settings
+        if not settings.operator_url:
+            raise config.config_error(
+                ("identity", "confirm", "operator_url"),
+                "the confirm verifier needs the operator app's URL the browser is sent to (it gets ?flow_id=...)",
+            )
+        if not settings.issuer:
+            raise config.config_error(
+                ("identity", "confirm", "issuer"),
+                "the confirm verifier needs the issuer the operator's user ids belong to (as Identity.issuer)",
+            )
+        if not settings.api_key_hashes:
+            raise config.config_error(
+                ("identity", "confirm", "api_key_hashes"),
+                "the confirm verifier needs at least one operator API key, given as its SHA-256 hex digest",
+            )
+        return ConfirmVerifier(ctx, settings.operator_url, settings.issuer, settings.api_key_hashes)

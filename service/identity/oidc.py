@@ -16,8 +16,7 @@ import secrets
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any
-from urllib.parse import urlsplit
+from typing import Annotated, Any
 
 import authlib.deprecate  # noqa: F401 - installs an "always" filter that the ignore below must follow
 import httpx
@@ -39,22 +38,20 @@ with warnings.catch_warnings():
     from authlib.integrations.base_client.errors import OAuthError
     from authlib.integrations.httpx_client import AsyncOAuth2Client
 
-from ..config import OidcVerifierSettings, Settings, is_loopback_host
-from ..errors import ConfigError, VaultError
-from ..runtime import Runtime
-from ..store import VerificationRecord
-from ..vault import verification_aad
-from . import Identity
-from .base import (
-    IdentityVerifier,
-    RedirectFirst,
-    Returned,
-    VerificationAttempt,
-    VerificationRefused,
-    claim_for_browser,
-    handle_hash,
-    insert_verification,
-)
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic_settings import NoDecode
+from starlette.requests import Request
+from starlette.responses import Response
+
+from service.config import optional_str
+from service.core.errors import FlowRefused, VaultError
+from service.core.handles import handle_hash, verification_aad
+from service.core.identity import Identity
+from service.core.records import VerificationRecord
+from service.core.urls import origin, url_problem
+from service.core.verification import RedirectFirst, Returned, VerificationAttempt
+
+from .base import RouteKit, VerifierContext, VerifierRoute, VerifierRoutes, claim_for_browser, insert_verification
 
 log = logging.getLogger("service.identity.oidc")
 
@@ -88,47 +85,67 @@ def _checked_url(document: dict[str, Any], key: str) -> str:
     value = document.get(key)
     if not isinstance(value, str) or not value:
         raise _Unavailable(f"discovery document has no {key}")
-    parts = urlsplit(value)
-    if parts.scheme != "https" and not (parts.scheme == "http" and is_loopback_host(parts.hostname)):
-        raise _Unavailable(f"{key} must use https")
+    problem = url_problem(value)
+    if problem is not None:
+        raise _Unavailable(f"{key} {problem}")
     return value
 
 
-class OidcVerifier(IdentityVerifier):
+class OidcSettings(BaseModel):
+    """`[identity.oidc]`: the operator's OpenID Connect identity provider (authorization code + PKCE)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    discovery_url: str | None = None  # .../.well-known/openid-configuration
+    client_id: str | None = None
+    client_secret: SecretStr | None = None  # environment only; unset: a public client (PKCE only)
+    scopes: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["openid"])
+    leeway_seconds: int = Field(default=60, ge=0, le=600)
+
+    @field_validator("discovery_url", "client_id", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: Any) -> Any:
+        return optional_str(value)
+
+    @field_validator("client_secret", mode="before")
+    @classmethod
+    def _empty_secret_is_none(cls, value: Any) -> Any:
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value()
+        return optional_str(value)
+
+    @field_validator("discovery_url")
+    @classmethod
+    def _check_discovery_url(cls, value: str | None) -> str | None:
+        if value is not None and (problem := url_problem(value.strip())) is not None:
+            raise ValueError(problem)
+        return value.strip() if value is not None else None
+
+    @field_validator("scopes", mode="before")
+    @classmethod
+    def _split_scopes(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return value.replace(",", " ").split()
+        return value
+
+
+class OidcVerifier:
     name = "oidc"
 
-    def __init__(self, runtime: Runtime, settings: OidcVerifierSettings) -> None:
+    def __init__(self, ctx: VerifierContext, settings: OidcSettings) -> None:
         assert settings.discovery_url is not None and settings.client_id is not None
-        self.rt = runtime
+        self.ctx = ctx
         self.discovery_url = settings.discovery_url
         self.client_id = settings.client_id
         self._client_secret = settings.client_secret.get_secret_value() if settings.client_secret else None
         self.scopes = ["openid", *(s for s in settings.scopes if s != "openid")]
         self.leeway = settings.leeway_seconds
-        self.redirect_uri = f"{runtime.settings.public_base_url}{CALLBACK_PATH}"
+        self.redirect_uri = f"{ctx.flow.public_base_url}{CALLBACK_PATH}"
         self._metadata: IdpMetadata | None = None
         self._metadata_at = 0.0
         self._keys: KeySet | None = None
         self._keys_at = 0.0
         self._lock = asyncio.Lock()
-
-    @classmethod
-    def from_settings(cls, runtime: Runtime, settings: Settings | None = None) -> OidcVerifier:
-        settings = settings or runtime.settings
-        where = str(settings.config_file or "environment")
-        section = settings.identity.oidc
-        if not section.discovery_url:
-            raise ConfigError(
-                where,
-                "identity.oidc.discovery_url",
-                "the oidc verifier needs the identity provider's discovery URL "
-                "(https://.../.well-known/openid-configuration)",
-            )
-        if not section.client_id:
-            raise ConfigError(
-                where, "identity.oidc.client_id", "the oidc verifier needs its client id at the identity provider"
-            )
-        return cls(runtime, section)
 
     # -- the verifier -------------------------------------------------------------------------------------
     async def begin(self, attempt: VerificationAttempt) -> RedirectFirst:
@@ -138,9 +155,9 @@ class OidcVerifier(IdentityVerifier):
         nonce = secrets.token_urlsafe(24)
         code_verifier = secrets.token_urlsafe(64)
         verification_id = secrets.token_urlsafe(16)
-        key_id, blob = self.rt.vault.encrypt(code_verifier.encode(), aad=verification_aad(verification_id))
+        key_id, blob = self.ctx.vault.encrypt(code_verifier.encode(), aad=verification_aad(verification_id))
         await insert_verification(
-            self.rt,
+            self.ctx,
             attempt,
             verification_id=verification_id,
             verifier=self.name,
@@ -164,42 +181,35 @@ class OidcVerifier(IdentityVerifier):
         state = params.get("state")
         record = None
         if state:
-            record = await self.rt.store.verifications.get_by_handle(handle_hash("oidc-state", state))
+            record = await self.ctx.store.verifications.get_by_handle(handle_hash("oidc-state", state))
         if record is None or record.verifier != self.name:
-            raise VerificationRefused(
-                400,
-                "unknown_verification",
-                "Invalid request",
-                "This sign-in answer does not match any sign-in started here.",
-                event="unknown_verification",
-                detail={"identity_verifier": self.name},
+            raise FlowRefused(
+                "unknown_verification", event="unknown_verification", audit={"identity_verifier": self.name}
             )
-        record = await claim_for_browser(self.rt, record, browser_binding, verifier=self.name)
+        record = await claim_for_browser(self.ctx, record, browser_binding, verifier=self.name)
         meta = await self._require_metadata(record.elicitation_id)
         received_iss = params.get("iss")
         if (received_iss is not None or meta.iss_parameter_supported) and received_iss != meta.issuer:
-            raise self._refused(400, "issuer_mismatch", "idp_issuer_mismatch", record, {"where": "response"})
+            raise self._refused("issuer_mismatch", "idp_issuer_mismatch", record, {"where": "response"})
         if "error" in params:
             error = params["error"] if _ERROR_CODE.fullmatch(params["error"]) else "error"
-            raise VerificationRefused(
-                403,
+            raise FlowRefused(
                 "sign_in_failed",
-                "Sign-in failed",
-                f"The identity provider did not sign you in ({error}). Open the link from the agent to try again.",
+                detail={"error": error},
                 event="idp_error",
                 elicitation_id=record.elicitation_id,
-                detail={"identity_verifier": self.name, "error": error},
+                audit={"identity_verifier": self.name, "error": error},
             )
         code = params.get("code")
         if not code:
-            raise self._refused(400, "missing_code", "idp_error", record, {"error": "no code"})
+            raise self._refused("missing_code", "idp_error", record, {"error": "no code"})
         assert record.pkce_key_id is not None and record.pkce_ciphertext is not None
         try:
-            code_verifier = self.rt.vault.decrypt(
+            code_verifier = self.ctx.vault.decrypt(
                 record.pkce_key_id, record.pkce_ciphertext, aad=verification_aad(record.id)
             ).decode()
         except VaultError:  # its key was removed from the ring meanwhile: the user must start again
-            raise self._refused(400, "verification_expired", "verification_expired", record, {}) from None
+            raise self._refused("verification_expired", "verification_expired", record, {}) from None
         id_token = await self._exchange(meta, code, code_verifier, record)
         claims = await self._validate(meta, id_token, record)
         return Returned(record.elicitation_id, Identity(claims["iss"], claims["sub"]), record.id)
@@ -209,8 +219,7 @@ class OidcVerifier(IdentityVerifier):
             meta = await self._get_metadata()
         except _Unavailable:
             return []
-        parts = urlsplit(meta.authorization_endpoint)
-        return [f"{parts.scheme}://{parts.netloc}"]
+        return [origin(meta.authorization_endpoint)]
 
     # -- the identity provider ------------------------------------------------------------------------------
     def _client(self) -> AsyncOAuth2Client:
@@ -231,17 +240,17 @@ class OidcVerifier(IdentityVerifier):
                 )
             except OAuthError as exc:
                 error = exc.error if isinstance(exc.error, str) and _ERROR_CODE.fullmatch(exc.error) else "error"
-                raise self._refused(502, "idp_token_error", "idp_error", record, {"error": error}) from None
+                raise self._refused("idp_token_error", "idp_error", record, {"error": error}) from None
             except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:  # an unreadable token response
                 detail = {"error": type(exc).__name__}
-                raise self._refused(502, "idp_token_error", "idp_error", record, detail) from None
+                raise self._refused("idp_token_error", "idp_error", record, detail) from None
         id_token = token.get("id_token") if isinstance(token, dict) else None
         if not isinstance(id_token, str) or not id_token:
-            raise self._refused(403, "id_token_invalid", "id_token_invalid", record, {"reason": "missing"})
+            raise self._refused("id_token_invalid", "id_token_invalid", record, {"reason": "missing"})
         return id_token
 
     async def _validate(self, meta: IdpMetadata, id_token: str, record: VerificationRecord) -> dict[str, Any]:
-        """The ID token's claims, after every check; raises VerificationRefused naming the failed check."""
+        """The ID token's claims, after every check; raises FlowRefused naming the failed check."""
         algorithms = [a for a in meta.algorithms if a in ALLOWED_ALGORITHMS]
         try:
             try:
@@ -259,7 +268,7 @@ class OidcVerifier(IdentityVerifier):
         claims = token.claims
         if record.nonce is None:  # pragma: no cover - every oidc verification row has one
             raise self._token_refused(record, "nonce")
-        now = int(self.rt.now().timestamp())
+        now = int(self.ctx.now().timestamp())
         registry = JWTClaimsRegistry(
             now=now,
             leeway=self.leeway,
@@ -293,14 +302,11 @@ class OidcVerifier(IdentityVerifier):
             return await self._get_metadata()
         except _Unavailable as exc:
             log.warning("identity provider unavailable: %s", exc)
-            raise VerificationRefused(
-                503,
+            raise FlowRefused(
                 "idp_unavailable",
-                "Sign-in unavailable",
-                "The identity provider cannot be reached right now. Try the link again in a moment.",
                 event="idp_unavailable",
                 elicitation_id=elicitation_id,
-                detail={"identity_verifier": self.name, "reason": str(exc)},
+                audit={"identity_verifier": self.name, "reason": str(exc)},
             ) from None
 
     async def _get_metadata(self) -> IdpMetadata:
@@ -341,14 +347,14 @@ class OidcVerifier(IdentityVerifier):
                     log.warning("identity provider keys unavailable: %s", type(exc).__name__)
                     if self._keys is None:
                         detail = {"reason": "jwks"}
-                        raise self._refused(503, "idp_unavailable", "idp_unavailable", record, detail) from None
+                        raise self._refused("idp_unavailable", "idp_unavailable", record, detail) from None
                 self._keys_at = time.monotonic()
             assert self._keys is not None
             return self._keys
 
     async def _get_json(self, url: str, what: str) -> dict[str, Any]:
         try:
-            response = await self.rt.http.get(url, headers={"Accept": "application/json"}, timeout=HTTP_TIMEOUT)
+            response = await self.ctx.http.get(url, headers={"Accept": "application/json"}, timeout=HTTP_TIMEOUT)
             response.raise_for_status()
             document = response.json()
         except (httpx.HTTPError, ValueError) as exc:
@@ -358,28 +364,48 @@ class OidcVerifier(IdentityVerifier):
         return document
 
     # -- refusals -------------------------------------------------------------------------------------------
-    def _refused(
-        self, status: int, code: str, event: str, record: VerificationRecord, detail: dict[str, Any]
-    ) -> VerificationRefused:
-        titles = {502: "Sign-in failed", 503: "Sign-in unavailable"}
-        return VerificationRefused(
-            status,
+    def _refused(self, code: str, event: str, record: VerificationRecord, detail: dict[str, Any]) -> FlowRefused:
+        return FlowRefused(
             code,
-            titles.get(status, "Sign-in failed"),
-            "The sign-in at the identity provider could not be completed. Open the link from the agent to try again.",
             event=event,
             elicitation_id=record.elicitation_id,
-            detail={"identity_verifier": self.name, **detail},
+            audit={"identity_verifier": self.name, **detail},
         )
 
-    def _token_refused(self, record: VerificationRecord, reason: str) -> VerificationRefused:
-        return VerificationRefused(
-            403,
+    def _token_refused(self, record: VerificationRecord, reason: str) -> FlowRefused:
+        return FlowRefused(
             "id_token_invalid",
-            "Sign-in not accepted",
-            "The identity provider's answer could not be verified, so nothing was done. "
-            "Open the link from the agent to try again.",
             event="id_token_invalid",
             elicitation_id=record.elicitation_id,
-            detail={"identity_verifier": self.name, "reason": reason[:64]},
+            audit={"identity_verifier": self.name, "reason": reason[:64]},
         )
+
+    # -- routes ---------------------------------------------------------------------------------------------
+    def routes(self, kit: RouteKit) -> VerifierRoutes:
+        async def callback(request: Request) -> Response:
+            """`GET /identity/oidc/callback`: the identity provider sends the browser back here."""
+            binding = kit.binding(request)
+            async with kit.step.refusals():
+                back = await self.complete(dict(request.query_params.items()), binding)
+            assert binding is not None  # claim_for_browser checked it
+            return kit.redirect(await kit.step.continue_after(back, binding))
+
+        return VerifierRoutes(browser=[VerifierRoute("/callback", callback)])
+
+
+class OidcPlugin:
+    name = "oidc"
+    settings_model = OidcSettings
+
+    def build(self, ctx: VerifierContext, settings: OidcSettings) -> OidcVerifier:
+        if not settings.discovery_url:
+            raise ctx.settings.config_error(
+                ("identity", "oidc", "discovery_url"),
+                "the oidc verifier needs the identity provider's discovery URL "
+                "(https://.../.well-known/openid-configuration)",
+            )
+        if not settings.client_id:
+            raise ctx.settings.config_error(
+                ("identity", "oidc", "client_id"), "the oidc verifier needs its client id at the identity provider"
+            )
+        return OidcVerifier(ctx, settings)

@@ -7,15 +7,54 @@ other peer are refused with an audit event, never silently ignored: they are som
 
 from __future__ import annotations
 
-from ..config import Settings
-from ..errors import ConfigError
-from . import Identity
-from .base import IdentityVerifier, VerificationAttempt, VerificationRefused, Verified
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_settings import NoDecode
+
+from service.config import optional_str, split_list
+from service.core.errors import FlowRefused
+from service.core.identity import Identity
+from service.core.verification import VerificationAttempt, Verified
+
+from .base import NoRoutes, VerifierContext
 
 MAX_SUBJECT_LENGTH = 512
 
 
-class TrustedHeaderVerifier(IdentityVerifier):
+class TrustedHeaderSettings(BaseModel):
+    """`[identity.trusted_header]`: an authenticating reverse proxy (oauth2-proxy, ...) names the user."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    issuer: str | None = None  # the identity issuer the proxy's user names belong to
+    user_headers: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["X-Forwarded-User", "X-Auth-Request-User"]
+    )
+    email_header: str | None = None  # e.g. X-Auth-Request-Email; needed when subject = "email"
+    subject: Literal["user", "email"] = "user"
+
+    @field_validator("issuer", "email_header", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: Any) -> Any:
+        return optional_str(value)
+
+    @field_validator("user_headers", mode="before")
+    @classmethod
+    def _split_headers(cls, value: Any) -> Any:
+        return split_list(value)
+
+    @field_validator("user_headers")
+    @classmethod
+    def _check_headers(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not re.fullmatch(r"[A-Za-z0-9-]+", name):
+                raise ValueError(f"'{name}' is not an HTTP header name")
+        return value
+
+
+class TrustedHeaderVerifier(NoRoutes):
     name = "trusted_header"
 
     def __init__(self, issuer: str, user_headers: list[str], email_header: str | None, subject_from: str) -> None:
@@ -26,49 +65,17 @@ class TrustedHeaderVerifier(IdentityVerifier):
         # Every header that speaks about identity: all are refused from an untrusted peer.
         self.identity_headers = [*self.user_headers, *([self.email_header] if self.email_header else [])]
 
-    @classmethod
-    def from_settings(cls, settings: Settings) -> TrustedHeaderVerifier:
-        where = str(settings.config_file or "environment")
-        section = settings.identity.trusted_header
-        if not section.issuer:
-            raise ConfigError(
-                where,
-                "identity.trusted_header.issuer",
-                "the trusted_header verifier needs the issuer its users belong to (e.g. https://login.example.com, "
-                "as the agent reports it in Identity.issuer)",
-            )
-        if not settings.server.trusted_proxies:
-            raise ConfigError(
-                where,
-                "server.trusted_proxies",
-                "the trusted_header verifier believes identity headers only from trusted proxies: list the "
-                "network(s) of the authenticating proxy (e.g. 10.0.0.5/32)",
-            )
-        if section.subject == "email" and not section.email_header:
-            raise ConfigError(
-                where,
-                "identity.trusted_header.email_header",
-                'subject = "email" needs the header that carries the email (e.g. X-Auth-Request-Email)',
-            )
-        if section.subject == "user" and not section.user_headers:
-            raise ConfigError(where, "identity.trusted_header.user_headers", "name at least one user header")
-        return cls(section.issuer, section.user_headers, section.email_header, section.subject)
-
     async def begin(self, attempt: VerificationAttempt) -> Verified:
         facts = attempt.browser
         elicitation_id = attempt.elicitation.id
         present = [name for name in self.identity_headers if facts.headers.get(name)]
         if not facts.peer_trusted:
             if present:
-                raise VerificationRefused(
-                    403,
+                raise FlowRefused(
                     "untrusted_identity_header",
-                    "Request refused",
-                    "This request names a user in its headers but did not come through the sign-in proxy, "
-                    "so it is refused.",
                     event="untrusted_identity_header",
                     elicitation_id=elicitation_id,
-                    detail={"peer": facts.peer, "headers": present},
+                    audit={"peer": facts.peer, "headers": present},
                 )
             raise self._not_signed_in(elicitation_id, "request did not come through a trusted proxy", facts.peer)
         names = self.user_headers if self.subject_from == "user" else [self.email_header or ""]
@@ -76,39 +83,57 @@ class TrustedHeaderVerifier(IdentityVerifier):
         if not values:
             raise self._not_signed_in(elicitation_id, "the proxy sent no identity header", facts.peer)
         if len(values) > 1:
-            raise VerificationRefused(
-                403,
+            raise FlowRefused(
                 "ambiguous_identity",
-                "Request refused",
-                "The sign-in proxy named more than one user for this request, so it is refused.",
                 event="identity_header_ambiguous",
                 elicitation_id=elicitation_id,
-                detail={"peer": facts.peer, "headers": present},
+                audit={"peer": facts.peer, "headers": present},
             )
         subject = values.pop()
         if len(subject) > MAX_SUBJECT_LENGTH or not subject.isprintable():
-            raise VerificationRefused(
-                400,
+            raise FlowRefused(
                 "bad_identity_header",
-                "Request refused",
-                "The sign-in proxy sent an identity this connector cannot read.",
                 event="identity_header_invalid",
                 elicitation_id=elicitation_id,
-                detail={"peer": facts.peer},
+                audit={"peer": facts.peer},
             )
         if self.subject_from == "email":
             subject = subject.lower()
         return Verified(Identity(self.issuer, subject))
 
     @staticmethod
-    def _not_signed_in(elicitation_id: str, reason: str, peer: str | None) -> VerificationRefused:
-        return VerificationRefused(
-            403,
+    def _not_signed_in(elicitation_id: str, reason: str, peer: str | None) -> FlowRefused:
+        return FlowRefused(
             "not_signed_in",
-            "Not signed in",
-            "This connector learns who you are from its sign-in proxy, and this request did not say. "
-            "Open the link through the proxy's address and sign in.",
             event="identity_missing",
             elicitation_id=elicitation_id,
-            detail={"reason": reason, "peer": peer},
+            audit={"reason": reason, "peer": peer},
         )
+
+
+class TrustedHeaderPlugin:
+    name = "trusted_header"
+    settings_model = TrustedHeaderSettings
+
+    def build(self, ctx: VerifierContext, settings: TrustedHeaderSettings) -> TrustedHeaderVerifier:
+        config = ctx.settings
+        if not settings.issuer:
+            raise config.config_error(
+                ("identity", "trusted_header", "issuer"),
+                "the trusted_header verifier needs the issuer its users belong to (e.g. https://login.example.com, "
+                "as the agent reports it in Identity.issuer)",
+            )
+        if not config.server.trusted_proxies:
+            raise config.config_error(
+                ("server", "trusted_proxies"),
+                "the trusted_header verifier believes identity headers only from trusted proxies: list the "
+                "network(s) of the authenticating proxy (e.g. 10.0.0.5/32)",
+            )
+        if settings.subject == "email" and not settings.email_header:
+            raise config.config_error(
+                ("identity", "trusted_header", "email_header"),
+                'subject = "email" needs the header that carries the email (e.g. X-Auth-Request-Email)',
+            )
+        if settings.subject == "user" and not settings.user_headers:
+            raise config.config_error(("identity", "trusted_header", "user_headers"), "name at least one user header")
+        return TrustedHeaderVerifier(settings.issuer, settings.user_headers, settings.email_header, settings.subject)

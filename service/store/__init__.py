@@ -14,23 +14,16 @@ from .elicitations import ElicitationRepository
 from .engine import create_engine, display_url
 from .flows import FlowRepository
 from .grants import GrantRepository
-from .records import AuditRecord, ElicitationRecord, FlowRecord, GrantRecord, ScopeKind, VerificationRecord
 from .schema import alembic_config, head_revision, migrate
 from .schema import check_schema as _check_schema
 from .verifications import VerificationRepository
 
 __all__ = [
-    "AuditRecord",
     "AuditRepository",
-    "ElicitationRecord",
     "ElicitationRepository",
-    "FlowRecord",
     "FlowRepository",
-    "GrantRecord",
     "GrantRepository",
-    "ScopeKind",
     "Store",
-    "VerificationRecord",
     "VerificationRepository",
     "alembic_config",
     "create_engine",

@@ -17,10 +17,10 @@ from typing import Any
 from sqlalchemy import RowMapping, insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from service.identity import Identity
+from service.core.identity import Identity
+from service.core.records import AuditRecord
 
 from .engine import connection_scope, dump_json, load_json
-from .records import AuditRecord
 from .tables import audit_events
 
 log = logging.getLogger("service.audit")

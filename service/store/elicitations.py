@@ -8,11 +8,11 @@ from typing import Any, cast
 from sqlalchemy import RowMapping, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from service.identity import Identity
-from service.states import ALLOWED, ElicitationStatus
+from service.core.identity import Identity
+from service.core.records import ElicitationRecord, ScopeKind
+from service.core.states import ALLOWED, ElicitationStatus
 
 from .engine import connection_scope, dump_json, load_json
-from .records import ElicitationRecord, ScopeKind
 from .tables import elicitations
 
 

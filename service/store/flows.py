@@ -8,8 +8,9 @@ from typing import Any
 from sqlalchemy import RowMapping, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from service.core.records import FlowRecord
+
 from .engine import connection_scope
-from .records import FlowRecord
 from .tables import oauth_flows
 
 

@@ -9,10 +9,10 @@ from sqlalchemy import RowMapping, delete, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from service.identity import Identity
+from service.core.identity import Identity
+from service.core.records import GrantRecord
 
 from .engine import connection_scope, dump_json, load_json
-from .records import GrantRecord
 from .tables import grants
 
 _ACCOUNT_KEY = ("identity_issuer", "identity_subject", "provider", "provider_account_id")

@@ -13,7 +13,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from service.errors import SchemaNotCurrent
+from service.core.errors import SchemaNotCurrent
 
 from .engine import display_url
 

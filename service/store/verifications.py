@@ -13,10 +13,10 @@ from typing import Any
 from sqlalchemy import RowMapping, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from service.identity import Identity
+from service.core.identity import Identity
+from service.core.records import VerificationRecord
 
 from .engine import connection_scope
-from .records import VerificationRecord
 from .tables import identity_verifications as table
 
 

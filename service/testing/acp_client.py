@@ -61,8 +61,8 @@ from acp.schema import (
 )
 from acp.transports import spawn_stdio_transport
 
-from service.config import is_loopback_host
-from service.hosts import HostAssessment, assess_host
+from service.core.hosts import HostAssessment, assess_host
+from service.core.urls import is_loopback_host
 
 REQUEST_CANCELLED: Final = -32800
 INVALID_PARAMS: Final = -32602

@@ -197,7 +197,7 @@ class MockOAuthProvider:
         return Starlette(routes=[Route("/{path:path}", endpoint, methods=["GET", "POST"])])
 
     async def _start(self, host: str, port: int) -> tuple[uvicorn.Server, asyncio.Task[None], socket.socket]:
-        from service.config import is_loopback_host
+        from service.core.urls import is_loopback_host
         from service.web.server import make_server
 
         if not is_loopback_host(host):

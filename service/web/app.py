@@ -1,38 +1,80 @@
-"""The ASGI app: routes, middleware and error pages. Built per connector by `create_app`."""
+"""The ASGI app: routes, middleware and error pages, built from the parts it serves (`WebParts`).
+
+Every refusal the domain raises (`FlowRefused`) becomes a page here, or a JSON error on `/v1/` paths.
+"""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Mount, Route
+from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ..errors import SchemaNotCurrent
+from ..config import Settings
+from ..core.browser import BrowserFlow
+from ..core.clock import Clock
+from ..core.errors import FlowRefused, SchemaNotCurrent
+from ..core.verification import IdentityStep
+from ..identity import IdentityVerifier, VerifierRoute
+from ..store import Store
+from ..vault import Vault
 from .browser import BrowserRoutes
-from .identity_routes import IdentityRoutes
+from .kit import Kit, api_error
 from .pages import Pages
 from .ratelimit import RateLimit, RateLimiter, RateLimitGuard
-from .security import SecurityHeaders
-
-if TYPE_CHECKING:
-    from ..connector import Connector
+from .security import BrowserBinding, SecurityHeaders
 
 log = logging.getLogger("service.web")
 
 STATIC = Path(__file__).parent / "static"
 
 
-def create_app(connector: Connector) -> Starlette:
+@dataclass(frozen=True)
+class WebParts:
+    settings: Settings
+    store: Store
+    vault: Vault
+    browser: BrowserFlow
+    identity: IdentityStep
+    verifier: IdentityVerifier
+    clock: Clock
+
+
+def _is_api(request: Request) -> bool:
+    return request.url.path.startswith("/v1/")
+
+
+def create_app(parts: WebParts) -> Starlette:
+    settings, store = parts.settings, parts.store
     pages = Pages()
-    browser = BrowserRoutes(connector, pages)
-    store = connector.runtime.store
+    https = settings.public_base_url.startswith("https://")
+    binding = BrowserBinding(secure=https)
+    # Handlers that learn the elicitation only from a request body use it through the kit's `limit`.
+    guard = RateLimitGuard(
+        RateLimiter(settings.rate_limit),
+        trusted_proxies=settings.server.trusted_proxies,
+        audit=store.audit,
+        pages=pages,
+        now=parts.clock,
+    )
+    browser = BrowserRoutes(
+        parts.browser,
+        parts.identity,
+        pages,
+        binding,
+        parts.vault,
+        store.audit,
+        public_host=settings.public_host,
+        trusted_proxies=settings.server.trusted_proxies,
+    )
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -55,51 +97,42 @@ def create_app(connector: Connector) -> Starlette:
             )
         return JSONResponse({"status": "ready"})
 
+    async def refused(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, FlowRefused)
+        return api_error(exc) if _is_api(request) else pages.error(request, exc)
+
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
-        titles = {404: "Not found", 405: "Method not allowed"}
-        return pages.message(
-            request,
-            exc.status_code,
-            titles.get(exc.status_code, "Error"),
-            "There is nothing at this address.",
-            code="not_found" if exc.status_code == 404 else f"http_{exc.status_code}",
-        )
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, f"http_{exc.status_code}")
+        if code in ("not_found", "method_not_allowed"):
+            return await refused(request, FlowRefused(code))
+        return pages.message(request, exc.status_code, "Error", "This request cannot be served.", code=code)
 
     async def server_error(request: Request, exc: Exception) -> Response:
         log.error("unhandled error on %s %s: %s", request.method, request.url.path, type(exc).__name__, exc_info=exc)
-        return pages.message(
-            request,
-            500,
-            "Something went wrong",
-            "The connector hit an internal error. Try the link again.",
-            code="internal_error",
-        )
+        return await refused(request, FlowRefused("internal_error"))
 
-    routes = [
+    verifier_routes = parts.verifier.routes(Kit(parts.identity, binding, guard, settings.server.trusted_proxies))
+    name = parts.verifier.name
+    routes: list[BaseRoute] = [
         Route("/connect/{elicitation_id}", browser.connect_page, methods=["GET"]),
         Route("/connect/{elicitation_id}", browser.connect_submit, methods=["POST"]),
         Route("/connect", browser.connect_page, methods=["GET"]),
         Route("/callback/{provider}", browser.callback, methods=["GET"]),
-        *IdentityRoutes(browser).routes(),  # the configured verifier's return routes and confirm endpoint
+        *_mounted(f"/identity/{name}", verifier_routes.browser),
+        *_mounted(f"/v1/identity/{name}", verifier_routes.api),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
-    https = connector.settings.public_base_url.startswith("https://")
-    # Handlers that learn the elicitation only from a request body use it through `request.app.state.rate_limits`.
-    rate_limits = RateLimitGuard(
-        RateLimiter(connector.settings.rate_limit),
-        trusted_proxies=connector.settings.server.trusted_proxies,
-        audit=store.audit,
-        pages=pages,
-        now=connector.runtime.now,
-    )
-    app = Starlette(
+    return Starlette(
         routes=routes,
         # Outermost first: every answer, a 429 included, gets the security headers.
-        middleware=[Middleware(SecurityHeaders, https=https), Middleware(RateLimit, guard=rate_limits)],
-        exception_handlers={HTTPException: http_error, Exception: server_error},
+        middleware=[Middleware(SecurityHeaders, https=https), Middleware(RateLimit, guard=guard)],
+        exception_handlers={FlowRefused: refused, HTTPException: http_error, Exception: server_error},
     )
-    app.state.rate_limits = rate_limits
-    return app
+
+
+def _mounted(prefix: str, routes: Sequence[VerifierRoute]) -> list[BaseRoute]:
+    """A verifier's routes under its prefix; a route with path "" answers at the prefix itself."""
+    return [Route(prefix + route.path, route.endpoint, methods=list(route.methods)) for route in routes]

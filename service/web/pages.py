@@ -9,7 +9,8 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
-from ..flow import FlowError
+from ..core.errors import FlowRefused
+from .errors import describe
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -32,5 +33,6 @@ class Pages:
             response.headers["X-Connector-Error"] = code
         return response
 
-    def error(self, request: Request, exc: FlowError) -> HTMLResponse:
-        return self.message(request, exc.status_code, exc.title, exc.message, exc.code)
+    def error(self, request: Request, exc: FlowRefused) -> HTMLResponse:
+        refusal, text = describe(exc)
+        return self.message(request, refusal.status, refusal.title, text, exc.code)

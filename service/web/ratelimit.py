@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..config import RateLimitSettings
-from ..store import AuditRepository
+from ..core.ports import AuditRepo
 from .client_address import client_address
 from .pages import Pages
 
@@ -138,7 +138,7 @@ class RateLimitGuard:
         limiter: RateLimiter,
         *,
         trusted_proxies: Sequence[str],
-        audit: AuditRepository,
+        audit: AuditRepo,
         pages: Pages,
         now: Callable[[], datetime],
     ) -> None:
@@ -195,9 +195,10 @@ class RateLimitGuard:
 # Which requests are limited, and what identifies their elicitation. The callback's elicitation is known only
 # through its `state`, so the per-elicitation bucket of a callback is keyed by (a hash of) the state.
 _CONNECT = re.compile(r"^/connect(?:/(?P<id>[^/]+))?/?$")
-# The provider callbacks, and the identity verifiers' browser returns (oidc sign-in callback, confirm hand-back).
-_CALLBACK = re.compile(r"^/(?:callback/[^/]+|identity/oidc/callback|identity/confirm/return)/?$")
-_CONFIRM = re.compile(r"^/v1/identity/confirm(?:/.*)?$")
+# The provider callbacks, and the identity verifiers' browser routes (e.g. the oidc sign-in callback).
+_CALLBACK = re.compile(r"^/(?:callback/[^/]+|identity/[^/]+/[^/]+)/?$")
+# The identity verifiers' API routes (e.g. the operator's confirm call).
+_CONFIRM = re.compile(r"^/v1/identity/[^/]+(?:/.*)?$")
 
 
 def route_group(method: str, path: str) -> RouteGroup | None:

@@ -1,13 +1,15 @@
-"""The records the store reads and writes: frozen dataclasses, one per stored aggregate."""
+"""The domain's records: frozen dataclasses, one per stored aggregate, and the token set a grant encrypts."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
-from service.identity import Identity
-from service.states import ElicitationStatus
+from .identity import Identity
+from .states import ElicitationStatus
 
 ScopeKind = Literal["session", "request"]
 
@@ -103,3 +105,48 @@ class AuditRecord:
     identity: Identity | None
     provider: str | None
     detail: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class TokenSet:
+    """What a provider's token endpoint issued. Lives decrypted only in memory; its repr shows no token."""
+
+    access_token: str
+    token_type: str
+    refresh_token: str | None
+    expires_at: float | None  # epoch seconds
+    scopes: tuple[str, ...] | None  # as granted, when the provider says
+    id_token: str | None = None
+    issued_at: float | None = None  # epoch seconds; with expires_at it gives the token's lifetime
+
+    def __repr__(self) -> str:
+        return f"TokenSet(token_type={self.token_type!r}, expires_at={self.expires_at!r}, scopes={self.scopes!r})"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "access_token": self.access_token,
+            "token_type": self.token_type,
+            "refresh_token": self.refresh_token,
+            "expires_at": self.expires_at,
+            "scopes": list(self.scopes) if self.scopes is not None else None,
+            "id_token": self.id_token,
+            "issued_at": self.issued_at,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TokenSet:
+        scopes = data.get("scopes")
+        return cls(
+            access_token=str(data["access_token"]),
+            token_type=str(data.get("token_type") or "Bearer"),
+            refresh_token=data.get("refresh_token"),
+            expires_at=data.get("expires_at"),
+            scopes=tuple(scopes) if scopes is not None else None,
+            id_token=data.get("id_token"),
+            issued_at=data.get("issued_at"),
+        )
+
+    def expires_within(self, seconds: float, *, now: float | None = None) -> bool:
+        if self.expires_at is None:
+            return False
+        return self.expires_at - (time.time() if now is None else now) <= seconds

@@ -10,22 +10,15 @@ import asyncio
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 
-from .states import ElicitationStatus
-
-
-@dataclass(frozen=True, slots=True)
-class ElicitationEvent:
-    elicitation_id: str
-    status: ElicitationStatus
-    connection_key: str
-
+from service.core.events import ElicitationEvent
 
 Listener = Callable[[ElicitationEvent], None]
 
 
-class CompletionBus:
+class LocalBus:
+    """In-process fan-out of elicitation events: per-elicitation queues and listeners for every event."""
+
     def __init__(self) -> None:
         self._waiters: defaultdict[str, set[asyncio.Queue[ElicitationEvent]]] = defaultdict(set)
         self._listeners: list[Listener] = []

@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 import logging
 
-from .acp_bridge import AcpLink, ForegroundState, StateListener
+from .link import AcpLink, ForegroundState, StateListener
 
 log = logging.getLogger("service.acp")
 

@@ -1,0 +1,16 @@
+"""The protocol to clients: ACP, on the official `acp` SDK. The only package that imports it.
+
+- `capabilities`: whether a client advertised URL-mode elicitation;
+- `link`: `AcpLink`, one client connection (initialize params, our pending requests, v2 state updates);
+- `messages`: `elicitation/create` (URL mode) and `elicitation/complete`;
+- `foreground`: v2 foreground state per session;
+- `authorizer`: `AcpAuthorizer`, one authorization over one connection, and completion delivery;
+- `adapter`: the one module that touches SDK internals.
+"""
+
+from .adapter import AgentConnection
+from .authorizer import AcpAuthorizer
+from .capabilities import url_mode_advertised
+from .link import AcpLink, ForegroundState, StateListener
+
+__all__ = ["AcpAuthorizer", "AcpLink", "AgentConnection", "ForegroundState", "StateListener", "url_mode_advertised"]

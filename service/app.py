@@ -1,0 +1,141 @@
+"""The composition root: settings in, one wired `Runtime` out, and the web app built on it.
+
+The only module that knows every part. Nothing imports it but the CLI, the public `Connector` factory and tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+import httpx
+from pydantic import ValidationError
+
+from .acp import AcpAuthorizer
+from .config import Settings
+from .core.browser import BrowserFlow
+from .core.clock import Clock
+from .core.lifecycle import Elicitations
+from .core.settings import FlowSettings
+from .core.verification import IdentityStep
+from .events import LocalBus
+from .identity import IdentityVerifier, VerifierContext
+from .identity import registry as verifiers
+from .oauth import ProviderGateway
+from .providers import load_catalog
+from .store import Store
+from .tokens import TokenAccess
+from .vault import Vault, load_key_ring
+
+if TYPE_CHECKING:
+    from starlette.applications import Starlette
+
+
+@dataclass
+class Runtime:
+    """Every part of one connector instance, wired."""
+
+    settings: Settings
+    clock: Clock
+    store: Store
+    vault: Vault
+    providers: ProviderGateway
+    bus: LocalBus
+    elicitations: Elicitations
+    browser: BrowserFlow
+    verifier: IdentityVerifier
+    identity: IdentityStep
+    tokens: TokenAccess
+    acp: AcpAuthorizer
+    http: httpx.AsyncClient = field(repr=False)
+
+    async def start(self) -> None:
+        """Refuse to run on an unmigrated or newer-schema database."""
+        await self.store.check_schema()
+
+    async def close(self) -> None:
+        await self.acp.close()
+        await self.providers.aclose()
+        await self.http.aclose()
+        await self.store.close()
+
+
+def flow_settings(settings: Settings) -> FlowSettings:
+    return FlowSettings(
+        public_base_url=settings.public_base_url,
+        agent_name=settings.agent_name,
+        elicitation_ttl=timedelta(seconds=settings.elicitation.ttl_seconds),
+        max_mismatches=settings.identity.max_mismatches,
+        verifier_name=settings.identity.verifier,
+    )
+
+
+def build_vault(settings: Settings) -> Vault:
+    ring = load_key_ring(settings.vault.keys, settings.vault.key_file, settings.vault.primary_key_id)
+    if ring is None:
+        raise settings.config_error(
+            ("vault", "keys"),
+            "no token-encryption key is configured: run `acp-connector keys generate` and set "
+            "CONNECTOR_VAULT__KEYS or vault.key_file",
+        )
+    return Vault(ring)
+
+
+def build_verifier(ctx: VerifierContext) -> IdentityVerifier:
+    """The verifier `identity.verifier` names, built from its `[identity.<name>]` section (ConfigError if unusable)."""
+    identity = ctx.settings.identity
+    plugin = verifiers.get(identity.verifier)
+    if plugin is None:
+        known = ", ".join(sorted(verifiers.plugins()))
+        raise ctx.settings.config_error(("identity", "verifier"), f"unknown verifier (known: {known})")
+    try:
+        section = plugin.settings_model.model_validate(identity.section(plugin.name))
+    except ValidationError as exc:
+        raise ctx.settings.section_error(("identity", plugin.name), exc) from None
+    return plugin.build(ctx, section)
+
+
+def build_runtime(settings: Settings) -> Runtime:
+    """Wire one connector from its settings. Raises ConfigError when the settings cannot work."""
+    clock = Clock()
+    vault = build_vault(settings)
+    store = Store.from_url(settings.database.url)
+    providers = ProviderGateway(load_catalog(settings.providers.catalog, env=settings.environment()))
+    bus = LocalBus()
+    flow = flow_settings(settings)
+    elicitations = Elicitations(store, bus, providers, flow, clock)
+    browser = BrowserFlow(elicitations, store, vault, providers)
+    http = httpx.AsyncClient(timeout=15.0)
+    verifier = build_verifier(VerifierContext(settings, flow, store, vault, http, clock))
+    return Runtime(
+        settings=settings,
+        clock=clock,
+        store=store,
+        vault=vault,
+        providers=providers,
+        bus=bus,
+        elicitations=elicitations,
+        browser=browser,
+        verifier=verifier,
+        identity=IdentityStep(browser, verifier),
+        tokens=TokenAccess(store, vault, providers, clock),
+        acp=AcpAuthorizer(elicitations, bus),
+        http=http,
+    )
+
+
+def build_web_app(runtime: Runtime) -> Starlette:
+    from .web.app import WebParts, create_app
+
+    return create_app(
+        WebParts(
+            settings=runtime.settings,
+            store=runtime.store,
+            vault=runtime.vault,
+            browser=runtime.browser,
+            identity=runtime.identity,
+            verifier=runtime.verifier,
+            clock=runtime.clock,
+        )
+    )

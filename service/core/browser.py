@@ -1,0 +1,323 @@
+"""The browser side of an elicitation: open, decline, send to the provider, take the callback.
+
+Each step checks the elicitation's state through the store's atomic transitions, records an audit event, and
+raises `FlowRefused` (a stable code) when the browser must be refused; `service.web` renders it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from .errors import ConnectorError, FlowRefused, ProviderError
+from .events import ElicitationEvent
+from .handles import binding_hash, flow_aad, grant_aad, new_id, state_hash
+from .identity import Identity
+from .lifecycle import Elicitations
+from .ports import Provider, ProviderGateway, Store, Vault
+from .records import ElicitationRecord, FlowRecord, GrantRecord, TokenSet
+from .states import ElicitationStatus
+
+log = logging.getLogger("service.flow")
+
+# How long the browser may spend at the provider before the state is no longer accepted.
+FLOW_TTL = timedelta(minutes=10)
+_ERROR_CODE = re.compile(r"[a-z0-9_.-]{1,64}")
+
+# The refusal for an elicitation that has ended, by how it ended.
+CLOSED_CODES: dict[ElicitationStatus, str] = {
+    ElicitationStatus.COMPLETED: "already_completed",
+    ElicitationStatus.DECLINED: "declined",
+    ElicitationStatus.CANCELLED: "cancelled",
+    ElicitationStatus.EXPIRED: "expired",
+    ElicitationStatus.FAILED: "failed",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ConsentView:
+    """What the consent page shows."""
+
+    elicitation: ElicitationRecord
+    provider: Provider
+    agent_name: str
+
+
+class BrowserFlow:
+    def __init__(self, elicitations: Elicitations, store: Store, vault: Vault, providers: ProviderGateway) -> None:
+        self.elicitations = elicitations
+        self.store = store
+        self.vault = vault
+        self.providers = providers
+        self.settings = elicitations.settings
+
+    def now(self) -> datetime:
+        return self.elicitations.now()
+
+    # -- shared checks ---------------------------------------------------------------------------------
+    async def open_elicitation(self, elicitation_id: str, *, allow_cancelled: bool = False) -> ElicitationRecord:
+        """The elicitation if the browser may still act on it; expires it lazily when its time is up.
+
+        `allow_cancelled`: the callback may finish a flow the agent cancelled meanwhile (the grant is stored,
+        nothing resumes); every other step refuses a cancelled elicitation.
+        """
+        record = await self.elicitations.get(elicitation_id)
+        if record is None:
+            raise FlowRefused("unknown_elicitation")
+        record = await self.elicitations.expire_if_due(record)
+        if record.status.terminal and not (allow_cancelled and record.status is ElicitationStatus.CANCELLED):
+            raise FlowRefused(CLOSED_CODES[record.status])
+        return record
+
+    async def resolve(self, name: str) -> Provider:
+        try:
+            return await self.providers.resolve(name)
+        except ConnectorError as exc:
+            raise FlowRefused(exc.code, detail={"message": str(exc)}) from None
+
+    # -- steps -----------------------------------------------------------------------------------------
+    async def consent_view(self, elicitation_id: str) -> ConsentView:
+        record = await self.open_elicitation(elicitation_id)
+        provider = await self.resolve(record.provider)
+        await self.elicitations.audit(record, "opened")
+        return ConsentView(record, provider, self.settings.agent_name)
+
+    async def decline(self, elicitation_id: str) -> None:
+        record = await self.open_elicitation(elicitation_id)
+        await self.elicitations.finish(
+            record, ElicitationStatus.DECLINED, "declined", reason="declined on the consent page"
+        )
+
+    async def start_authorization(self, elicitation_id: str, browser_user: Identity, browser_binding: str) -> str:
+        """Check the browser's verified user against the bound one, then build the provider redirect."""
+        record = await self.open_elicitation(elicitation_id)
+        await self.check_identity(record, browser_user)
+        provider = await self.resolve(record.provider)
+        redirect_uri = self.settings.callback_url(provider.name)
+        request = self.providers.authorization_request(provider, redirect_uri=redirect_uri, scopes=record.scopes)
+        now = self.now()
+        flow_id = new_id(16)
+        verifier_key_id: str | None = None
+        verifier_blob: bytes | None = None
+        if request.code_verifier is not None:
+            verifier_key_id, verifier_blob = self.vault.encrypt(request.code_verifier.encode(), aad=flow_aad(flow_id))
+        flow = FlowRecord(
+            id=flow_id,
+            elicitation_id=record.id,
+            state_hash=state_hash(request.state),
+            verifier_key_id=verifier_key_id,
+            verifier_ciphertext=verifier_blob,
+            nonce=request.nonce,
+            expected_issuer=request.expected_issuer,
+            browser_binding_hash=binding_hash(browser_binding),
+            redirect_uri=redirect_uri,
+            created_at=now,
+            expires_at=min(record.expires_at, now + FLOW_TTL),
+            used_at=None,
+        )
+        store = self.store
+        async with store.transaction() as tx:
+            verified = await store.elicitations.transition(record.id, ElicitationStatus.VERIFIED, now=now, conn=tx)
+            if verified is None:
+                raise FlowRefused(CLOSED_CODES.get(record.status, "failed"))
+            # A restarted flow (back button, second click) supersedes the earlier one.
+            await store.flows.invalidate_open(record.id, now, conn=tx)
+            await store.flows.insert(flow, conn=tx)
+            await store.elicitations.transition(record.id, ElicitationStatus.AUTHORIZING, now=now, conn=tx)
+            await self.elicitations.audit(record, "verified", now=now, conn=tx)
+        return request.url
+
+    async def check_identity(self, record: ElicitationRecord, browser_user: Identity) -> None:
+        """The browser's verified user must be the bound user. A mismatch is counted and audited (the page
+        says nothing about whom), the elicitation stays open for the rightful user, and the mismatch that
+        reaches `max_mismatches` fails it as locked. Raises FlowRefused `identity_mismatch` on any mismatch."""
+        if browser_user == record.identity:
+            return
+        store, now = self.store, self.now()
+        limit = self.settings.max_mismatches
+        async with store.transaction() as tx:
+            count = await store.elicitations.add_identity_mismatch(record.id, now=now, conn=tx)
+            await self.elicitations.audit(
+                record,
+                "identity_mismatch",
+                detail={
+                    "identity_verifier": self.settings.verifier_name,
+                    "browser_issuer": browser_user.issuer,
+                    "browser_subject": browser_user.subject,
+                    "mismatches": count,
+                    "max_mismatches": limit,
+                },
+                now=now,
+                conn=tx,
+            )
+        if count >= limit:
+            await self.elicitations.finish(
+                record,
+                ElicitationStatus.FAILED,
+                "identity_locked",
+                reason=f"locked after {count} identity mismatches",
+                detail={"mismatches": count},
+            )
+        raise FlowRefused("identity_mismatch")
+
+    async def callback(
+        self, provider_name: str, params: Mapping[str, str], browser_binding: str | None
+    ) -> tuple[ElicitationRecord, str]:
+        """Check and finish the provider's redirect; on success the grant is stored and the elicitation completed.
+
+        Returns the elicitation (COMPLETED, or CANCELLED when the agent gave up meanwhile) and the provider's
+        display name.
+        """
+        store = self.store
+        state = params.get("state")
+        if not state:
+            raise FlowRefused("missing_state")
+        flow = await store.flows.get_by_state_hash(state_hash(state))
+        if flow is None:
+            await store.audit.record("unknown_state", provider=provider_name, now=self.now())
+            raise FlowRefused("unknown_state")
+        if flow.used_at is not None:
+            await self._refuse_used_state(flow)  # raises, unless the elicitation's own closed page should answer
+        record = await self.open_elicitation(flow.elicitation_id, allow_cancelled=True)
+        if record.provider != provider_name:
+            # One redirect URI per provider: an answer for provider A arriving at B's callback is a mix-up.
+            await self.elicitations.audit(record, "provider_mismatch", detail={"callback_provider": provider_name})
+            raise FlowRefused("provider_mismatch")
+        if browser_binding is None or binding_hash(browser_binding) != flow.browser_binding_hash:
+            await self.elicitations.audit(record, "browser_mismatch")
+            raise FlowRefused("browser_mismatch")
+        claimed = await store.flows.claim(flow.state_hash, self.now())
+        if claimed is None:
+            await self._state_not_claimable(flow, record)  # raises
+        assert claimed is not None
+        provider = await self.resolve(provider_name)
+        await self._check_issuer(provider, claimed, params, record)  # raises
+        if "error" in params:
+            await self._provider_refused(record, params)
+        code = params.get("code")
+        if not code:
+            await self.elicitations.finish(
+                record, ElicitationStatus.FAILED, "provider_error", reason="no authorization code"
+            )
+            raise FlowRefused("missing_code")
+        verifier = None
+        if claimed.verifier_ciphertext is not None and claimed.verifier_key_id is not None:
+            verifier = self.vault.decrypt(
+                claimed.verifier_key_id, claimed.verifier_ciphertext, aad=flow_aad(claimed.id)
+            ).decode()
+        try:
+            authorized = await self.providers.redeem(
+                provider,
+                redirect_uri=claimed.redirect_uri,
+                code=code,
+                code_verifier=verifier,
+                expected_issuer=claimed.expected_issuer,
+                nonce=claimed.nonce,
+                now=self.now(),
+            )
+        except ProviderError as exc:
+            check = getattr(exc, "check", None)
+            await self.elicitations.finish(
+                record,
+                ElicitationStatus.FAILED,
+                "provider_error",
+                reason=exc.code if check is None else f"{exc.code}: {check}",
+                detail={"error": exc.code, **({"check": check} if check is not None else {})},
+            )
+            raise FlowRefused(exc.code, detail={"message": str(exc)}) from None
+        completed = await self._complete(record, provider, authorized.tokens, authorized.account_id)
+        return completed, provider.display_name
+
+    # -- helpers ---------------------------------------------------------------------------------------
+    async def _refuse_used_state(self, flow: FlowRecord) -> None:
+        """A state that was used before comes back: a replay, unless its elicitation ended some other way."""
+        record = await self.elicitations.get(flow.elicitation_id)
+        if record is None:
+            raise FlowRefused("unknown_elicitation")
+        if record.status.terminal and record.status is not ElicitationStatus.COMPLETED:
+            return  # declined, expired, ...: `open_elicitation` refuses with that
+        await self._state_not_claimable(flow, record)
+
+    async def _state_not_claimable(self, flow: FlowRecord, record: ElicitationRecord) -> None:
+        """The state was used before (a replay) or its time ran out: say which, record it, refuse."""
+        current = await self.store.flows.get_by_state_hash(flow.state_hash)
+        # Unused yet unclaimable means expired; used means answered before (or superseded by a newer start).
+        replay = current is None or current.used_at is not None
+        await self.elicitations.audit(record, "replay_attempt" if replay else "state_expired")
+        raise FlowRefused("state_used" if replay else "state_expired")
+
+    async def _check_issuer(
+        self, provider: Provider, flow: FlowRecord, params: Mapping[str, str], record: ElicitationRecord
+    ) -> None:
+        """RFC 9207: when the provider sends `iss` (or promises to), it must be the issuer we expected.
+
+        Checked before the code is used, so a code from a mixed-up provider never reaches a token endpoint.
+        The flow is spent; the elicitation stays open, so its user can start again from the connect page.
+        """
+        received = params.get("iss")
+        if self.providers.issuer_acceptable(provider, flow.expected_issuer, received):
+            return
+        log.warning("issuer mismatch on callback", extra={"elicitation_id": record.id})
+        await self.elicitations.audit(
+            record, "issuer_mismatch", detail={"iss": "missing" if received is None else "unexpected"}
+        )
+        raise FlowRefused("issuer_mismatch")
+
+    async def _provider_refused(self, record: ElicitationRecord, params: Mapping[str, str]) -> None:
+        # RFC 6749 error codes are short ASCII words; anything else is shown and stored as a placeholder.
+        raw = params.get("error", "")
+        error = raw if _ERROR_CODE.fullmatch(raw) else "unrecognised_error"
+        declined = error == "access_denied"
+        await self.elicitations.finish(
+            record,
+            ElicitationStatus.DECLINED if declined else ElicitationStatus.FAILED,
+            "provider_error",
+            reason=f"provider error: {error}",
+            detail={"error": error},
+        )
+        raise FlowRefused("access_denied" if declined else "provider_error", detail={"error": error})
+
+    async def _complete(
+        self, record: ElicitationRecord, provider: Provider, tokens: TokenSet, account_id: str
+    ) -> ElicitationRecord:
+        store, now = self.store, self.now()
+        aad = grant_aad(record.identity.issuer, record.identity.subject, provider.name, account_id)
+        key_id, blob = self.vault.encrypt_json(tokens.to_json(), aad=aad)
+        grant = GrantRecord(
+            id=new_id(16),
+            identity=record.identity,
+            provider=provider.name,
+            provider_account_id=account_id,
+            scopes=tokens.scopes if tokens.scopes is not None else record.scopes,
+            token_key_id=key_id,
+            token_ciphertext=blob,
+            token_expires_at=_expiry(tokens),
+            created_at=now,
+            updated_at=now,
+        )
+        async with store.transaction() as tx:
+            completed = await store.elicitations.transition(record.id, ElicitationStatus.COMPLETED, now=now, conn=tx)
+            # The agent may have cancelled while the user was at the provider. The user did authorize,
+            # so the grant is kept, but the cancelled elicitation stays cancelled and resumes nothing.
+            late = completed is None
+            stored = await store.grants.upsert(grant, conn=tx)
+            await self.elicitations.audit(
+                record,
+                "completed_after_cancel" if late else "completed",
+                detail={"grant_id": stored.id, "scopes": list(stored.scopes)},
+                now=now,
+                conn=tx,
+            )
+        if completed is None:
+            return await self.elicitations.get(record.id) or record
+        self.elicitations.events.publish(
+            ElicitationEvent(record.id, ElicitationStatus.COMPLETED, record.connection_key)
+        )
+        return completed
+
+
+def _expiry(tokens: TokenSet) -> datetime | None:
+    return datetime.fromtimestamp(tokens.expires_at, UTC) if tokens.expires_at is not None else None

@@ -1,0 +1,93 @@
+"""The domain's errors: one tree, each with a stable machine-readable `code` and a sentence for people.
+
+Nothing here knows HTTP. `service.web.errors` maps codes to status codes, page titles and sentences for the
+browser, and to JSON bodies for the `/v1` API. Messages never carry a secret.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+
+class ConnectorError(Exception):
+    """Base class: `code` is stable and machine-readable, the message is for people."""
+
+    code = "connector_error"
+
+    def __init__(self, message: str, *, code: str | None = None) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+
+
+class ConfigError(ConnectorError):
+    """Invalid configuration. The message names the file (or "environment") and the key, never the value."""
+
+    code = "config_error"
+
+    def __init__(self, file: str, key: str, problem: str) -> None:
+        self.file = file
+        self.key = key
+        self.problem = problem
+        super().__init__(f"{file}: {key}: {problem}")
+
+
+class ProviderNotConfigured(ConnectorError):
+    """The provider exists in the catalog but has no client credentials in the environment."""
+
+    code = "provider_not_configured"
+
+
+class UnknownProvider(ConnectorError):
+    code = "unknown_provider"
+
+
+class SchemaNotCurrent(ConnectorError):
+    """The database is not migrated, or was migrated by a newer version."""
+
+    code = "schema_not_current"
+
+
+class VaultError(ConnectorError):
+    """A ciphertext could not be decrypted (wrong key, tampered, or moved to another row)."""
+
+    code = "vault_error"
+
+
+class NotAuthorized(ConnectorError):
+    """The user holds no grant for this provider with the requested scopes."""
+
+    code = "not_authorized"
+
+
+class ProviderError(ConnectorError):
+    """The provider refused or failed a request. Never carries the provider's token payload."""
+
+    code = "provider_error"
+
+
+class FlowRefused(ConnectorError):
+    """A step of an elicitation's flow is refused: the browser (or an API caller) gets `code`, nothing else.
+
+    `detail` holds short, secret-free values a sentence may name (e.g. the provider's error code). `event`,
+    when set, is the audit event the refusal was (or is to be) recorded under.
+    """
+
+    def __init__(
+        self,
+        code: str,
+        *,
+        detail: Mapping[str, str] | None = None,
+        event: str | None = None,
+        elicitation_id: str | None = None,
+        audit: Mapping[str, object] | None = None,
+    ) -> None:
+        super().__init__(code, code=code)
+        self.detail = dict(detail or {})
+        self.event = event
+        self.elicitation_id = elicitation_id
+        self.audit_detail = dict(audit or {})
+
+    def __str__(self) -> str:
+        extra = ", ".join(f"{k}={v}" for k, v in self.detail.items())
+        return f"{self.code} ({extra})" if extra else self.code

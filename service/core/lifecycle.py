@@ -1,0 +1,256 @@
+"""The life of an elicitation, from creation to its one terminal state, whoever drives it.
+
+`Elicitations` creates elicitations, records the client's answer, cancels, expires and ends them. Each change is
+one checked transition (`service.core.states`) written with its audit line in one transaction, and a terminal
+change is published as an `ElicitationEvent` after the commit. The embedded API (`service.acp`) and the `/v1`
+API use this one implementation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+
+from .errors import FlowRefused
+from .events import ElicitationEvent
+from .handles import new_id
+from .identity import Identity
+from .outcomes import AuthorizationOutcome, AuthorizationStatus, GrantInfo, terminal_status
+from .ports import EventSink, GrantRepo, ProviderGateway, Store, Tx
+from .records import ElicitationRecord, GrantRecord
+from .scopes import ElicitationScope, RequestScope, SessionScope
+from .settings import FlowSettings
+from .states import ElicitationStatus
+
+
+class AnswerKind(StrEnum):
+    """How the client answered `elicitation/create` (or why there is no answer)."""
+
+    ACCEPT = "accept"  # the user consented to open the URL; the flow goes on in the browser
+    DECLINE = "decline"
+    CANCEL = "cancel"
+    ERROR = "error"  # a JSON-RPC error, or an answer that cannot be read
+    DISCONNECTED = "disconnected"  # the connection closed before an answer came
+
+
+@dataclass(frozen=True, slots=True)
+class ClientAnswer:
+    kind: AnswerKind
+    error_code: int | None = None  # the JSON-RPC error code, for ERROR
+    message: str | None = None  # a short, secret-free explanation, for ERROR
+
+
+def covers(granted: Sequence[str], wanted: Sequence[str]) -> bool:
+    """Whether a grant with `granted` scopes covers every scope in `wanted`."""
+    return set(wanted) <= set(granted)
+
+
+class Elicitations:
+    def __init__(
+        self,
+        store: Store,
+        events: EventSink,
+        providers: ProviderGateway,
+        settings: FlowSettings,
+        clock: Callable[[], datetime],
+    ) -> None:
+        self.store = store
+        self.events = events
+        self.providers = providers
+        self.settings = settings
+        self.now = clock
+
+    # -- reading ----------------------------------------------------------------------------------------
+    async def get(self, elicitation_id: str) -> ElicitationRecord | None:
+        return await self.store.elicitations.get(elicitation_id)
+
+    async def find_grant(self, user: Identity, provider: str, scopes: Sequence[str]) -> GrantRecord | None:
+        """The newest grant of `user` at `provider` that covers every scope asked for."""
+        return await find_grant(self.store.grants, user, provider, scopes)
+
+    async def outcome(self, record: ElicitationRecord) -> AuthorizationOutcome:
+        """The outcome of an ended elicitation (with the grant, when it completed)."""
+        status = terminal_status(record)
+        grant = None
+        if status is AuthorizationStatus.AUTHORIZED:
+            found = await self.find_grant(record.identity, record.provider, record.scopes)
+            grant = GrantInfo.of(found) if found is not None else None
+        return self.outcome_of(record, status, grant=grant, reason=record.failure_reason)
+
+    def outcome_of(
+        self,
+        record: ElicitationRecord,
+        status: AuthorizationStatus,
+        *,
+        grant: GrantInfo | None = None,
+        reason: str | None = None,
+        error_code: int | None = None,
+    ) -> AuthorizationOutcome:
+        return AuthorizationOutcome(
+            status,
+            record.provider,
+            record.id,
+            grant=grant,
+            reason=reason,
+            error_code=error_code,
+            provider_display_name=self.providers.display_name(record.provider),
+        )
+
+    # -- changes ----------------------------------------------------------------------------------------
+    def default_message(self, provider: str, scopes: Sequence[str]) -> str:
+        listed = ", ".join(scopes) if scopes else "basic access"
+        return f"Authorize access to your {self.providers.display_name(provider)} account ({listed})."
+
+    async def create(
+        self,
+        *,
+        connection_key: str,
+        user: Identity,
+        provider: str,
+        scopes: Sequence[str],
+        scope: ElicitationScope,
+        message: str | None = None,
+    ) -> ElicitationRecord:
+        """A new pending elicitation; its time (`elicitation_ttl`) runs from now."""
+        now = self.now()
+        record = ElicitationRecord(
+            id=new_id(24),  # 192 random bits
+            connection_key=connection_key,
+            identity=user,
+            provider=provider,
+            scopes=tuple(scopes),
+            scope_kind="session" if isinstance(scope, SessionScope) else "request",
+            session_id=scope.session_id if isinstance(scope, SessionScope) else None,
+            tool_call_id=scope.tool_call_id if isinstance(scope, SessionScope) else None,
+            request_id=scope.request_id if isinstance(scope, RequestScope) else None,
+            agent_name=self.settings.agent_name,
+            message=message or self.default_message(provider, scopes),
+            status=ElicitationStatus.PENDING,
+            failure_reason=None,
+            created_at=now,
+            expires_at=now + self.settings.elicitation_ttl,
+            updated_at=now,
+        )
+        async with self.store.transaction() as tx:
+            await self.store.elicitations.insert(record, conn=tx)
+            await self.audit(
+                record, "created", detail={"scopes": list(record.scopes), "scope_kind": record.scope_kind}, conn=tx
+            )
+        return record
+
+    async def consented(self, record: ElicitationRecord) -> None:
+        """The client answered accept. The browser may already be ahead: then nothing changes."""
+        async with self.store.transaction() as tx:
+            if await self.store.elicitations.transition(
+                record.id, ElicitationStatus.CONSENTED, now=self.now(), conn=tx
+            ):
+                await self.audit(record, "consented", conn=tx)
+
+    async def answered(self, record: ElicitationRecord, answer: ClientAnswer) -> AuthorizationOutcome | None:
+        """Record an answer other than accept; the outcome, or None for accept (the browser decides then)."""
+        if answer.kind is AnswerKind.ACCEPT:
+            await self.consented(record)
+            return None
+        if answer.kind is AnswerKind.DECLINE:
+            status, target, reason = AuthorizationStatus.DECLINED, ElicitationStatus.DECLINED, "declined in the client"
+        elif answer.kind is AnswerKind.CANCEL:
+            status, target, reason = (
+                AuthorizationStatus.CANCELLED,
+                ElicitationStatus.CANCELLED,
+                "dismissed in the client",
+            )
+        elif answer.kind is AnswerKind.DISCONNECTED:
+            status, target, reason = (
+                AuthorizationStatus.DISCONNECTED,
+                ElicitationStatus.FAILED,
+                "client connection closed",
+            )
+        else:
+            status, target = AuthorizationStatus.CLIENT_ERROR, ElicitationStatus.FAILED
+            reason = (
+                f"client answered with JSON-RPC error {answer.error_code}"
+                if answer.error_code is not None
+                else answer.message or "the client's answer could not be read"
+            )
+        if await self.finish(record, target, status.value, reason=reason):
+            return self.outcome_of(record, status, reason=reason, error_code=answer.error_code)
+        # Something else ended it first (the browser can finish before the client's answer arrives).
+        current = await self.get(record.id)
+        return await self.outcome(current or record)
+
+    async def finish(
+        self,
+        record: ElicitationRecord,
+        status: ElicitationStatus,
+        event: str,
+        *,
+        reason: str | None = None,
+        detail: Mapping[str, object] | None = None,
+        close_flows: bool = True,
+    ) -> bool:
+        """Move to a terminal status if the current one allows it; False when something else ended it first.
+
+        `close_flows=False` leaves a flow the user already started at the provider usable, so that an
+        authorization the user completes after a cancellation is still stored (it resumes nothing).
+        """
+        now = self.now()
+        async with self.store.transaction() as tx:
+            updated = await self.store.elicitations.transition(record.id, status, reason=reason, now=now, conn=tx)
+            if updated is None:
+                return False
+            if close_flows:
+                await self.store.flows.invalidate_open(record.id, now, conn=tx)
+            await self.audit(record, event, detail={"reason": reason, **(detail or {})}, now=now, conn=tx)
+        self.events.publish(ElicitationEvent(record.id, status, record.connection_key))
+        return True
+
+    async def expire_if_due(self, record: ElicitationRecord) -> ElicitationRecord:
+        """End an open elicitation whose time is up; the current record either way."""
+        if record.status.terminal or record.expires_at > self.now():
+            return record
+        await self.finish(record, ElicitationStatus.EXPIRED, "expired", reason="expired before completion")
+        return await self.get(record.id) or record
+
+    async def audit(
+        self,
+        record: ElicitationRecord,
+        event: str,
+        *,
+        detail: Mapping[str, object] | None = None,
+        now: datetime | None = None,
+        conn: Tx = None,
+    ) -> None:
+        """Record an audit event about `record` (its id, bound identity and provider)."""
+        await self.store.audit.record(
+            event,
+            elicitation_id=record.id,
+            identity=record.identity,
+            provider=record.provider,
+            detail=detail,
+            now=self.now() if now is None else now,
+            conn=conn,
+        )
+
+    async def record_refusal(self, exc: FlowRefused) -> None:
+        """Audit a refusal that names its event (the elicitation's identity and provider when it is known)."""
+        if exc.event is None:
+            return
+        record = await self.get(exc.elicitation_id) if exc.elicitation_id is not None else None
+        await self.store.audit.record(
+            exc.event,
+            elicitation_id=exc.elicitation_id,
+            identity=record.identity if record is not None else None,
+            provider=record.provider if record is not None else None,
+            detail=exc.audit_detail,
+            now=self.now(),
+        )
+
+
+async def find_grant(grants: GrantRepo, user: Identity, provider: str, scopes: Sequence[str]) -> GrantRecord | None:
+    """The newest grant of `user` at `provider` that covers every scope in `scopes`."""
+    for grant in await grants.find(user, provider):
+        if covers(grant.scopes, scopes):
+            return grant
+    return None

@@ -1,0 +1,89 @@
+"""What `request_authorization` answers: a status, the grant's metadata (never a token), and a sentence.
+
+The same outcomes serve the embedded API and the `/v1` API: one mapping from an elicitation's terminal state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+
+from .records import ElicitationRecord, GrantRecord
+from .states import ElicitationStatus
+
+
+class AuthorizationStatus(StrEnum):
+    AUTHORIZED = "authorized"  # the user finished the flow in the browser; a grant is stored
+    ALREADY_AUTHORIZED = "already_authorized"  # a stored grant covered the scopes; nothing was sent
+    UNSUPPORTED = "unsupported"  # the client did not advertise URL-mode elicitation; nothing was sent
+    DECLINED = "declined"  # the user declined, in the client, on the consent page or at the provider
+    CANCELLED = "cancelled"  # dismissed in the client, or the agent's work was cancelled
+    CLIENT_ERROR = "client_error"  # the client answered elicitation/create with an error or an unreadable answer
+    DISCONNECTED = "disconnected"  # the ACP connection closed before the flow finished
+    EXPIRED = "expired"  # the elicitation's time ran out before the flow finished
+    FAILED = "failed"  # the provider refused or failed; `reason` says how
+
+
+_SENTENCES: dict[AuthorizationStatus, str] = {
+    AuthorizationStatus.AUTHORIZED: "Access to {provider} was granted.",
+    AuthorizationStatus.ALREADY_AUTHORIZED: "Access to {provider} was already granted.",
+    AuthorizationStatus.UNSUPPORTED: (
+        "This client cannot open authorization links (it does not support URL-mode elicitation), "
+        "so access to {provider} cannot be requested here."
+    ),
+    AuthorizationStatus.DECLINED: "The user declined access to {provider}.",
+    AuthorizationStatus.CANCELLED: "The request for access to {provider} was dismissed.",
+    AuthorizationStatus.CLIENT_ERROR: "The client refused the request for access to {provider}.",
+    AuthorizationStatus.DISCONNECTED: "The client disconnected before access to {provider} was granted.",
+    AuthorizationStatus.EXPIRED: "The request for access to {provider} expired before it was completed.",
+    AuthorizationStatus.FAILED: "Authorization with {provider} failed.",
+}
+
+TERMINAL_OUTCOMES: dict[ElicitationStatus, AuthorizationStatus] = {
+    ElicitationStatus.COMPLETED: AuthorizationStatus.AUTHORIZED,
+    ElicitationStatus.DECLINED: AuthorizationStatus.DECLINED,
+    ElicitationStatus.CANCELLED: AuthorizationStatus.CANCELLED,
+    ElicitationStatus.EXPIRED: AuthorizationStatus.EXPIRED,
+    ElicitationStatus.FAILED: AuthorizationStatus.FAILED,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class GrantInfo:
+    """What an agent may know about a grant: never the token."""
+
+    id: str
+    provider: str
+    account_id: str
+    scopes: tuple[str, ...]
+    token_expires_at: datetime | None
+
+    @classmethod
+    def of(cls, grant: GrantRecord) -> GrantInfo:
+        return cls(grant.id, grant.provider, grant.provider_account_id, grant.scopes, grant.token_expires_at)
+
+
+@dataclass(frozen=True, slots=True)
+class AuthorizationOutcome:
+    status: AuthorizationStatus
+    provider: str  # the catalog name
+    elicitation_id: str | None = None
+    grant: GrantInfo | None = None
+    reason: str | None = None
+    error_code: int | None = None  # the JSON-RPC error code, for CLIENT_ERROR
+    provider_display_name: str | None = None  # what people are shown; the catalog name when unset
+
+    @property
+    def ok(self) -> bool:
+        return self.status in (AuthorizationStatus.AUTHORIZED, AuthorizationStatus.ALREADY_AUTHORIZED)
+
+    def describe(self) -> str:
+        """A sentence safe to show the user or the model."""
+        text = _SENTENCES[self.status].format(provider=self.provider_display_name or self.provider)
+        return f"{text} ({self.reason})" if self.reason and not self.ok else text
+
+
+def terminal_status(record: ElicitationRecord) -> AuthorizationStatus:
+    """The outcome status of an elicitation that has ended."""
+    return TERMINAL_OUTCOMES.get(record.status, AuthorizationStatus.FAILED)

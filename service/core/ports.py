@@ -1,0 +1,164 @@
+"""What the domain needs from the parts around it, as protocols: the store, the vault, providers, events, verifiers.
+
+The core imports none of those parts; `service.app` hands it the real ones (`service.store.Store`,
+`service.vault.Vault`, `service.oauth.ProviderGateway`, `service.events.LocalBus`, a verifier from
+`service.identity`), and mypy checks that they fit. A transaction handle (`Tx`) is opaque to the core: it only
+passes it back to repository methods so that several writes commit together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+
+from .events import ElicitationEvent
+from .identity import Identity
+from .records import AuditRecord, ElicitationRecord, FlowRecord, GrantRecord, TokenSet, VerificationRecord
+from .states import ElicitationStatus
+
+Tx = Any  # an open transaction of the store, passed through unchanged
+
+
+class ElicitationRepo(Protocol):
+    async def insert(self, rec: ElicitationRecord, conn: Tx = None) -> None: ...
+    async def get(self, id: str, conn: Tx = None) -> ElicitationRecord | None: ...
+    async def transition(
+        self, id: str, target: ElicitationStatus, *, reason: str | None = None, now: datetime, conn: Tx = None
+    ) -> ElicitationRecord | None: ...
+    async def add_identity_mismatch(self, id: str, *, now: datetime, conn: Tx = None) -> int: ...
+
+
+class FlowRepo(Protocol):
+    async def insert(self, rec: FlowRecord, conn: Tx = None) -> None: ...
+    async def get_by_state_hash(self, state_hash: str, conn: Tx = None) -> FlowRecord | None: ...
+    async def claim(self, state_hash: str, now: datetime, conn: Tx = None) -> FlowRecord | None: ...
+    async def invalidate_open(self, elicitation_id: str, now: datetime, conn: Tx = None) -> int: ...
+
+
+class GrantRepo(Protocol):
+    async def upsert(self, rec: GrantRecord, conn: Tx = None) -> GrantRecord: ...
+    async def find(self, identity: Identity, provider: str, conn: Tx = None) -> list[GrantRecord]: ...
+    async def get(self, id: str, conn: Tx = None) -> GrantRecord | None: ...
+    async def delete(self, id: str, conn: Tx = None) -> bool: ...
+
+
+class AuditRepo(Protocol):
+    async def record(
+        self,
+        event: str,
+        *,
+        elicitation_id: str | None = None,
+        identity: Identity | None = None,
+        provider: str | None = None,
+        detail: Mapping[str, Any] | None = None,
+        now: datetime | None = None,
+        conn: Tx = None,
+    ) -> None: ...
+
+    async def list(
+        self, *, elicitation_id: str | None = None, event: str | None = None, conn: Tx = None
+    ) -> list[AuditRecord]: ...
+
+
+class VerificationRepo(Protocol):
+    async def insert(self, rec: VerificationRecord, conn: Tx = None) -> None: ...
+    async def get_by_handle(self, handle_hash: str, conn: Tx = None) -> VerificationRecord | None: ...
+
+
+class Store(Protocol):
+    @property
+    def elicitations(self) -> ElicitationRepo: ...
+    @property
+    def flows(self) -> FlowRepo: ...
+    @property
+    def grants(self) -> GrantRepo: ...
+    @property
+    def audit(self) -> AuditRepo: ...
+    def transaction(self) -> AbstractAsyncContextManager[Tx]: ...
+
+
+class Vault(Protocol):
+    def encrypt(self, plaintext: bytes, *, aad: bytes) -> tuple[str, bytes]: ...
+    def decrypt(self, key_id: str, blob: bytes, *, aad: bytes) -> bytes: ...
+    def encrypt_json(self, obj: Any, *, aad: bytes) -> tuple[str, bytes]: ...
+    def decrypt_json(self, key_id: str, blob: bytes, *, aad: bytes) -> Any: ...
+
+
+class EventSink(Protocol):
+    def publish(self, event: ElicitationEvent) -> None: ...
+
+
+class EventSource(Protocol):
+    """Where waiters learn that an elicitation changed (a wake-up call: the store stays the truth)."""
+
+    def add_listener(self, listener: Callable[[ElicitationEvent], None]) -> None: ...
+
+    def subscribe(self, elicitation_id: str) -> AbstractAsyncContextManager[asyncio.Queue[ElicitationEvent]]: ...
+
+
+class Provider(Protocol):
+    """A provider with every endpoint known (what `ProviderGateway.resolve` returns)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def display_name(self) -> str: ...
+    @property
+    def issuer(self) -> str | None: ...
+    @property
+    def authorization_endpoint(self) -> str: ...
+    @property
+    def sign_in_host(self) -> str:
+        """The host the user is sent to (the consent page highlights it)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class AuthorizationRequest:
+    """Where to send the browser, and the per-transaction values to remember (the verifier never leaves us)."""
+
+    url: str = field(repr=False)
+    state: str = field(repr=False)
+    code_verifier: str | None = field(repr=False)
+    nonce: str | None = field(repr=False)
+    expected_issuer: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Authorized:
+    """What the provider granted: the tokens and the provider account they belong to."""
+
+    tokens: TokenSet
+    account_id: str
+
+
+class ProviderGateway(Protocol):
+    """The protocol to providers: resolution, the authorization request, and redeeming the code."""
+
+    def display_name(self, name: str) -> str: ...
+
+    async def resolve(self, name: str) -> Provider: ...
+
+    def authorization_request(
+        self, provider: Provider, *, redirect_uri: str, scopes: Sequence[str]
+    ) -> AuthorizationRequest: ...
+
+    def issuer_acceptable(self, provider: Provider, expected: str | None, received: str | None) -> bool:
+        """RFC 9207: whether the `iss` of an authorization response (None: absent) is acceptable."""
+        ...
+
+    async def redeem(
+        self,
+        provider: Provider,
+        *,
+        redirect_uri: str,
+        code: str,
+        code_verifier: str | None,
+        expected_issuer: str | None,
+        nonce: str | None,
+        now: datetime,
+    ) -> Authorized: ...

@@ -1,0 +1,124 @@
+"""The identity step of the browser flow: who is in the browser, before anything goes to the provider.
+
+A verifier (see `service.identity`) either knows the browser's identity at once (`Verified`) or sends the browser
+away first (`RedirectFirst`) and finishes on a route of its own (`Returned`). Either way the identity is compared
+with the bound one by `BrowserFlow.check_identity`, and only then does the browser go on to the provider. A
+verifier never decides that comparison itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from .browser import BrowserFlow
+from .errors import FlowRefused
+from .identity import Identity
+from .records import ElicitationRecord
+
+
+@dataclass(frozen=True, slots=True)
+class BrowserFacts:
+    """What the web layer knows about the request. None of it is identity by itself.
+
+    `headers` maps lower-cased names to every value sent under that name; `peer_trusted` says whether the
+    TCP peer is one of the trusted proxies.
+    """
+
+    headers: Mapping[str, tuple[str, ...]]
+    peer: str | None
+    peer_trusted: bool
+
+
+@dataclass(frozen=True, slots=True)
+class VerificationAttempt:
+    """The browser pressed Continue (or Decline) on an open elicitation."""
+
+    elicitation: ElicitationRecord
+    browser_binding: str
+    browser: BrowserFacts
+
+
+@dataclass(frozen=True, slots=True)
+class Verified:
+    """The verifier established the browser's identity at once."""
+
+    identity: Identity
+
+
+@dataclass(frozen=True, slots=True)
+class RedirectFirst:
+    """Send the browser to `url` first; the verifier finishes when the browser comes back."""
+
+    url: str = field(repr=False)  # carries a state or flow id
+    verification_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Returned:
+    """A redirecting verifier finished: who the browser is, for which elicitation."""
+
+    elicitation_id: str
+    identity: Identity
+    verification_id: str
+    # The mismatch was already recorded (confirm: when the operator named someone else).
+    mismatch_recorded: bool = False
+
+
+class Verifier(Protocol):
+    """One way to learn who is in the browser (the configured `identity.verifier`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    async def begin(self, attempt: VerificationAttempt) -> Verified | RedirectFirst:
+        """Establish the browser's identity, or say where to send it first. May raise FlowRefused."""
+        ...
+
+    async def form_targets(self) -> list[str]:
+        """Origins the consent form's Continue may redirect to (for the page's CSP `form-action`)."""
+        ...
+
+
+class IdentityStep:
+    def __init__(self, flow: BrowserFlow, verifier: Verifier) -> None:
+        self.flow = flow
+        self.verifier = verifier
+        self.elicitations = flow.elicitations
+
+    async def begin(self, elicitation_id: str, browser_binding: str, browser: BrowserFacts) -> str:
+        """Continue was pressed: the URL to send the browser to (the provider, or the verifier first)."""
+        record = await self.flow.open_elicitation(elicitation_id)
+        async with self.refusals():
+            step = await self.verifier.begin(VerificationAttempt(record, browser_binding, browser))
+        if isinstance(step, Verified):
+            return await self.flow.start_authorization(record.id, step.identity, browser_binding)
+        await self.elicitations.audit(
+            record,
+            "identity_challenge",
+            detail={"identity_verifier": self.verifier.name, "verification_id": step.verification_id},
+        )
+        return step.url
+
+    async def continue_after(self, returned: Returned, browser_binding: str) -> str:
+        """A redirecting verifier finished: the provider URL to send the browser to."""
+        if returned.mismatch_recorded:
+            raise FlowRefused("identity_mismatch")
+        return await self.flow.start_authorization(returned.elicitation_id, returned.identity, browser_binding)
+
+    async def check_identity(self, elicitation_id: str, identity: Identity) -> ElicitationRecord:
+        """Compare an identity a verifier learned out of band with the bound one (FlowRefused on mismatch)."""
+        record = await self.flow.open_elicitation(elicitation_id)
+        await self.flow.check_identity(record, identity)
+        return record
+
+    @asynccontextmanager
+    async def refusals(self) -> AsyncIterator[None]:
+        """Around a verifier's own work: a FlowRefused naming an audit event is recorded, then passed on."""
+        try:
+            yield
+        except FlowRefused as exc:
+            await self.elicitations.record_refusal(exc)
+            raise

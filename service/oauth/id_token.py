@@ -1,0 +1,172 @@
+"""OpenID Connect ID tokens (Core 3.1.3.7) on joserfc: the signature against the provider's JWKS, then the claims."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+from joserfc import jwt
+from joserfc.errors import InvalidKeyIdError, JoseError
+from joserfc.jwk import KeySet
+
+from service.core.errors import ProviderError
+from service.providers import TENANT_ID_PLACEHOLDER
+
+from .client import HTTP_TIMEOUT
+from .issuer import issuer_matches
+from .resolved import ResolvedProvider
+
+# Asymmetric algorithms only: never "none", never HS* (a shared secret would let anyone holding it sign).
+ID_TOKEN_ALGORITHMS = ["RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "Ed25519"]
+CLOCK_LEEWAY = 60  # seconds of clock difference tolerated on exp and iat
+JWKS_TTL = 3600.0  # keys are re-read at least this often
+JWKS_MIN_REFRESH = 30.0  # an unknown key id triggers a re-read at most this often (per JWKS)
+_SIGNING_KEY_TYPES = frozenset({"RSA", "EC", "OKP"})
+
+
+class IdTokenError(ProviderError):
+    """The ID token failed one check (`check`: signature, iss, aud, azp, exp, iat, nonce, sub, ...)."""
+
+    code = "invalid_id_token"
+
+    def __init__(self, entry: ResolvedProvider, check: str) -> None:
+        super().__init__(f"{entry.display_name} sent an ID token that failed the {check} check")
+        self.check = check
+
+
+class JwksCache:
+    """Signing keys per JWKS URI, fetched with the caller's HTTP client and kept for `ttl` seconds."""
+
+    def __init__(
+        self,
+        *,
+        ttl: float = JWKS_TTL,
+        min_refresh: float = JWKS_MIN_REFRESH,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.ttl = ttl
+        self.min_refresh = min_refresh
+        self._clock = clock
+        self._sets: dict[str, tuple[float, KeySet]] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    async def get(self, uri: str, http: httpx.AsyncClient, *, refresh: bool = False) -> KeySet:
+        """The key set at `uri`; `refresh` re-reads it unless it was read in the last `min_refresh` seconds."""
+        async with self._locks.setdefault(uri, asyncio.Lock()):
+            cached = self._sets.get(uri)
+            now = self._clock()
+            if cached is not None:
+                age = now - cached[0]
+                if age < self.ttl and (not refresh or age < self.min_refresh):
+                    return cached[1]
+            key_set = await _fetch_jwks(uri, http)
+            self._sets[uri] = (now, key_set)
+            return key_set
+
+
+async def _fetch_jwks(uri: str, http: httpx.AsyncClient) -> KeySet:
+    def failed(problem: str) -> ProviderError:
+        return ProviderError(f"the signing keys at {uri} could not be read ({problem})", code="provider_jwks_error")
+
+    try:
+        response = await http.get(uri, headers={"Accept": "application/json"}, timeout=HTTP_TIMEOUT)
+    except httpx.HTTPError as exc:
+        raise failed(type(exc).__name__) from None
+    if response.status_code != 200:
+        raise failed(f"HTTP {response.status_code}")
+    try:
+        document = response.json()
+    except ValueError:
+        raise failed("not JSON") from None
+    keys = document.get("keys") if isinstance(document, dict) else None
+    if not isinstance(keys, list):
+        raise failed("no keys list")
+    usable = [
+        key
+        for key in keys
+        if isinstance(key, dict) and key.get("kty") in _SIGNING_KEY_TYPES and key.get("use", "sig") == "sig"
+    ]
+    try:
+        return KeySet.import_key_set({"keys": usable})
+    except (JoseError, ValueError, TypeError):
+        raise failed("unreadable keys") from None
+
+
+async def validate_id_token(
+    entry: ResolvedProvider,
+    id_token: str | None,
+    *,
+    expected_issuer: str | None,
+    nonce: str | None,
+    jwks: JwksCache,
+    http: httpx.AsyncClient,
+    now: float,
+) -> dict[str, Any]:
+    """Check an ID token from the token endpoint in full (OpenID Connect Core 3.1.3.7) and return its claims.
+
+    `expected_issuer` and `nonce` are the ones remembered for this authorization request. Raises IdTokenError
+    naming the failed check, or ProviderError when the provider's keys cannot be read.
+    """
+    if not id_token:
+        raise IdTokenError(entry, "presence")
+    if entry.jwks_uri is None or expected_issuer is None:
+        raise ProviderError(
+            f"provider '{entry.name}' lacks the issuer or jwks_uri needed to check ID tokens",
+            code="provider_misconfigured",
+        )
+    key_set = await jwks.get(entry.jwks_uri, http)
+    try:
+        try:
+            token = jwt.decode(id_token, key_set, algorithms=ID_TOKEN_ALGORITHMS)
+        except InvalidKeyIdError:
+            # The provider may have rotated its keys since we read them: read them again (rate-limited).
+            key_set = await jwks.get(entry.jwks_uri, http, refresh=True)
+            token = jwt.decode(id_token, key_set, algorithms=ID_TOKEN_ALGORITHMS)
+    except JoseError:
+        raise IdTokenError(entry, "signature") from None
+    except (ValueError, TypeError):
+        raise IdTokenError(entry, "format") from None
+    claims: dict[str, Any] = dict(token.claims)
+
+    issuer = claims.get("iss")
+    tenant = claims.get("tid") if TENANT_ID_PLACEHOLDER in expected_issuer else None
+    if TENANT_ID_PLACEHOLDER in expected_issuer and not isinstance(tenant, str):
+        raise IdTokenError(entry, "iss")
+    if not isinstance(issuer, str) or not issuer_matches(expected_issuer, issuer, tenant_id=tenant):
+        raise IdTokenError(entry, "iss")
+
+    audience = claims.get("aud")
+    audiences = [audience] if isinstance(audience, str) else audience
+    if not isinstance(audiences, list) or not all(isinstance(a, str) for a in audiences):
+        raise IdTokenError(entry, "aud")
+    if entry.client_id not in audiences:
+        raise IdTokenError(entry, "aud")
+    azp = claims.get("azp")
+    if (len(audiences) > 1 or azp is not None) and azp != entry.client_id:
+        raise IdTokenError(entry, "azp")
+
+    expires = _number(claims.get("exp"))
+    if expires is None or expires <= now - CLOCK_LEEWAY:
+        raise IdTokenError(entry, "exp")
+    issued = _number(claims.get("iat"))
+    if issued is None or issued > now + CLOCK_LEEWAY:
+        raise IdTokenError(entry, "iat")
+
+    received = claims.get("nonce")
+    if nonce is None or not isinstance(received, str) or not hmac.compare_digest(received.encode(), nonce.encode()):
+        raise IdTokenError(entry, "nonce")
+
+    subject = claims.get("sub")
+    if not isinstance(subject, str) or not subject or len(subject) > 255:
+        raise IdTokenError(entry, "sub")
+    return claims
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return None

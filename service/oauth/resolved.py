@@ -1,0 +1,94 @@
+"""`ResolvedProvider`: a catalog entry with every endpoint known. Protocol code only ever receives this type.
+
+A catalog entry (`service.providers.ProviderEntry`) may name only a discovery URL; `ProviderGateway.resolve`
+turns it into a `ResolvedProvider` (fetching and checking the discovery document). Refresh, revocation, the
+consent page's CSP and outcomes take a `ResolvedProvider`, so an entry whose endpoints are not known yet
+cannot reach them: mypy says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from pydantic import SecretStr
+
+from service.core.urls import host_of
+from service.providers import ProviderEntry, TokenEndpointAuthMethod
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedProvider:
+    entry: ProviderEntry
+    authorization_endpoint: str
+    token_endpoint: str
+    issuer: str | None
+    userinfo_endpoint: str | None
+    revocation_endpoint: str | None
+    jwks_uri: str | None
+    authorization_response_iss_parameter_supported: bool
+    token_endpoint_auth_method: TokenEndpointAuthMethod
+    extra: Mapping[str, object] = field(default_factory=dict)  # other discovery metadata, for checks
+
+    @classmethod
+    def from_entry(cls, entry: ProviderEntry) -> ResolvedProvider:
+        """An entry whose endpoints are all written in the catalog (no discovery)."""
+        assert entry.authorization_endpoint is not None and entry.token_endpoint is not None
+        return cls(
+            entry=entry,
+            authorization_endpoint=entry.authorization_endpoint,
+            token_endpoint=entry.token_endpoint,
+            issuer=entry.issuer,
+            userinfo_endpoint=entry.userinfo_endpoint,
+            revocation_endpoint=entry.revocation_endpoint,
+            jwks_uri=entry.jwks_uri,
+            authorization_response_iss_parameter_supported=entry.authorization_response_iss_parameter_supported,
+            token_endpoint_auth_method=entry.token_endpoint_auth_method,
+        )
+
+    # -- what the catalog says -------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.entry.name
+
+    @property
+    def display_name(self) -> str:
+        """What people are shown: the catalog's display name, else the issuer's (or sign-in) host."""
+        return self.entry.display_name or host_of(self.issuer) or host_of(self.authorization_endpoint) or self.name
+
+    @property
+    def client_id(self) -> str:
+        assert self.entry.client_id is not None  # resolve() refuses entries without credentials
+        return self.entry.client_id
+
+    @property
+    def client_secret(self) -> SecretStr | None:
+        return self.entry.client_secret
+
+    @property
+    def oidc(self) -> bool:
+        return self.entry.oidc
+
+    @property
+    def pkce(self) -> bool:
+        return self.entry.pkce
+
+    @property
+    def api_base_url(self) -> str | None:
+        return self.entry.api_base_url
+
+    @property
+    def account_id_field(self) -> str:
+        return self.entry.account_id_field
+
+    @property
+    def extra_authorize_params(self) -> Mapping[str, str]:
+        return self.entry.extra_authorize_params
+
+    @property
+    def sign_in_host(self) -> str:
+        """The host the user is sent to (the consent page highlights it)."""
+        return host_of(self.authorization_endpoint) or ""
+
+    def join_scopes(self, scopes: Iterable[str]) -> str:
+        return self.entry.join_scopes(scopes)

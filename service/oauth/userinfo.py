@@ -1,0 +1,58 @@
+"""Who a token belongs to: the ID token's `sub`, or the userinfo endpoint's account field."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+from service.core.errors import ProviderError
+from service.core.records import TokenSet
+
+from .client import HTTP_TIMEOUT, provider_error
+from .resolved import ResolvedProvider
+
+
+async def fetch_account(
+    entry: ResolvedProvider, token: TokenSet, id_claims: Mapping[str, Any] | None = None
+) -> tuple[str, dict[str, Any]]:
+    """Who the token belongs to: (provider account id, profile).
+
+    With validated ID-token claims the account is their `sub` (signed by the provider); the userinfo answer,
+    when there is an endpoint, must then name the same `sub` if it names one (OpenID Connect Core 5.3.2).
+    Without them the account is the userinfo field `account_id_field`.
+    """
+    if id_claims is not None:
+        subject = str(id_claims["sub"])
+        if entry.userinfo_endpoint is None:
+            return subject, {}
+        _, profile = await _userinfo(entry, token)
+        if "sub" in profile and str(profile["sub"]) != subject:
+            raise ProviderError(
+                f"{entry.display_name} userinfo names another account than the ID token", code="provider_bad_response"
+            )
+        return subject, profile
+    return await _userinfo(entry, token)
+
+
+async def _userinfo(entry: ResolvedProvider, token: TokenSet) -> tuple[str, dict[str, Any]]:
+    if entry.userinfo_endpoint is None:
+        raise ProviderError(f"provider '{entry.name}' has no userinfo endpoint", code="provider_misconfigured")
+    headers = {"Authorization": f"Bearer {token.access_token}", "Accept": "application/json"}
+    async with httpx.AsyncClient(timeout=HTTP_TIMEOUT) as client:
+        try:
+            response = await client.get(entry.userinfo_endpoint, headers=headers)
+            response.raise_for_status()
+            profile = response.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            raise provider_error(entry, "account lookup", exc) from None
+    if not isinstance(profile, dict):
+        raise ProviderError(f"{entry.display_name} returned an unreadable profile", code="provider_bad_response")
+    account = profile.get(entry.account_id_field)
+    if account is None or account == "":
+        raise ProviderError(
+            f"{entry.display_name} profile has no '{entry.account_id_field}' field",
+            code="provider_bad_response",
+        )
+    return str(account), profile

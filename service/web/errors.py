@@ -1,0 +1,164 @@
+"""Domain error codes as HTTP: the status, the page title and the sentence a person reads, in one table.
+
+The domain raises `FlowRefused(code, detail=...)`; this table is the only place that turns a code into a status
+and words. A sentence may name a `detail` value (`{error}`, `{message}`, `{problem}`); a missing one reads as "".
+Codes not in the table are provider failures by default (502) when they start with `provider_`, else 400.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ..core.errors import FlowRefused
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    status: int
+    title: str
+    sentence: str
+
+
+_START_AGAIN = "Open the link from the agent again."
+
+REFUSALS: dict[str, Refusal] = {
+    # The elicitation itself.
+    "unknown_elicitation": Refusal(404, "Link not found", "This authorization link is not known here."),
+    "already_completed": Refusal(
+        409,
+        "Already connected",
+        "This authorization link was already used and the connection is complete. You can close this tab.",
+    ),
+    "declined": Refusal(
+        410, "Request declined", "This authorization request was declined. Ask the agent again if you change your mind."
+    ),
+    "cancelled": Refusal(
+        410, "Request cancelled", "This authorization request was cancelled and can no longer be used."
+    ),
+    "expired": Refusal(410, "Link expired", "This authorization link has expired. Ask the agent to start again."),
+    "failed": Refusal(
+        410,
+        "Request failed",
+        "This authorization request failed and can no longer be used. Ask the agent to start again.",
+    ),
+    # The browser and the consent form.
+    "identity_mismatch": Refusal(
+        403,
+        "Different account",
+        "This link was started by a different account. Sign in as the user who asked the agent, "
+        "or ask the agent to start again as yourself.",
+    ),
+    "browser_mismatch": Refusal(
+        403, "Different browser", "This must be finished in the browser where the link was opened."
+    ),
+    "csrf_failed": Refusal(
+        403, "Form expired", "This form could not be verified. Reload the link from the agent and try again."
+    ),
+    "bad_action": Refusal(400, "Invalid request", "Choose Continue or Decline."),
+    "bad_request": Refusal(400, "Invalid request", "The request is not valid: {problem}."),
+    "rate_limited": Refusal(429, "Slow down", "Too many requests. Wait a moment and try again."),
+    "not_found": Refusal(404, "Not found", "There is nothing at this address."),
+    "method_not_allowed": Refusal(405, "Method not allowed", "There is nothing at this address."),
+    "internal_error": Refusal(500, "Something went wrong", "The connector hit an internal error. Try the link again."),
+    # The provider's answer.
+    "missing_state": Refusal(400, "Invalid request", "The provider's answer carries no state."),
+    "unknown_state": Refusal(400, "Invalid request", "This authorization answer does not match any request."),
+    "provider_mismatch": Refusal(400, "Invalid request", "This answer came back from the wrong provider."),
+    "state_used": Refusal(
+        400,
+        "Link already used",
+        "This authorization answer was already used. If you just connected, you are done and can close "
+        "this tab; otherwise start again from the agent's link.",
+    ),
+    "state_expired": Refusal(
+        400, "Took too long", "The sign-in at the provider took too long. Open the agent's link again to start over."
+    ),
+    "issuer_mismatch": Refusal(400, "Invalid response", "The answer did not come from the expected provider."),
+    "access_denied": Refusal(
+        400, "Access not granted", "You did not grant access at the provider. Nothing was stored."
+    ),
+    "provider_error": Refusal(400, "Provider error", "The provider reported an error: {error}."),
+    "missing_code": Refusal(400, "Invalid request", "The answer carries no authorization code."),
+    "provider_discovery_failed": Refusal(
+        502, "Provider unavailable", "The provider's settings could not be read right now: {message}"
+    ),
+    "provider_not_configured": Refusal(503, "Provider unavailable", "{message}"),
+    "unknown_provider": Refusal(503, "Provider unavailable", "{message}"),
+    # The identity step.
+    "unknown_verification": Refusal(
+        400, "Invalid request", "This sign-in answer does not match any sign-in started here."
+    ),
+    "verification_used": Refusal(400, "Link already used", f"This sign-in answer was already used. {_START_AGAIN}"),
+    "verification_expired": Refusal(400, "Sign-in expired", f"This sign-in took too long. {_START_AGAIN}"),
+    "untrusted_identity_header": Refusal(
+        403,
+        "Request refused",
+        "This request names a user in its headers but did not come through the sign-in proxy, so it is refused.",
+    ),
+    "not_signed_in": Refusal(
+        403,
+        "Not signed in",
+        "This connector learns who you are from its sign-in proxy, and this request did not say. "
+        "Open the link through the proxy's address and sign in.",
+    ),
+    "ambiguous_identity": Refusal(
+        403, "Request refused", "The sign-in proxy named more than one user for this request, so it is refused."
+    ),
+    "bad_identity_header": Refusal(
+        400, "Request refused", "The sign-in proxy sent an identity this connector cannot read."
+    ),
+    "idp_unavailable": Refusal(
+        503,
+        "Sign-in unavailable",
+        "The identity provider cannot be reached right now. Try the link again in a moment.",
+    ),
+    "idp_token_error": Refusal(
+        502,
+        "Sign-in failed",
+        f"The sign-in at the identity provider could not be completed. {_START_AGAIN}",
+    ),
+    "id_token_invalid": Refusal(
+        403,
+        "Sign-in not accepted",
+        f"The identity provider's answer could not be verified, so nothing was done. {_START_AGAIN}",
+    ),
+    "sign_in_failed": Refusal(
+        403, "Sign-in failed", f"The identity provider did not sign you in ({{error}}). {_START_AGAIN}"
+    ),
+    # The operator's confirm API.
+    "unauthorized": Refusal(401, "Unauthorized", "A valid API key is required (Authorization: Bearer)."),
+    "unknown_flow": Refusal(404, "Unknown flow", "No hand-off with this flow id is known."),
+    "flow_used": Refusal(
+        409, "Flow already used", "This flow id was already confirmed; each flow id is good for one confirmation."
+    ),
+    "flow_expired": Refusal(
+        410, "Flow expired", "This flow id has expired; the user must open the link from the agent again."
+    ),
+}
+
+_PROVIDER_FAILURE = Refusal(502, "Provider error", "The provider could not complete the sign-in: {message}")
+_OTHER = Refusal(400, "Invalid request", "This request cannot be served.")
+
+
+class _Blank(dict[str, str]):
+    def __missing__(self, key: str) -> str:
+        return ""
+
+
+def refusal_of(code: str) -> Refusal:
+    known = REFUSALS.get(code)
+    if known is not None:
+        return known
+    if code.startswith(("provider_", "invalid_id_token", "not_refreshable")):
+        return _PROVIDER_FAILURE
+    return _OTHER
+
+
+def sentence(code: str, detail: Mapping[str, str] | None = None) -> str:
+    return refusal_of(code).sentence.format_map(_Blank(detail or {})).strip()
+
+
+def describe(exc: FlowRefused) -> tuple[Refusal, str]:
+    """The status and title for `exc`, and its sentence with its detail filled in."""
+    return refusal_of(exc.code), sentence(exc.code, exc.detail)
