@@ -13,11 +13,23 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
 
+# The independent OpenID Provider the tests run (tests/oidc_op, npm). Reinstalled when the lock file is newer than
+# the stamp (the same stamp tests/oidc_op_support.py checks). Without npm its tests skip and say why.
+OIDC_OP := tests/oidc_op
+OIDC_OP_STAMP := $(OIDC_OP)/node_modules/.installed
+
+$(OIDC_OP_STAMP): $(OIDC_OP)/package-lock.json
+	@if command -v npm >/dev/null 2>&1; then \
+		cd $(OIDC_OP) && npm ci --no-audit --no-fund && touch node_modules/.installed; \
+	else \
+		echo "npm not found: the tests against the oidc-provider OP ($(OIDC_OP)) will be skipped"; \
+	fi
+
 run: $(STAMP)
 	$(BIN)/acp-connector --config $(CONFIG) migrate
 	$(BIN)/acp-connector --config $(CONFIG) serve
 
-test: $(STAMP)
+test: $(STAMP) $(OIDC_OP_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
