@@ -1,0 +1,154 @@
+"""The house rules of `service/`, read from the source: arrows point down, no circles, each SDK in its one place.
+
+Layers, lowest first (a module may import its own layer or lower ones, never a higher one):
+  core  <-  config, logs, vault, providers  <-  oauth, store, events, acp, identity, tokens  <-  web  <-  app
+  <-  connector, client  <-  cli, testing, the package itself.
+Inside the adapter layer only the listed edges are allowed (e.g. identity may use oauth and store; acp uses
+none of its siblings). Imports under `if TYPE_CHECKING:` are annotations only and are not counted.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+SERVICE = Path(__file__).resolve().parent.parent / "service"
+
+LAYERS: list[set[str]] = [
+    {"service.core"},
+    {"service.config", "service.logs", "service.vault", "service.providers"},
+    {"service.oauth", "service.store", "service.events", "service.acp", "service.identity", "service.tokens"},
+    {"service.web"},
+    {"service.app"},
+    {"service.connector", "service.client"},
+    {"service.cli", "service.testing", "service"},
+]
+# Allowed imports between siblings of one layer (any other sideways import is refused).
+ADAPTER_EDGES = {
+    ("service.identity", "service.oauth"),
+    ("service.identity", "service.store"),
+    ("service.tokens", "service.oauth"),
+    ("service.tokens", "service.store"),
+    ("service.tokens", "service.events"),
+    ("service.events", "service.store"),
+    ("service.cli", "service.testing"),  # `acp-connector mock-provider` serves the test kit's mock provider
+}
+# Third-party packages and the only parts of service/ that may import them.
+CONFINED = {
+    "acp": {"service.acp", "service.testing"},
+    "sqlalchemy": {"service.store"},
+    "alembic": {"service.store"},
+    "authlib": {"service.oauth", "service.identity"},
+    "starlette": {"service.web", "service.identity", "service.testing", "service.app", "service.connector"},
+    "uvicorn": {"service.web", "service.testing"},
+}
+CORE_FORBIDDEN = {"starlette", "acp", "httpx", "sqlalchemy", "authlib", "uvicorn", "jinja2"}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(SERVICE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> Iterator[str]:
+    """Absolute names of every module `path` imports, except under `if TYPE_CHECKING:`."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped.update(id(child) for child in ast.walk(node))
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
+            yield target
+            yield from (f"{target}.{alias.name}" for alias in node.names)
+
+
+def _area(module: str) -> str:
+    """The layer unit a module belongs to: `service.core.x` -> `service.core`, `service` -> `service`."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 1 else module
+
+
+def _layer(area: str) -> int:
+    for index, members in enumerate(LAYERS):
+        if area in members:
+            return index
+    raise AssertionError(f"{area} is in no layer: add it to tests/test_layers.py LAYERS")
+
+
+MODULES = {_module_name(p): p for p in SERVICE.rglob("*.py")}
+GRAPH = {name: {m for m in _imports(path) if m in MODULES} for name, path in MODULES.items()}
+
+
+def test_arrows_point_down() -> None:
+    wrong = []
+    for module, path in MODULES.items():
+        source = _area(module)
+        for imported in _imports(path):
+            if not imported.startswith("service") or imported not in MODULES:
+                continue
+            target = _area(imported)
+            if target == source:
+                continue
+            up = _layer(target) > _layer(source)
+            sideways = _layer(target) == _layer(source) and (source, target) not in ADAPTER_EDGES
+            if up or sideways:
+                wrong.append(f"{module} imports {imported}")
+    assert wrong == []
+
+
+def test_no_import_circles() -> None:
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def visit(node: str, trail: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(GRAPH[node]):
+            if state.get(nxt) == 1:
+                cycles.append([*trail[trail.index(nxt) :], nxt] if nxt in trail else [node, nxt])
+            elif nxt not in state:
+                visit(nxt, [*trail, nxt])
+        state[node] = 2
+
+    for module in sorted(GRAPH):
+        if module not in state:
+            visit(module, [module])
+    # A package importing its own submodules (re-exports) is not a circle of behaviour.
+    real = [c for c in cycles if not all(c[0].startswith(m) or m.startswith(c[0]) for m in c)]
+    assert real == []
+
+
+@pytest.mark.parametrize("package", sorted(CONFINED))
+def test_third_party_packages_stay_in_their_place(package: str) -> None:
+    allowed = CONFINED[package]
+    found = sorted(
+        module
+        for module, path in MODULES.items()
+        if any(i == package or i.startswith(package + ".") for i in _imports(path)) and _area(module) not in allowed
+    )
+    assert found == []
+
+
+def test_core_imports_no_framework() -> None:
+    found = sorted(
+        f"{module} imports {imported}"
+        for module, path in MODULES.items()
+        if _area(module) == "service.core"
+        for imported in _imports(path)
+        if imported.split(".")[0] in CORE_FORBIDDEN
+    )
+    assert found == []
