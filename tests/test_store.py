@@ -443,6 +443,38 @@ async def test_transaction_commits_together_or_not_at_all(store: Store) -> None:
     assert [r.elicitation_id for r in await store.audit.list()] == [kept.id]
 
 
+async def test_a_transaction_cancelled_mid_statement_raises_cancelled_error(store: Store) -> None:
+    """A task cancelled while its statement waits keeps its CancelledError (nothing replaces it) and writes nothing."""
+    parent = elicitation()
+    await store.elicitations.insert(parent)
+    rec = flow(parent.id)
+    await store.flows.insert(rec)
+    written = elicitation()
+
+    async def claim_in_a_transaction() -> None:
+        async with store.transaction() as conn:
+            await store.elicitations.insert(written, conn=conn)
+            await store.audit.record("created", elicitation_id=written.id, conn=conn)
+            await store.flows.claim(rec.state_hash, NOW, conn=conn)  # waits for the lock held below
+
+    async with store.engine.connect() as first:
+        transaction = await first.begin()
+        assert await store.flows.claim(rec.state_hash, NOW, conn=first) is not None
+        second = asyncio.create_task(claim_in_a_transaction())
+        await asyncio.sleep(0.3)  # let the second claim block on the lock
+        assert not second.done()
+        second.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await second
+        await transaction.rollback()
+
+    assert await store.elicitations.get(written.id) is None
+    assert [r.elicitation_id for r in await store.audit.list()] == []
+    async with store.transaction() as conn:  # the pool still hands out working connections
+        await store.elicitations.insert(written, conn=conn)
+    assert await store.elicitations.get(written.id) == written
+
+
 async def test_repository_calls_inside_a_transaction_see_its_writes(store: Store) -> None:
     rec = elicitation()
     async with store.transaction() as conn:

@@ -59,12 +59,15 @@ class Store:
         """
         pending: list[Any] = []
         async with self.engine.begin() as conn:
-            conn.info[PENDING_AUDIT_LOG] = pending
+            # Held here, not re-read in `finally`: a task cancelled mid-statement leaves `conn` invalidated, and
+            # reading `conn.info` then raises PendingRollbackError, which would replace the CancelledError.
+            info = conn.info
+            info[PENDING_AUDIT_LOG] = pending
             try:
                 yield conn
             finally:
                 # The DBAPI connection returns to the pool: it must not carry this list into its next use.
-                conn.info.pop(PENDING_AUDIT_LOG, None)
+                info.pop(PENDING_AUDIT_LOG, None)
         for values in pending:
             log_audit_event(values)
 
