@@ -111,8 +111,23 @@ class ServerSettings(_Section):
         return value
 
 
+DATABASE_SCHEMES = ("sqlite+aiosqlite", "postgresql+asyncpg")
+
+
 class DatabaseSettings(_Section):
     url: str = Field(default="sqlite+aiosqlite:///./var/connector.db", min_length=1)
+
+    @field_validator("url")
+    @classmethod
+    def _check_driver(cls, value: str) -> str:
+        scheme, sep, _ = value.partition("://")
+        scheme = scheme.strip().lower()
+        if not sep or not re.fullmatch(r"[a-z0-9+.-]+", scheme):
+            raise ValueError(f"not a database URL: use {' or '.join(s + '://...' for s in DATABASE_SCHEMES)}")
+        if scheme not in DATABASE_SCHEMES:
+            # The scheme only: the rest of a URL may hold a password.
+            raise ValueError(f"unsupported database '{scheme}': use {' or '.join(s + '://' for s in DATABASE_SCHEMES)}")
+        return value
 
 
 class ElicitationSettings(_Section):

@@ -6,7 +6,7 @@ import json
 import logging
 import sys
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TextIO
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
 
@@ -26,15 +26,17 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(payload, default=str)
 
 
-def configure(log_format: str = "text", level: int = logging.INFO) -> None:
-    handler = logging.StreamHandler(sys.stderr)
+def configure(
+    log_format: str = "text", level: int = logging.INFO, *, debug: bool = False, stream: TextIO | None = None
+) -> None:
+    handler = logging.StreamHandler(stream or sys.stderr)
     if log_format == "json":
         handler.setFormatter(JsonFormatter())
     else:
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level)
+    root.setLevel(logging.DEBUG if debug else level)
     # httpx logs every request URL at INFO; ours never carry secrets, but keep the noise down.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     logging.getLogger("alembic").setLevel(logging.WARNING)  # readiness checks would log on every probe

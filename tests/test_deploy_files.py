@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from service import ConfigError, Connector, load_settings
-from service.cli import _parser
+from service.cli import build_parser
 from service.vault import generate_key
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,7 +34,7 @@ def test_dockerfile_copies_files_that_exist_and_runs_our_command() -> None:
     entrypoint = next(args for op, args in instructions if op == "ENTRYPOINT")
     cmd = next(args for op, args in instructions if op == "CMD")
     assert yaml.safe_load(entrypoint) == ["acp-connector"]
-    _parser().parse_args(yaml.safe_load(cmd))  # a real subcommand
+    build_parser().parse_args(yaml.safe_load(cmd))  # a real subcommand
     assert any(op == "USER" and args != "root" for op, args in instructions)
 
 
@@ -81,7 +81,7 @@ def connector_env(service: str, operator_env: dict[str, str]) -> dict[str, str]:
 @pytest.mark.parametrize("service", ["migrate", "connector"])
 async def test_compose_services_run_real_commands_with_valid_settings(service: str) -> None:
     spec = compose()["services"][service]
-    _parser().parse_args(spec["command"])
+    build_parser().parse_args(spec["command"])
     settings = load_settings(env=connector_env(service, OPERATOR_ENV))
     assert settings.database.url.startswith("postgresql+asyncpg://")
     assert settings.identity.verifier == "trusted_header"

@@ -48,6 +48,12 @@ class SchemaNotCurrent(ConnectorError):
     code = "schema_not_current"
 
 
+class DatabaseUnavailable(ConnectorError):
+    """The database cannot be reached or opened (wrong URL, server down, no such database, no permission)."""
+
+    code = "database_unavailable"
+
+
 class VaultError(ConnectorError):
     """A ciphertext could not be decrypted (wrong key, tampered, or moved to another row)."""
 

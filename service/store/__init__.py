@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from .audit import PENDING_AUDIT_LOG, AuditRepository, log_audit_event
 from .elicitations import ElicitationRepository
-from .engine import create_engine, display_url
+from .engine import connected, create_engine, display_url
 from .flows import FlowRepository
 from .grants import GrantRepository
 from .schema import alembic_config, head_revision, migrate
@@ -72,13 +72,14 @@ class Store:
             log_audit_event(values)
 
     async def ping(self) -> None:
-        """Raise if the database cannot be reached."""
-        async with self.engine.connect() as conn:
+        """Raise DatabaseUnavailable if the database cannot be reached."""
+        async with connected(self.engine) as conn:
             await conn.execute(text("SELECT 1"))
 
     async def check_schema(self) -> None:
-        """Raise SchemaNotCurrent unless the database is migrated to exactly this version's schema."""
-        async with self.engine.connect() as conn:
+        """Raise SchemaNotCurrent unless the database is migrated to exactly this version's schema
+        (DatabaseUnavailable if it cannot be reached)."""
+        async with connected(self.engine) as conn:
             await _check_schema(conn)
 
     async def close(self) -> None:

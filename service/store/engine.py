@@ -10,7 +10,10 @@ from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from service.core.errors import DatabaseUnavailable
 
 SQLITE_PRAGMAS = (
     "PRAGMA journal_mode=WAL",
@@ -31,7 +34,10 @@ def create_engine(url: str) -> AsyncEngine:
 
     path = _sqlite_file(parsed)
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise unavailable(url, exc) from exc
     engine = create_async_engine(parsed)
     event.listen(engine.sync_engine, "connect", _sqlite_on_connect)
     return engine
@@ -66,6 +72,43 @@ def display_url(url: str | URL) -> str:
         query=parsed.query,
     )
     return without_password.render_as_string(hide_password=False)
+
+
+def unavailable(url: str | URL, exc: BaseException) -> DatabaseUnavailable:
+    """The error for a database that cannot be reached or opened, saying why and what to check."""
+    cause = exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc
+    if isinstance(cause, OSError) and cause.strerror:
+        reason = cause.strerror + (f": {cause.filename}" if cause.filename else "")
+    else:
+        reason = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
+    return DatabaseUnavailable(
+        f"cannot open the database at {display_url(url)}: {reason} "
+        "(check database.url / CONNECTOR_DATABASE__URL, and that the database server is running)"
+    )
+
+
+@asynccontextmanager
+async def connected(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+    """A connection; failing to open it raises DatabaseUnavailable (errors inside the block pass unchanged)."""
+    conn = engine.connect()
+    try:
+        await conn.start()
+    except (OSError, DBAPIError) as exc:
+        raise unavailable(engine.url, exc) from exc
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
+async def probe(url: str) -> None:
+    """Open and close one connection to `url`: raises DatabaseUnavailable with the reason if that fails."""
+    engine = create_engine(url)
+    try:
+        async with connected(engine):
+            pass
+    finally:
+        await engine.dispose()
 
 
 @asynccontextmanager

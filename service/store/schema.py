@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.core.errors import SchemaNotCurrent
 
-from .engine import display_url
+from .engine import display_url, probe
 
 _PACKAGE_DIR = Path(__file__).resolve().parents[1]  # service/
 _PACKAGED_SCRIPTS = _PACKAGE_DIR / "_migrations"  # an installed wheel (pyproject force-includes migrations/ here)
@@ -53,19 +53,25 @@ def migrate(url: str) -> None:
     """Upgrade the database at `url` to the head revision (creating it, for SQLite).
 
     Blocks until done. Safe to call from inside a running event loop: the migration then runs on its own
-    thread (Alembic's env.py drives its own loop).
+    thread (Alembic's env.py drives its own loop). Raises DatabaseUnavailable, saying why, when the database
+    cannot be reached or opened.
     """
     config = alembic_config(url)
+
+    def upgrade() -> None:
+        asyncio.run(probe(url))
+        command.upgrade(config, "head")
+
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        command.upgrade(config, "head")
+        upgrade()
         return
     errors: list[BaseException] = []
 
     def run() -> None:
         try:
-            command.upgrade(config, "head")
+            upgrade()
         except BaseException as exc:
             errors.append(exc)
 

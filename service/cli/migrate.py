@@ -1,0 +1,30 @@
+"""`acp-connector migrate`: bring the database to this version's schema."""
+
+from __future__ import annotations
+
+from ..store import display_url, migrate
+from .framework import Commands, Invocation
+
+
+def register(commands: Commands) -> None:
+    commands.command(
+        "migrate",
+        run,
+        help="apply database migrations",
+        description=(
+            "Upgrade the database at database.url to this version's schema (creating a SQLite file and its\n"
+            "folder if needed). Safe to run again: an up-to-date database is left as it is. Run it after every\n"
+            "upgrade, before `serve` (which refuses an unmigrated database)."
+        ),
+        examples=[
+            "acp-connector migrate",
+            "CONNECTOR_DATABASE__URL=postgresql+asyncpg://connector@db/connector acp-connector migrate",
+        ],
+    )
+
+
+def run(invocation: Invocation) -> int:
+    url = invocation.settings().database.url
+    migrate(url)
+    invocation.note(f"database at {display_url(url)} is up to date")
+    return 0
