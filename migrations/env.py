@@ -10,9 +10,11 @@ import asyncio
 from typing import Any
 
 from alembic import context
+from alembic.script import ScriptDirectory
 from sqlalchemy import Connection
 
 from service.store.engine import create_engine
+from service.store.schema import record_compatibility
 from service.store.tables import metadata
 
 config = context.config
@@ -46,6 +48,8 @@ def _run_sync(connection: Connection) -> None:
     _configure(connection=connection)
     with context.begin_transaction():
         context.run_migrations()
+        # Offline (--sql) runs do not record it: old replicas then treat the new schema as incompatible.
+        record_compatibility(connection, ScriptDirectory.from_config(config))
 
 
 async def run_migrations_online() -> None:

@@ -5,6 +5,7 @@ The only module that knows every part. Nothing imports it but the CLI, the publi
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -22,6 +23,7 @@ from .core.verification import IdentityStep
 from .events import LocalBus
 from .identity import IdentityVerifier, VerifierContext
 from .identity import registry as verifiers
+from .metrics import Metrics
 from .oauth import ProviderGateway
 from .providers import load_catalog
 from .store import Store
@@ -48,6 +50,7 @@ class Runtime:
     identity: IdentityStep
     tokens: TokenAccess
     acp: AcpAuthorizer
+    metrics: Metrics
     http: httpx.AsyncClient = field(repr=False)
 
     async def start(self) -> None:
@@ -101,10 +104,12 @@ def build_runtime(settings: Settings) -> Runtime:
     clock = Clock()
     vault = build_vault(settings)
     store = Store.from_url(settings.database.url)
-    providers = ProviderGateway(load_catalog(settings.providers.catalog, env=settings.environment()))
+    catalog = load_catalog(settings.providers.catalog, env=settings.environment())
+    metrics = build_metrics(store, (entry.name for entry in catalog.entries()))
+    providers = ProviderGateway(catalog, metrics=metrics)
     bus = LocalBus()
     flow = flow_settings(settings)
-    elicitations = Elicitations(store, bus, providers, flow, clock)
+    elicitations = Elicitations(store, bus, providers, flow, clock, metrics)
     browser = BrowserFlow(elicitations, store, vault, providers)
     http = httpx.AsyncClient(timeout=15.0)
     verifier = build_verifier(VerifierContext(settings, flow, store, vault, http, clock))
@@ -119,10 +124,24 @@ def build_runtime(settings: Settings) -> Runtime:
         browser=browser,
         verifier=verifier,
         identity=IdentityStep(browser, verifier),
-        tokens=TokenAccess(store, vault, providers, clock),
-        acp=AcpAuthorizer(elicitations, bus),
+        tokens=TokenAccess(store, vault, providers, clock, metrics),
+        acp=AcpAuthorizer(elicitations, bus, metrics),
+        metrics=metrics,
         http=http,
     )
+
+
+def build_metrics(store: Store, providers: Iterable[str]) -> Metrics:
+    """The metrics, with the gauges read from the store at each scrape."""
+    metrics = Metrics(providers)
+
+    async def sample() -> None:
+        metrics.db_pool_in_use.set(store.pool_in_use())
+        for status, count in (await store.elicitations.count_open()).items():
+            metrics.pending.labels(status.value).set(count)
+
+    metrics.add_sampler(sample)
+    return metrics
 
 
 def build_web_app(runtime: Runtime) -> Starlette:
@@ -137,5 +156,14 @@ def build_web_app(runtime: Runtime) -> Starlette:
             identity=runtime.identity,
             verifier=runtime.verifier,
             clock=runtime.clock,
+            metrics=runtime.metrics,
         )
     )
+
+
+def build_metrics_app(runtime: Runtime) -> Starlette | None:
+    """The separate metrics listener's app, when `metrics.port` is set."""
+    from .web.metrics import metrics_app
+
+    config = runtime.settings.metrics
+    return metrics_app(runtime.metrics, runtime.settings) if config.enabled and config.port is not None else None

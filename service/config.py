@@ -41,6 +41,7 @@ __all__ = [
     "DatabaseSettings",
     "ElicitationSettings",
     "IdentitySettings",
+    "MetricsSettings",
     "ProvidersSettings",
     "RateLimitSettings",
     "ServerSettings",
@@ -68,6 +69,9 @@ _FORBIDDEN_TOML_KEYS: dict[tuple[str, ...], str] = {
     ("vault", "keys"): (
         "key material does not belong in the config file: use vault.key_file (a file only its owner can "
         "read) or the CONNECTOR_VAULT__KEYS environment variable"
+    ),
+    ("metrics", "bearer_token"): (
+        "the metrics token does not belong in the config file: set CONNECTOR_METRICS__BEARER_TOKEN"
     ),
     ("identity", "oidc", "client_secret"): (
         "client secrets do not belong in the config file: set CONNECTOR_IDENTITY__OIDC__CLIENT_SECRET"
@@ -214,6 +218,34 @@ class RateLimitSettings(_Section):
     confirm_per_elicitation: int = Field(default=10, gt=0)
 
 
+class MetricsSettings(_Section):
+    """`[metrics]`: Prometheus metrics at `/metrics`.
+
+    On the public listener they are served only with `bearer_token` set (scrapers send it as a bearer token)
+    or on a loopback deployment. With `port` set they are served on their own listener (`host`:`port`) instead,
+    and not on the public one.
+    """
+
+    enabled: bool = True
+    bearer_token: SecretStr | None = None
+    host: str = Field(default="127.0.0.1", min_length=1)
+    port: int | None = Field(default=None, ge=1, le=65535)
+
+    @field_validator("bearer_token", "port", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: Any) -> Any:
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value() or None
+        return optional_str(value)
+
+    @field_validator("bearer_token")
+    @classmethod
+    def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < 16:
+            raise ValueError("too short: use at least 16 random characters")  # never echo the value
+        return value
+
+
 class Settings(BaseSettings):
     """All settings of one connector. Build it with `load_settings`; it is immutable once built."""
 
@@ -236,6 +268,7 @@ class Settings(BaseSettings):
     vault: VaultSettings = Field(default_factory=VaultSettings)
     providers: ProvidersSettings = Field(default_factory=ProvidersSettings)
     rate_limit: RateLimitSettings = Field(default_factory=RateLimitSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     config_file: Path | None = None
 
     @field_validator("public_base_url")

@@ -7,6 +7,7 @@ thin facade: the work is done by the parts `service.app` wires (`runtime`).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -82,11 +83,23 @@ class Connector:
 
         return build_web_app(self.runtime)
 
+    def metrics_asgi_app(self) -> Starlette | None:
+        """The app of the separate metrics listener, when `metrics.port` is set (else None: see `[metrics]`)."""
+        from .app import build_metrics_app
+
+        return build_metrics_app(self.runtime)
+
     async def serve(self) -> None:
-        """Serve the web routes on the configured host and port until cancelled."""
+        """Serve the web routes on the configured host and port (and the metrics on theirs) until cancelled."""
         from .web.server import serve
 
-        await serve(self.asgi_app(), self.settings.server.host, self.settings.server.port)
+        server = self.settings.server
+        listeners = [serve(self.asgi_app(), server.host, server.port)]
+        metrics = self.metrics_asgi_app()
+        if metrics is not None:
+            assert self.settings.metrics.port is not None
+            listeners.append(serve(metrics, self.settings.metrics.host, self.settings.metrics.port))
+        await asyncio.gather(*listeners)
 
     # -- the agent's API -------------------------------------------------------------------------------------
     def attach(self, conn: AgentConnection, *, on_state: StateListener | None = None) -> AcpLink:

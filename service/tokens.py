@@ -15,6 +15,7 @@ import httpx
 from .core.errors import ConnectorError, NotAuthorized, ProviderError
 from .core.handles import grant_aad
 from .core.records import GrantRecord, TokenSet
+from .metrics import Metrics, RefreshResult
 from .oauth import ProviderGateway, ResolvedProvider
 from .store import Store
 from .vault import Vault
@@ -30,11 +31,19 @@ def _aad(grant: GrantRecord) -> bytes:
 
 
 class TokenAccess:
-    def __init__(self, store: Store, vault: Vault, providers: ProviderGateway, clock: Callable[[], datetime]) -> None:
+    def __init__(
+        self,
+        store: Store,
+        vault: Vault,
+        providers: ProviderGateway,
+        clock: Callable[[], datetime],
+        metrics: Metrics | None = None,
+    ) -> None:
         self.store = store
         self.vault = vault
         self.providers = providers
         self.now = clock
+        self.metrics = metrics or providers.metrics
         self._locks: dict[str, asyncio.Lock] = {}
         # Decrypted token sets by grant id, so a request does not cost a database read and a decryption.
         # A set is used from here only while it is not near expiry; a 401 (`stale`) always re-reads the
@@ -77,6 +86,7 @@ class TokenAccess:
         try:
             fresh = await self.providers.refresh(provider, tokens)
         except ProviderError as exc:
+            self.metrics.refresh(grant.provider, RefreshResult.FAILED)
             await self.store.audit.record(
                 "refresh_failed",
                 identity=grant.identity,
@@ -96,6 +106,7 @@ class TokenAccess:
             scopes=fresh.scopes if fresh.scopes is not None else grant.scopes,
             now=self.now(),
         )
+        self.metrics.refresh(grant.provider, RefreshResult.REFRESHED)
         await self.store.audit.record(
             "refreshed",
             identity=grant.identity,

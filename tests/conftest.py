@@ -135,17 +135,19 @@ async def deploy(
     provider: MockOAuthProvider,
     sock: socket.socket,
     user: Identity | None = None,
+    schema_revision: str = "head",
     **overrides: str,
 ) -> AsyncIterator[Deployment]:
     """A connector with the test environment plus `overrides` (CONNECTOR_* names), on a real loopback port.
 
-    `user` is whom the agent binds elicitations to; by default the local verifier's user.
+    `user` is whom the agent binds elicitations to; by default the local verifier's user. The database is
+    migrated to `schema_revision` first.
     """
     settings_env = {**env, **overrides}
     config_file = tmp_path / "connector.toml"
     config_file.write_text("# all settings come from the environment in tests\n")
     settings = load_settings(config_file, env=settings_env)
-    migrate(settings.database.url)
+    migrate(settings.database.url, schema_revision)
     connector = Connector.from_settings(settings)
     await connector.start()
     server = make_server(connector.asgi_app(), "127.0.0.1", 0)
@@ -172,10 +174,13 @@ def deploy_with(
     respx_router: respx.MockRouter,
     loopback_socket: socket.socket,
 ) -> Deploy:
-    """`deploy_with(user=None, **overrides)`: `deploy` on this test's environment, mock provider and port."""
+    """`deploy_with(user=None, schema_revision="head", **overrides)`: `deploy` on this test's environment,
+    mock provider and port."""
 
-    def make(user: Identity | None = None, **overrides: str) -> AbstractAsyncContextManager[Deployment]:
-        return deploy(connector_env, tmp_path, mock_provider, loopback_socket, user, **overrides)
+    def make(
+        user: Identity | None = None, schema_revision: str = "head", **overrides: str
+    ) -> AbstractAsyncContextManager[Deployment]:
+        return deploy(connector_env, tmp_path, mock_provider, loopback_socket, user, schema_revision, **overrides)
 
     return make
 

@@ -1,7 +1,7 @@
 """The house rules of `service/`, read from the source: arrows point down, no circles, each SDK in its one place.
 
 Layers, lowest first (a module may import its own layer or lower ones, never a higher one):
-  core  <-  config, logs, vault, providers, version  <-  oauth, store, events, acp, identity, tokens  <-  web  <-  app
+  core  <-  config, logs, metrics, vault, providers, version  <-  oauth, store, events, acp, identity, tokens  <-  web  <-  app
   <-  connector, client  <-  cli, testing, the package itself.
 Inside the adapter layer only the listed edges are allowed (e.g. identity may use oauth and store; acp uses
 none of its siblings). Imports under `if TYPE_CHECKING:` are annotations only and are not counted.
@@ -19,7 +19,7 @@ SERVICE = Path(__file__).resolve().parent.parent / "service"
 
 LAYERS: list[set[str]] = [
     {"service.core"},
-    {"service.config", "service.logs", "service.vault", "service.providers", "service.version"},
+    {"service.config", "service.logs", "service.metrics", "service.vault", "service.providers", "service.version"},
     {"service.oauth", "service.store", "service.events", "service.acp", "service.identity", "service.tokens"},
     {"service.web"},
     {"service.app"},
@@ -44,6 +44,7 @@ CONFINED = {
     "authlib": {"service.oauth", "service.identity"},
     "starlette": {"service.web", "service.identity", "service.testing", "service.app", "service.connector"},
     "uvicorn": {"service.web", "service.testing"},
+    "prometheus_client": {"service.metrics"},
 }
 CORE_FORBIDDEN = {"starlette", "acp", "httpx", "sqlalchemy", "authlib", "uvicorn", "jinja2"}
 

@@ -84,7 +84,7 @@ async def test_concurrent_401s_cause_a_single_refresh(deployment: Deployment) ->
 async def test_failed_refresh_asks_for_authorization_again(deployment: Deployment) -> None:
     deployment.provider.expires_in = 30
     await authorize(deployment)
-    deployment.provider._refresh.clear()  # the provider revoked the refresh token
+    deployment.provider.revoke_refresh_tokens()
     async with deployment.connector.http(deployment.local_user, "github") as github:
         with pytest.raises(NotAuthorized, match="authorized again"):
             await github.get("user")

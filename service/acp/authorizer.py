@@ -23,6 +23,7 @@ from service.core.ports import EventSource
 from service.core.records import ElicitationRecord
 from service.core.scopes import ElicitationScope, SessionScope
 from service.core.states import ElicitationStatus
+from service.metrics import CompletionResult, Metrics
 
 from .adapter import AgentConnection
 from .capabilities import url_mode_advertised
@@ -37,9 +38,10 @@ POLL_SECONDS = 2.0
 
 
 class AcpAuthorizer:
-    def __init__(self, elicitations: Elicitations, events: EventSource) -> None:
+    def __init__(self, elicitations: Elicitations, events: EventSource, metrics: Metrics | None = None) -> None:
         self.elicitations = elicitations
         self.events = events
+        self.metrics = metrics or Metrics()
         self.foreground = ForegroundTracker()
         self._links: weakref.WeakKeyDictionary[Any, AcpLink] = weakref.WeakKeyDictionary()
         self._links_by_key: weakref.WeakValueDictionary[str, AcpLink] = weakref.WeakValueDictionary()
@@ -197,6 +199,11 @@ class AcpAuthorizer:
 
     async def _deliver(self, link: AcpLink, elicitation_id: str) -> None:
         sent = await send_completion(link, elicitation_id)
+        record = await self.elicitations.get(elicitation_id)
+        since = (self.now() - record.updated_at).total_seconds() if record is not None else None
+        self.metrics.completion(
+            CompletionResult.SENT if sent else CompletionResult.UNDELIVERABLE, since if sent else None
+        )
         await self.elicitations.store.audit.record(
             "completion_sent" if sent else "completion_undeliverable",
             elicitation_id=elicitation_id,

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from .errors import ConnectorError, FlowRefused, ProviderError
-from .events import ElicitationEvent
 from .handles import binding_hash, flow_aad, grant_aad, new_id, state_hash
 from .identity import Identity
 from .lifecycle import Elicitations
@@ -313,9 +312,7 @@ class BrowserFlow:
             )
         if completed is None:
             return await self.elicitations.get(record.id) or record
-        self.elicitations.events.publish(
-            ElicitationEvent(record.id, ElicitationStatus.COMPLETED, record.connection_key)
-        )
+        self.elicitations.ended(record, ElicitationStatus.COMPLETED)
         return completed
 
 

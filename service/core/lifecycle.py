@@ -18,7 +18,7 @@ from .events import ElicitationEvent
 from .handles import new_id
 from .identity import Identity
 from .outcomes import AuthorizationOutcome, AuthorizationStatus, GrantInfo, terminal_status
-from .ports import EventSink, GrantRepo, ProviderGateway, Store, Tx
+from .ports import EventSink, FlowMetrics, GrantRepo, ProviderGateway, Store, Tx
 from .records import ElicitationRecord, GrantRecord
 from .scopes import ElicitationScope, RequestScope, SessionScope
 from .settings import FlowSettings
@@ -55,12 +55,14 @@ class Elicitations:
         providers: ProviderGateway,
         settings: FlowSettings,
         clock: Callable[[], datetime],
+        metrics: FlowMetrics | None = None,
     ) -> None:
         self.store = store
         self.events = events
         self.providers = providers
         self.settings = settings
         self.now = clock
+        self.metrics = metrics
 
     # -- reading ----------------------------------------------------------------------------------------
     async def get(self, elicitation_id: str) -> ElicitationRecord | None:
@@ -138,6 +140,8 @@ class Elicitations:
             await self.audit(
                 record, "created", detail={"scopes": list(record.scopes), "scope_kind": record.scope_kind}, conn=tx
             )
+        if self.metrics is not None:
+            self.metrics.flow_started(provider)
         return record
 
     async def consented(self, record: ElicitationRecord) -> None:
@@ -203,8 +207,14 @@ class Elicitations:
             if close_flows:
                 await self.store.flows.invalidate_open(record.id, now, conn=tx)
             await self.audit(record, event, detail={"reason": reason, **(detail or {})}, now=now, conn=tx)
-        self.events.publish(ElicitationEvent(record.id, status, record.connection_key))
+        self.ended(record, status)
         return True
+
+    def ended(self, record: ElicitationRecord, status: ElicitationStatus) -> None:
+        """After the commit of `record`'s terminal transition: count it and publish its event."""
+        if self.metrics is not None:
+            self.metrics.flow_ended(record.provider, status)
+        self.events.publish(ElicitationEvent(record.id, status, record.connection_key))
 
     async def expire_if_due(self, record: ElicitationRecord) -> ElicitationRecord:
         """End an open elicitation whose time is up; the current record either way."""

@@ -92,6 +92,13 @@ class EventSink(Protocol):
     def publish(self, event: ElicitationEvent) -> None: ...
 
 
+class FlowMetrics(Protocol):
+    """What the lifecycle reports to the connector's metrics (after each commit)."""
+
+    def flow_started(self, provider: str) -> None: ...
+    def flow_ended(self, provider: str, status: ElicitationStatus) -> None: ...
+
+
 class EventSource(Protocol):
     """Where waiters learn that an elicitation changed (a wake-up call: the store stays the truth)."""
 

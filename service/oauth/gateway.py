@@ -15,6 +15,7 @@ import httpx
 
 from service.core.ports import AuthorizationRequest, Authorized, Provider
 from service.core.records import TokenSet
+from service.metrics import Metrics, ProviderEndpoint
 from service.providers import ProviderCatalog, ProviderEntry
 
 from . import token
@@ -27,9 +28,12 @@ from .userinfo import fetch_account
 
 
 class ProviderGateway:
-    def __init__(self, catalog: ProviderCatalog, *, http: httpx.AsyncClient | None = None) -> None:
+    def __init__(
+        self, catalog: ProviderCatalog, *, http: httpx.AsyncClient | None = None, metrics: Metrics | None = None
+    ) -> None:
         self.catalog = catalog
         self.http = http or httpx.AsyncClient(timeout=15.0)
+        self.metrics = metrics or Metrics(entry.name for entry in catalog.entries())
         self.jwks = JwksCache()
         self._resolved: dict[str, ResolvedProvider] = {}
         self._locks: dict[str, asyncio.Lock] = {}
@@ -63,7 +67,8 @@ class ProviderGateway:
         async with self._locks.setdefault(name, asyncio.Lock()):
             cached = self._resolved.get(name)
             if cached is None:
-                cached = await discover(entry, entry.discovery_url, self.http)
+                with self.metrics.provider_call(name, ProviderEndpoint.DISCOVERY):
+                    cached = await discover(entry, entry.discovery_url, self.http)
                 self._resolved[name] = cached
         return cached
 
@@ -92,7 +97,10 @@ class ProviderGateway:
     ) -> Authorized:
         """Exchange the code; for OpenID providers check the ID token in full; learn the provider account."""
         provider = _resolved(provider)
-        tokens = await token.exchange_code(provider, redirect_uri=redirect_uri, code=code, code_verifier=code_verifier)
+        with self.metrics.provider_call(provider.name, ProviderEndpoint.TOKEN):
+            tokens = await token.exchange_code(
+                provider, redirect_uri=redirect_uri, code=code, code_verifier=code_verifier
+            )
         id_claims = None
         if provider.oidc:
             # Checked before anything is stored: the account is the ID token's `sub`, signed by the issuer
@@ -106,15 +114,26 @@ class ProviderGateway:
                 http=self.http,
                 now=now.timestamp(),
             )
-        account_id, _profile = await fetch_account(provider, tokens, id_claims)
+        if provider.userinfo_endpoint is None:  # the account is the ID token's `sub`: no call
+            account_id, _profile = await fetch_account(provider, tokens, id_claims)
+        else:
+            with self.metrics.provider_call(provider.name, ProviderEndpoint.USERINFO):
+                account_id, _profile = await fetch_account(provider, tokens, id_claims)
         return Authorized(tokens, account_id)
 
     # -- using a grant ---------------------------------------------------------------------------------
     async def refresh(self, provider: ResolvedProvider, tokens: TokenSet) -> TokenSet:
-        return await token.refresh(provider, tokens)
+        with self.metrics.provider_call(provider.name, ProviderEndpoint.REFRESH):
+            return await token.refresh(provider, tokens)
 
     async def revoke(self, provider: ResolvedProvider, tokens: TokenSet) -> bool:
-        return await revoke(provider, tokens)
+        if provider.revocation_endpoint is None:
+            return False
+        with self.metrics.provider_call(provider.name, ProviderEndpoint.REVOCATION):
+            revoked = await revoke(provider, tokens)
+        if not revoked:  # best effort: a refusal is not raised, but it is an error of that endpoint
+            self.metrics.provider_errors.labels(self.metrics.provider(provider.name), "revocation").inc()
+        return revoked
 
 
 def _resolved(provider: Provider) -> ResolvedProvider:

@@ -76,6 +76,11 @@ class Store:
         async with connected(self.engine) as conn:
             await conn.execute(text("SELECT 1"))
 
+    def pool_in_use(self) -> int:
+        """Connections of this process's pool that are checked out now (0 for pools that do not count)."""
+        checkedout = getattr(self.engine.pool, "checkedout", None)
+        return int(checkedout()) if callable(checkedout) else 0
+
     async def check_schema(self) -> None:
         """Raise SchemaNotCurrent unless the database is migrated to exactly this version's schema
         (DatabaseUnavailable if it cannot be reached)."""

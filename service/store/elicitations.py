@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import RowMapping, insert, select, update
+from sqlalchemy import RowMapping, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service.core.identity import Identity
@@ -75,6 +75,18 @@ class ElicitationRepository:
         async with connection_scope(self._engine, conn) as c:
             count = (await c.execute(statement)).scalar()
         return int(count or 0)
+
+    async def count_open(self, conn: AsyncConnection | None = None) -> dict[ElicitationStatus, int]:
+        """How many elicitations are in each open (not terminal) status; every open status is present."""
+        open_statuses = [s for s in ElicitationStatus if not s.terminal]
+        statement = (
+            select(elicitations.c.status, func.count())
+            .where(elicitations.c.status.in_([s.value for s in open_statuses]))
+            .group_by(elicitations.c.status)
+        )
+        async with connection_scope(self._engine, conn) as c:
+            counts = {ElicitationStatus(status): int(n) for status, n in (await c.execute(statement)).all()}
+        return {status: counts.get(status, 0) for status in open_statuses}
 
     async def expire_due(self, now: datetime, conn: AsyncConnection | None = None) -> list[str]:
         """Mark every open elicitation with `expires_at` at or before `now` as EXPIRED; return their ids."""

@@ -1,4 +1,13 @@
-"""Schema versions: running the Alembic migrations, and checking a database is at this code's revision."""
+"""Schema versions: running the Alembic migrations, and checking that this code may run on a database.
+
+Rolling upgrades need two promises, one from each side:
+- the code declares the oldest schema revision it runs against (`OLDEST_SCHEMA_REVISION`): a replica of this
+  release serves a database anywhere from that revision to its own head;
+- the schema declares the oldest code revision that still runs on it: each migration may set
+  `oldest_code_revision` in its file (a contract step raises it; an expand step inherits it), and every migration
+  run records the value for the new head in the `schema_compatibility` table. A replica of an older release
+  serves a newer database as long as that recorded revision is one it knows.
+"""
 
 from __future__ import annotations
 
@@ -10,18 +19,23 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection
+from sqlalchemy import Connection, delete, insert, inspect, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.core.errors import SchemaNotCurrent
 
 from .engine import display_url, probe
+from .tables import schema_compatibility
 
 _PACKAGE_DIR = Path(__file__).resolve().parents[1]  # service/
 _PACKAGED_SCRIPTS = _PACKAGE_DIR / "_migrations"  # an installed wheel (pyproject force-includes migrations/ here)
 _CHECKOUT_SCRIPTS = _PACKAGE_DIR.parent / "migrations"  # a source checkout or editable install
 
 MIGRATE_COMMAND = "acp-connector migrate"
+
+# The oldest schema revision this code runs against. Raise it (to the head) in the release whose code starts
+# to use something a migration adds: tests/test_rolling_upgrade.py runs the whole flow on a database at it.
+OLDEST_SCHEMA_REVISION = "0002"
 
 
 def script_location() -> Path:
@@ -49,8 +63,8 @@ def head_revision() -> str:
     return head
 
 
-def migrate(url: str) -> None:
-    """Upgrade the database at `url` to the head revision (creating it, for SQLite).
+def migrate(url: str, revision: str = "head") -> None:
+    """Upgrade the database at `url` to `revision`, by default the head (creating it, for SQLite).
 
     Blocks until done. Safe to call from inside a running event loop: the migration then runs on its own
     thread (Alembic's env.py drives its own loop). Raises DatabaseUnavailable, saying why, when the database
@@ -60,7 +74,7 @@ def migrate(url: str) -> None:
 
     def upgrade() -> None:
         asyncio.run(probe(url))
-        command.upgrade(config, "head")
+        command.upgrade(config, revision)
 
     try:
         asyncio.get_running_loop()
@@ -87,8 +101,33 @@ def current_revisions(connection: Connection) -> tuple[str, ...]:
     return tuple(MigrationContext.configure(connection).get_current_heads())
 
 
+def declared_oldest_code_revision(script: ScriptDirectory, revision: str) -> str | None:
+    """What a schema at `revision` promises: the newest migration up to it that declares `oldest_code_revision`."""
+    for step in script.iterate_revisions(revision, "base"):
+        declared = getattr(step.module, "oldest_code_revision", None)
+        if isinstance(declared, str):
+            return declared
+    return None
+
+
+def record_compatibility(connection: Connection, script: ScriptDirectory) -> None:
+    """After a migration run (inside its transaction): store the promise of the revision the database is now at."""
+    heads = current_revisions(connection)
+    if len(heads) != 1 or not inspect(connection).has_table(schema_compatibility.name):
+        return
+    oldest = declared_oldest_code_revision(script, heads[0]) or heads[0]
+    connection.execute(delete(schema_compatibility))
+    connection.execute(insert(schema_compatibility).values(id=1, oldest_code_revision=oldest))
+
+
+def _recorded_oldest_code_revision(connection: Connection) -> str | None:
+    if not inspect(connection).has_table(schema_compatibility.name):
+        return None
+    return connection.execute(select(schema_compatibility.c.oldest_code_revision)).scalar()
+
+
 async def check_schema(conn: AsyncConnection) -> None:
-    """Raise SchemaNotCurrent unless the database is exactly at `head_revision()`, saying what to run."""
+    """Raise SchemaNotCurrent unless this code may run on the database (see the module docstring), saying what to do."""
     where = f"database at {display_url(conn.engine.url)}"
     current = await conn.run_sync(current_revisions)
     script = ScriptDirectory.from_config(alembic_config())
@@ -100,10 +139,16 @@ async def check_schema(conn: AsyncConnection) -> None:
     known = {revision.revision for revision in script.walk_revisions()}
     unknown = [revision for revision in current if revision not in known]
     if unknown:
+        if await conn.run_sync(_recorded_oldest_code_revision) in known:
+            return  # a newer schema that still runs this code (expand before contract)
         raise SchemaNotCurrent(
             f"{where} was migrated by a newer version (revision {', '.join(unknown)}): upgrade the connector"
         )
+    assert head is not None
+    supported = {step.revision for step in script.iterate_revisions(head, OLDEST_SCHEMA_REVISION, inclusive=True)}
+    if all(revision in supported for revision in current):
+        return
     raise SchemaNotCurrent(
         f"{where} is not migrated to this version's schema "
-        f"(revision {', '.join(current)}, need {head}): run `{MIGRATE_COMMAND}`"
+        f"(revision {', '.join(current)}, need {OLDEST_SCHEMA_REVISION} or later): run `{MIGRATE_COMMAND}`"
     )

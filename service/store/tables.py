@@ -170,3 +170,12 @@ audit_events = Table(
     Index(None, "elicitation_id"),
     Index(None, "event"),
 )
+
+# One row: the oldest code revision that still runs on this schema, written by every migration run
+# (`service.store.schema`). A replica whose code is older than the database reads it to know whether it may serve.
+schema_compatibility = Table(
+    "schema_compatibility",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=False),
+    Column("oldest_code_revision", String(32), nullable=False),
+)

@@ -136,6 +136,10 @@ class MockOAuthProvider:
         """Make every issued access token invalid, as if they had expired at the provider."""
         self._access.clear()
 
+    def revoke_refresh_tokens(self) -> None:
+        """Make every issued refresh token invalid, as if the user had revoked the grant at the provider."""
+        self._refresh.clear()
+
     # -- the transport-independent core ----------------------------------------------------------------
     def _routes(self) -> dict[tuple[str, str], Callable[[MockRequest], MockResponse]]:
         return {

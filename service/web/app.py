@@ -24,10 +24,12 @@ from ..core.clock import Clock
 from ..core.errors import FlowRefused, SchemaNotCurrent
 from ..core.verification import IdentityStep
 from ..identity import IdentityVerifier, VerifierRoute
+from ..metrics import Metrics
 from ..store import Store
 from ..vault import Vault
 from .browser import BrowserRoutes
 from .kit import Kit, api_error
+from .metrics import metrics_route, on_public_listener
 from .pages import Pages
 from .ratelimit import RateLimit, RateLimiter, RateLimitGuard
 from .security import BrowserBinding, SecurityHeaders
@@ -46,6 +48,7 @@ class WebParts:
     identity: IdentityStep
     verifier: IdentityVerifier
     clock: Clock
+    metrics: Metrics
 
 
 def _is_api(request: Request) -> bool:
@@ -64,6 +67,7 @@ def create_app(parts: WebParts) -> Starlette:
         audit=store.audit,
         pages=pages,
         now=parts.clock,
+        metrics=parts.metrics,
     )
     browser = BrowserRoutes(
         parts.browser,
@@ -125,6 +129,13 @@ def create_app(parts: WebParts) -> Starlette:
         Route("/readyz", readyz, methods=["GET"]),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
+    if on_public_listener(settings):
+        routes.append(metrics_route(parts.metrics, settings.metrics.bearer_token))
+    elif settings.metrics.enabled and settings.metrics.port is None:
+        log.warning(
+            "/metrics is not served: on a public deployment set metrics.bearer_token "
+            "(CONNECTOR_METRICS__BEARER_TOKEN) or metrics.port (its own listener)"
+        )
     return Starlette(
         routes=routes,
         # Outermost first: every answer, a 429 included, gets the security headers.

@@ -128,6 +128,10 @@ REFUSALS: dict[str, Refusal] = {
     ),
     # The operator's confirm API.
     "unauthorized": Refusal(401, "Unauthorized", "A valid API key is required (Authorization: Bearer)."),
+    # Operations.
+    "metrics_unauthorized": Refusal(
+        401, "Unauthorized", "The metrics need the metrics bearer token (Authorization: Bearer)."
+    ),
     "unknown_flow": Refusal(404, "Unknown flow", "No hand-off with this flow id is known."),
     "flow_used": Refusal(
         409, "Flow already used", "This flow id was already confirmed; each flow id is good for one confirmation."

@@ -27,6 +27,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..config import RateLimitSettings
 from ..core.ports import AuditRepo
+from ..metrics import Metrics
 from .client_address import client_address
 from .pages import Pages
 
@@ -141,8 +142,10 @@ class RateLimitGuard:
         audit: AuditRepo,
         pages: Pages,
         now: Callable[[], datetime],
+        metrics: Metrics | None = None,
     ) -> None:
         self.limiter = limiter
+        self.metrics = metrics
         self.trusted_proxies = tuple(trusted_proxies)
         self.audit = audit
         self.pages = pages
@@ -168,6 +171,8 @@ class RateLimitGuard:
     ) -> Response | None:
         if refusal is None:
             return None
+        if self.metrics is not None:
+            self.metrics.rate_limit_refused(refusal.group, refusal.kind)
         if self.limiter.should_audit(refusal):
             await self.audit.record(
                 RATE_LIMITED,

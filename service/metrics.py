@@ -1,0 +1,179 @@
+"""Prometheus metrics of one connector: its own registry, typed recording methods, bounded labels only.
+
+Every label value comes from a closed set: provider names from the catalog (anything else is "other"),
+elicitation statuses, endpoint and route names this code defines. No label ever carries a user, an id or a
+URL. Gauges that describe shared state (pending elicitations, the database pool) are read when scraped.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from contextlib import contextmanager
+from enum import StrEnum
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from service.core.states import ElicitationStatus
+
+log = logging.getLogger("service.metrics")
+
+OTHER = "other"
+PREFIX = "acp_connector"
+
+# From the callback's completion to `elicitation/complete` on the wire: milliseconds matter.
+DELIVERY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+PROVIDER_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class ProviderEndpoint(StrEnum):
+    """The provider endpoints the connector calls (the `endpoint` label)."""
+
+    DISCOVERY = "discovery"
+    TOKEN = "token"  # noqa: S105 - the code exchange at the token endpoint, not a secret
+    REFRESH = "refresh"  # the token endpoint, for a refresh
+    USERINFO = "userinfo"
+    REVOCATION = "revocation"
+
+
+class RefreshResult(StrEnum):
+    REFRESHED = "refreshed"  # this process called the provider and stored the new set
+    REUSED = "reused"  # another process or task had refreshed it first: its set was used
+    FAILED = "failed"
+
+
+class CompletionResult(StrEnum):
+    SENT = "sent"
+    UNDELIVERABLE = "undeliverable"
+
+
+Sampler = Callable[[], Awaitable[None]]
+
+
+class Metrics:
+    """The connector's metrics. `render()` gives the Prometheus text exposition."""
+
+    def __init__(self, providers: Iterable[str] = ()) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._providers = frozenset(providers)
+        self._samplers: list[Sampler] = []
+        registry = self.registry
+        self.flows_started = Counter(
+            f"{PREFIX}_flows_started", "Elicitations created, by provider.", ["provider"], registry=registry
+        )
+        self.flows_ended = Counter(
+            f"{PREFIX}_flows_ended",
+            "Elicitations that reached a terminal status in this process, by provider and outcome.",
+            ["provider", "outcome"],
+            registry=registry,
+        )
+        self.completion_delivery = Histogram(
+            f"{PREFIX}_completion_delivery_seconds",
+            "From the callback storing the grant (the elicitation completed) to elicitation/complete sent.",
+            buckets=DELIVERY_BUCKETS,
+            registry=registry,
+        )
+        self.completions = Counter(
+            f"{PREFIX}_completions",
+            "Completed elicitations this process decided to notify: sent, or recorded as undeliverable.",
+            ["result"],
+            registry=registry,
+        )
+        self.pending = Gauge(
+            f"{PREFIX}_pending_elicitations",
+            "Elicitations not yet ended, in the whole database, by status.",
+            ["status"],
+            registry=registry,
+        )
+        self.refreshes = Counter(
+            f"{PREFIX}_token_refreshes",
+            "Token refreshes, by provider and result.",
+            ["provider", "result"],
+            registry=registry,
+        )
+        self.provider_latency = Histogram(
+            f"{PREFIX}_provider_request_seconds",
+            "Calls to provider endpoints, by provider and endpoint (failed calls included).",
+            ["provider", "endpoint"],
+            buckets=PROVIDER_BUCKETS,
+            registry=registry,
+        )
+        self.provider_errors = Counter(
+            f"{PREFIX}_provider_errors",
+            "Provider calls that failed, by provider and endpoint.",
+            ["provider", "endpoint"],
+            registry=registry,
+        )
+        self.rate_limited = Counter(
+            f"{PREFIX}_rate_limited",
+            "Requests refused by a rate limit, by route group and key kind.",
+            ["route", "key"],
+            registry=registry,
+        )
+        self.db_pool_in_use = Gauge(
+            f"{PREFIX}_db_pool_connections_in_use",
+            "Database connections checked out of this process's pool.",
+            registry=registry,
+        )
+        self.bus_reconnects = Counter(
+            f"{PREFIX}_event_bus_reconnects",
+            "Times the cross-process event bus re-established its listening connection.",
+            registry=registry,
+        )
+
+    # -- labels ----------------------------------------------------------------------------------------
+    def provider(self, name: str | None) -> str:
+        """The provider label: a catalog name, else "other" (a label never carries arbitrary input)."""
+        return name if name is not None and name in self._providers else OTHER
+
+    # -- recording -------------------------------------------------------------------------------------
+    def flow_started(self, provider: str) -> None:
+        self.flows_started.labels(self.provider(provider)).inc()
+
+    def flow_ended(self, provider: str, status: ElicitationStatus) -> None:
+        self.flows_ended.labels(self.provider(provider), status.value).inc()
+
+    def completion(self, result: CompletionResult, seconds: float | None = None) -> None:
+        self.completions.labels(result.value).inc()
+        if seconds is not None:
+            self.completion_delivery.observe(max(seconds, 0.0))
+
+    def refresh(self, provider: str, result: RefreshResult) -> None:
+        self.refreshes.labels(self.provider(provider), result.value).inc()
+
+    @contextmanager
+    def provider_call(self, provider: str, endpoint: ProviderEndpoint) -> Iterator[None]:
+        """Time one provider call; an exception counts as an error and propagates."""
+        label = self.provider(provider)
+        start = time.perf_counter()
+        try:
+            yield
+        except Exception:
+            self.provider_errors.labels(label, endpoint.value).inc()
+            raise
+        finally:
+            self.provider_latency.labels(label, endpoint.value).observe(time.perf_counter() - start)
+
+    def rate_limit_refused(self, route: str, key: str) -> None:
+        self.rate_limited.labels(route, key).inc()
+
+    def bus_reconnected(self) -> None:
+        self.bus_reconnects.inc()
+
+    # -- exposition ------------------------------------------------------------------------------------
+    def add_sampler(self, sampler: Sampler) -> None:
+        """Run `sampler` before each scrape (it sets gauges from state read at that moment)."""
+        self._samplers.append(sampler)
+
+    async def render(self) -> tuple[bytes, str]:
+        """The exposition text and its content type, gauges sampled first."""
+        for sampler in self._samplers:
+            try:
+                await sampler()
+            except Exception as exc:  # a scrape still answers; the gauges keep their last values
+                log.warning("metrics sampling failed: %s", type(exc).__name__)
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+__all__ = ["CompletionResult", "Metrics", "ProviderEndpoint", "RefreshResult"]

@@ -1,0 +1,165 @@
+"""`/metrics` on the wire: after a known sequence of flows, each metric holds the value that sequence implies.
+
+Scraped over HTTP from a real loopback server; parsed with prometheus-client's own parser.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from service import AuthorizationStatus, ElicitationStatus
+from service.testing import ScriptedBrowser
+from service.web.server import make_server
+
+from .acp_peers import RecordingClient, connect, eventually, prompt_text, status_is
+from .conftest import BOB, Deploy, Deployment
+
+METRICS_TOKEN = "metrics-token-" + "x" * 24
+
+
+async def scrape(url: str, token: str | None = None) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    async with httpx.AsyncClient() as client:
+        return await client.get(url, headers=headers)
+
+
+def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def value(found: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> float:
+    key = (name, frozenset(labels.items()))
+    assert key in found, f"{name}{labels} is not exposed"
+    return found[key]
+
+
+async def run_prompt(deployment: Deployment, answer: str) -> tuple[str, AuthorizationStatus]:
+    """One prompt of the test agent; the browser finishes it when the client accepts. (elicitation id, status)"""
+    client = RecordingClient(answer=answer)
+    wire = await connect(deployment.connector, deployment.local_user, client)
+    prompt = asyncio.create_task(wire.client_conn.prompt(session_id="sess-1", prompt=prompt_text("repos")))
+    url = await asyncio.wait_for(client.urls.get(), 10)
+    if answer == "accept":
+        async with ScriptedBrowser() as browser:
+            assert (await browser.authorize(url)).status_code == 200
+    await asyncio.wait_for(prompt, 10)
+    outcome = wire.agent.outcomes[0]
+    await wire.close()
+    assert outcome.elicitation_id is not None
+    return outcome.elicitation_id, outcome.status
+
+
+async def test_each_metric_holds_what_a_known_sequence_of_flows_implies(deployment: Deployment) -> None:
+    connector, provider, user = deployment.connector, deployment.provider, deployment.local_user
+
+    declined_id, declined = await run_prompt(deployment, "decline")
+    completed_id, completed = await run_prompt(deployment, "accept")  # token + userinfo calls, one API call
+    assert (completed, declined) == (AuthorizationStatus.AUTHORIZED, AuthorizationStatus.DECLINED)
+
+    async with connector.http(user, "github") as github:
+        provider.expire_access_tokens()
+        assert (await github.get("user")).status_code == 200  # a 401, one refresh, the retry
+        provider.expire_access_tokens()
+        provider.revoke_refresh_tokens()
+        assert (await github.get("user")).status_code == 401  # a 401, a refused refresh: the 401 stands
+
+    # One elicitation left open: the client accepted, the browser never came.
+    accepting = RecordingClient(answer="accept")
+    wire = await connect(connector, BOB, accepting)  # Bob holds no grant yet
+    open_prompt = asyncio.create_task(wire.client_conn.prompt(session_id="sess-2", prompt=prompt_text("repos")))
+    open_id = (await asyncio.wait_for(accepting.urls.get(), 10)).rsplit("/", 1)[-1]
+    await eventually(lambda: status_is(connector, open_id, ElicitationStatus.CONSENTED), "the client consented")
+
+    # Rate limits: the bare /connect page is limited per address (60 a minute by default).
+    async with httpx.AsyncClient() as client:
+        statuses = [(await client.get(f"{deployment.base_url}/connect")).status_code for _ in range(80)]
+    limited = statuses.count(429)
+    assert limited > 0
+
+    async with connector.runtime.store.engine.connect():  # one connection held out of the pool while scraping
+        response = await scrape(f"{deployment.base_url}/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    found = samples(response.text)
+
+    assert value(found, "acp_connector_flows_started_total", provider="github") == 3
+    assert value(found, "acp_connector_flows_ended_total", provider="github", outcome="completed") == 1
+    assert value(found, "acp_connector_flows_ended_total", provider="github", outcome="declined") == 1
+    assert value(found, "acp_connector_completions_total", result="sent") == 1
+    assert value(found, "acp_connector_completion_delivery_seconds_count") == 1
+    assert value(found, "acp_connector_completion_delivery_seconds_sum") > 0
+    assert value(found, "acp_connector_pending_elicitations", status="consented") == 1
+    assert value(found, "acp_connector_pending_elicitations", status="pending") == 0
+    assert value(found, "acp_connector_token_refreshes_total", provider="github", result="refreshed") == 1
+    assert value(found, "acp_connector_token_refreshes_total", provider="github", result="failed") == 1
+    for endpoint, calls, errors in (("token", 1, 0), ("userinfo", 1, 0), ("refresh", 2, 1)):
+        labels = {"provider": "github", "endpoint": endpoint}
+        assert value(found, "acp_connector_provider_request_seconds_count", **labels) == calls, endpoint
+        assert found.get(("acp_connector_provider_errors_total", frozenset(labels.items())), 0) == errors
+    assert value(found, "acp_connector_rate_limited_total", route="connect", key="address") == limited
+    assert value(found, "acp_connector_db_pool_connections_in_use") >= 1
+    assert value(found, "acp_connector_event_bus_reconnects_total") == 0
+
+    # Bounded labels: no user, elicitation id, URL or secret appears anywhere in the exposition.
+    unbounded = (user.subject, user.issuer, completed_id, declined_id, open_id, deployment.base_url)
+    for text in (*unbounded, *provider.secrets_issued()):
+        assert text not in response.text
+
+    open_prompt.cancel()
+    await wire.close()
+
+
+async def test_metrics_need_the_bearer_token_when_one_is_set(deploy_with: Deploy) -> None:
+    async with deploy_with(CONNECTOR_METRICS__BEARER_TOKEN=METRICS_TOKEN) as deployment:
+        url = f"{deployment.base_url}/metrics"
+        for refused in (await scrape(url), await scrape(url, "wrong-token-" + "y" * 20)):
+            assert refused.status_code == 401
+            assert refused.json()["error"]["code"] == "metrics_unauthorized"
+            assert refused.headers["www-authenticate"].startswith("Bearer")
+            assert "acp_connector" not in refused.text
+        allowed = await scrape(url, METRICS_TOKEN)
+        assert allowed.status_code == 200 and "acp_connector_flows_started_total" in allowed.text
+
+
+@pytest.fixture
+def metrics_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+async def metrics_listener(deploy_with: Deploy, metrics_port: int) -> AsyncIterator[tuple[Deployment, str]]:
+    async with deploy_with(CONNECTOR_METRICS__PORT=str(metrics_port)) as deployment:
+        app = deployment.connector.metrics_asgi_app()
+        assert app is not None
+        server = make_server(app, "127.0.0.1", metrics_port)
+        task = asyncio.create_task(server.serve())
+        while not server.started:  # noqa: ASYNC110 - uvicorn offers a flag, not an event
+            await asyncio.sleep(0.01)
+        try:
+            yield deployment, f"http://127.0.0.1:{metrics_port}"
+        finally:
+            server.should_exit = True
+            await task
+
+
+async def test_metrics_on_their_own_listener_are_not_on_the_public_one(
+    metrics_listener: tuple[Deployment, str],
+) -> None:
+    deployment, metrics_base = metrics_listener
+    public = await scrape(f"{deployment.base_url}/metrics")
+    assert public.status_code == 404
+    own = await scrape(f"{metrics_base}/metrics")
+    assert own.status_code == 200 and "acp_connector_pending_elicitations" in own.text
+    assert (await scrape(f"{metrics_base}/connect")).status_code == 404  # nothing else is served there

@@ -1,0 +1,150 @@
+"""Rolling upgrades: a replica serves every schema between the oldest it declares and its head, and a newer schema
+for as long as that schema says this code still runs on it. Real migrations, a real server, /readyz on the wire."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from alembic import command
+from alembic.config import Config
+
+from service import AuthorizationStatus
+from service.store import alembic_config, head_revision
+from service.store.schema import OLDEST_SCHEMA_REVISION, script_location
+from service.testing import ScriptedBrowser
+
+from .acp_peers import RecordingClient, connect, prompt_text
+from .conftest import Deploy, fresh_postgres_database
+
+FUTURE_EXPAND = '''"""A later release's expand step: a new table old code never reads.
+
+Revision ID: 9001
+Revises: {down}
+"""
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "9001"
+down_revision = "{down}"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.create_table("future_things", sa.Column("id", sa.Integer(), primary_key=True))
+
+
+def downgrade() -> None:
+    op.drop_table("future_things")
+'''
+
+FUTURE_CONTRACT = '''"""A later release's contract step: code older than 9001 no longer runs on it.
+
+Revision ID: 9002
+Revises: 9001
+"""
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "9002"
+down_revision = "9001"
+branch_labels = None
+depends_on = None
+oldest_code_revision = "9001"
+
+
+def upgrade() -> None:
+    op.add_column("future_things", sa.Column("label", sa.String(32), nullable=True))
+
+
+def downgrade() -> None:
+    op.drop_column("future_things", "label")
+'''
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite+aiosqlite:///{tmp_path / 'upgrade.db'}"
+        return
+    async with fresh_postgres_database() as url:
+        yield url
+
+
+@pytest.fixture
+def newer_release(tmp_path: Path) -> Iterator[Path]:
+    """The migrations of a later release: this one's, then an expand step (9001) and a contract step (9002)."""
+    scripts = tmp_path / "newer_migrations"
+    shutil.copytree(script_location(), scripts, ignore=shutil.ignore_patterns("__pycache__"))
+    versions = scripts / "versions"
+    (versions / "9001_future_expand.py").write_text(FUTURE_EXPAND.format(down=head_revision()))
+    (versions / "9002_future_contract.py").write_text(FUTURE_CONTRACT)
+    yield scripts
+
+
+def newer_config(scripts: Path, url: str) -> Config:
+    config = alembic_config(url)
+    config.set_main_option("script_location", str(scripts))
+    return config
+
+
+async def readiness(base_url: str) -> httpx.Response:
+    async with httpx.AsyncClient() as client:
+        return await client.get(f"{base_url}/readyz")
+
+
+async def test_the_whole_flow_runs_on_the_oldest_schema_this_code_declares(
+    deploy_with: Deploy, database_url: str
+) -> None:
+    async with deploy_with(schema_revision=OLDEST_SCHEMA_REVISION, CONNECTOR_DATABASE__URL=database_url) as deployment:
+        ready = await readiness(deployment.base_url)
+        assert (ready.status_code, ready.json()) == (200, {"status": "ready"})
+
+        client = RecordingClient(answer="accept")
+        wire = await connect(deployment.connector, deployment.local_user, client)
+        prompt = asyncio.create_task(wire.client_conn.prompt(session_id="sess-1", prompt=prompt_text("repos")))
+        url = await asyncio.wait_for(client.urls.get(), 10)
+        async with ScriptedBrowser() as browser:
+            final = await browser.authorize(url)
+            assert final.status_code == 200, final.text
+        assert (await asyncio.wait_for(prompt, 10)).stop_reason == "end_turn"
+        assert wire.agent.outcomes[0].status is AuthorizationStatus.AUTHORIZED
+        assert len(wire.received("elicitation/complete")) == 1
+        assert deployment.provider.api_calls.count("/api/user/repos") == 1  # the token was used
+        await wire.close()
+
+
+async def test_an_older_replica_serves_an_expanded_schema_until_a_contract_step_retires_it(
+    deploy_with: Deploy, database_url: str, newer_release: Path
+) -> None:
+    async with deploy_with(CONNECTOR_DATABASE__URL=database_url) as deployment:
+        # The new release migrates while this (older) replica serves: an expand step keeps it ready...
+        await asyncio.to_thread(command.upgrade, newer_config(newer_release, database_url), "9001")
+        ready = await readiness(deployment.base_url)
+        assert (ready.status_code, ready.json()) == (200, {"status": "ready"})
+        await deployment.connector.runtime.store.check_schema()  # and a restarted old replica would start
+
+        # ...the contract step (which needs code from 9001 on) takes it out of rotation, saying why.
+        await asyncio.to_thread(command.upgrade, newer_config(newer_release, database_url), "9002")
+        unready = await readiness(deployment.base_url)
+        assert unready.status_code == 503
+        assert unready.json()["code"] == "schema_not_current"
+        assert "migrated by a newer version (revision 9002): upgrade the connector" in unready.json()["message"]
+
+
+async def test_a_replica_is_unready_on_a_schema_older_than_the_oldest_it_declares(
+    deploy_with: Deploy, database_url: str
+) -> None:
+    async with deploy_with(CONNECTOR_DATABASE__URL=database_url) as deployment:
+        await asyncio.to_thread(command.downgrade, alembic_config(database_url), "0001")
+        unready = await readiness(deployment.base_url)
+        assert unready.status_code == 503
+        assert unready.json()["code"] == "schema_not_current"
+        assert f"(revision 0001, need {OLDEST_SCHEMA_REVISION} or later)" in unready.json()["message"]
