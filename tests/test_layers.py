@@ -1,8 +1,8 @@
 """The house rules of `service/`, read from the source: arrows point down, no circles, each SDK in its one place.
 
 Layers, lowest first (a module may import its own layer or lower ones, never a higher one):
-  core  <-  config, logs, metrics, vault, providers, version  <-  oauth, store, events, acp, identity, tokens  <-  web  <-  app
-  <-  connector, client  <-  cli, testing, the package itself.
+  core  <-  config, logs, metrics, vault, providers, version  <-  oauth, store, events, acp, identity, tokens
+  <-  web  <-  app  <-  connector, client  <-  cli, testing, the package itself.
 Inside the adapter layer only the listed edges are allowed (e.g. identity may use oauth and store; acp uses
 none of its siblings). Imports under `if TYPE_CHECKING:` are annotations only and are not counted.
 """
