@@ -6,11 +6,10 @@ The only module that knows every part. Nothing imports it but the CLI, the publi
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-import httpx
 from pydantic import ValidationError
 
 from .acp import AcpAuthorizer
@@ -24,8 +23,8 @@ from .events import LocalBus
 from .identity import IdentityVerifier, VerifierContext
 from .identity import registry as verifiers
 from .metrics import Metrics
-from .oauth import ProviderGateway
-from .providers import load_catalog
+from .oauth import HttpSettings, ProviderGateway, ProviderHttp
+from .providers import ProviderCatalog, load_catalog
 from .store import Store
 from .tokens import TokenAccess
 from .vault import Vault, load_key_ring
@@ -51,7 +50,6 @@ class Runtime:
     tokens: TokenAccess
     acp: AcpAuthorizer
     metrics: Metrics
-    http: httpx.AsyncClient = field(repr=False)
 
     async def start(self) -> None:
         """Refuse to run on an unmigrated or newer-schema database."""
@@ -60,7 +58,6 @@ class Runtime:
     async def close(self) -> None:
         await self.acp.close()
         await self.providers.aclose()
-        await self.http.aclose()
         await self.store.close()
 
 
@@ -85,6 +82,20 @@ def build_vault(settings: Settings) -> Vault:
     return Vault(ring)
 
 
+def build_gateway(settings: Settings, catalog: ProviderCatalog, metrics: Metrics) -> ProviderGateway:
+    """The one gateway to the catalog's providers, with pooled HTTP as `[providers]` says."""
+    section = settings.providers
+    http = ProviderHttp(
+        HttpSettings(
+            timeout_seconds=section.http_timeout_seconds,
+            max_connections=section.http_max_connections,
+            max_keepalive_connections=section.http_max_keepalive_connections,
+            keepalive_expiry_seconds=section.http_keepalive_expiry_seconds,
+        )
+    )
+    return ProviderGateway(catalog, http=http, discovery_ttl=section.discovery_ttl_seconds, metrics=metrics)
+
+
 def build_verifier(ctx: VerifierContext) -> IdentityVerifier:
     """The verifier `identity.verifier` names, built from its `[identity.<name>]` section (ConfigError if unusable)."""
     identity = ctx.settings.identity
@@ -106,13 +117,12 @@ def build_runtime(settings: Settings) -> Runtime:
     store = Store.from_url(settings.database.url)
     catalog = load_catalog(settings.providers.catalog, env=settings.environment())
     metrics = build_metrics(store, (entry.name for entry in catalog.entries()))
-    providers = ProviderGateway(catalog, metrics=metrics)
+    providers = build_gateway(settings, catalog, metrics)
     bus = LocalBus()
     flow = flow_settings(settings)
     elicitations = Elicitations(store, bus, providers, flow, clock, metrics)
     browser = BrowserFlow(elicitations, store, vault, providers)
-    http = httpx.AsyncClient(timeout=15.0)
-    verifier = build_verifier(VerifierContext(settings, flow, store, vault, http, clock))
+    verifier = build_verifier(VerifierContext(settings, flow, store, vault, providers, clock))
     return Runtime(
         settings=settings,
         clock=clock,
@@ -124,10 +134,9 @@ def build_runtime(settings: Settings) -> Runtime:
         browser=browser,
         verifier=verifier,
         identity=IdentityStep(browser, verifier),
-        tokens=TokenAccess(store, vault, providers, clock, metrics),
+        tokens=TokenAccess(store, vault, providers, bus, clock, metrics),
         acp=AcpAuthorizer(elicitations, bus, metrics),
         metrics=metrics,
-        http=http,
     )
 
 

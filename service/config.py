@@ -19,7 +19,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    ValidationError,
+    field_validator,
+)
 from pydantic_core import ErrorDetails
 from pydantic_settings import (
     BaseSettings,
@@ -200,8 +208,23 @@ class VaultSettings(_Section):
         return optional_str(value)
 
 
-class ProvidersSettings(_Section):
+class ProvidersSettings(BaseModel):
+    """`[providers]`: where the catalog is, and how the connector talks to providers.
+
+    Each provider's own keys live in the catalog file; `CONNECTOR_PROVIDERS__<NAME>__<KEY>` sets or overrides one
+    of them (read by `service.providers.load_catalog`), so this section tolerates those tables from the environment.
+    """
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
     catalog: Path = Path("providers.toml")
+    # A provider's discovery document (and its JWKS) is re-read this often; a failed read is retried at next use.
+    discovery_ttl_seconds: int = Field(default=3600, ge=0)
+    # One pooled HTTP client per provider (token, revocation, userinfo, discovery, keys and its API).
+    http_timeout_seconds: float = Field(default=15.0, gt=0)
+    http_max_connections: int = Field(default=100, gt=0)
+    http_max_keepalive_connections: int = Field(default=20, ge=0)
+    http_keepalive_expiry_seconds: float = Field(default=30.0, ge=0)
 
 
 class RateLimitSettings(_Section):
@@ -402,6 +425,16 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(str(path), "<toml>", f"not valid TOML: {exc}") from None
     except OSError as exc:
         raise ConfigError(str(path), "<file>", f"cannot be read: {exc.strerror or exc}") from None
+    providers = data.get("providers")
+    if isinstance(providers, dict):
+        for key, value in providers.items():
+            if isinstance(value, dict):
+                raise ConfigError(
+                    str(path),
+                    f"providers.{key}",
+                    "provider tables belong in the catalog file (providers.catalog) or in "
+                    "CONNECTOR_PROVIDERS__<NAME>__<KEY> environment variables",
+                )
     for key_path, reason in _FORBIDDEN_TOML_KEYS.items():
         node: Any = data
         for part in key_path:
@@ -471,4 +504,7 @@ def load_settings(path: str | Path | None = None, env: Mapping[str, str] | None 
         }
     )
     loaded._env = {key: value for key, value in environ.items() if value != "" and key.upper().startswith(ENV_PREFIX)}
+    for key, value in (loaded.providers.model_extra or {}).items():
+        if not isinstance(value, dict):  # a provider table (CONNECTOR_PROVIDERS__<NAME>__<KEY>) is a dict
+            raise loaded.config_error(("providers", key), "unknown key")
     return loaded

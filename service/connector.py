@@ -161,39 +161,22 @@ class Connector:
         """An httpx client for the provider's API with the user's token injected (and refreshed) server-side.
 
         Requests to any other host are refused before they are sent, so the token cannot be steered elsewhere.
+        The client runs over the provider's long-lived connection pool, so opening one per call is cheap;
+        `client_kwargs` are httpx client options (`timeout`, `headers`, ...), except those of a connection pool
+        (`verify`, `limits`, `http2`, ...), which `[providers]` sets once for all.
         """
-        resolved = await self.runtime.providers.resolve(provider)
-        grant = await self.runtime.elicitations.find_grant(user, provider, scopes)
+        runtime = self.runtime
+        resolved = await runtime.providers.resolve(provider)
+        grant = await runtime.tokens.grant_for(user, provider, scopes)
         if grant is None:
             raise NotAuthorized(f"{user} has no {resolved.display_name} grant with scopes {list(scopes)}")
-        client_kwargs.setdefault("timeout", 30.0)
-        async with httpx.AsyncClient(
-            base_url=resolved.api_base_url or "",
-            auth=GrantAuth(self.runtime.tokens, grant.id, resolved),
-            **client_kwargs,
-        ) as client:
+        auth = GrantAuth(runtime.tokens, grant.id, resolved)
+        async with runtime.providers.api_client(resolved, auth=auth, client_kwargs=client_kwargs) as client:
             yield client
 
     async def disconnect(self, user: Identity, provider: str) -> int:
         """Revoke (where the provider allows) and delete every grant of `user` at `provider`."""
-        runtime = self.runtime
-        entry = runtime.providers.entry(provider)
-        resolved = await runtime.providers.resolve(provider) if entry.configured else None
-        removed = 0
-        for grant in await runtime.store.grants.find(user, provider):
-            if resolved is not None:
-                await runtime.providers.revoke(resolved, runtime.tokens.decrypt(grant))
-            runtime.tokens.forget(grant.id)
-            if await runtime.store.grants.delete(grant.id):
-                removed += 1
-                await runtime.store.audit.record(
-                    "disconnected",
-                    identity=user,
-                    provider=provider,
-                    detail={"grant_id": grant.id},
-                    now=runtime.clock(),
-                )
-        return removed
+        return await self.runtime.tokens.disconnect(user, provider)
 
 
 __all__ = ["Connector"]

@@ -1,12 +1,14 @@
 """The provider catalog: one `ProviderEntry` per OAuth provider, from providers.toml plus env credentials.
 
 Endpoints come from the catalog file (or, for generic OIDC entries, from the provider's discovery document, which
-`service.oauth` fetches); client credentials come only from CONNECTOR_PROVIDER_<NAME>_CLIENT_ID / _CLIENT_SECRET.
-This module never talks to a provider.
+`service.oauth` fetches); every key of a provider's table can also be set (or overridden) by
+`CONNECTOR_PROVIDERS__<NAME>__<KEY>`; client credentials come only from CONNECTOR_PROVIDER_<NAME>_CLIENT_ID /
+_CLIENT_SECRET. This module never talks to a provider.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import tomllib
@@ -28,9 +30,10 @@ __all__ = [
     "TokenEndpointAuthMethod",
     "load_catalog",
     "provider_env_var",
+    "provider_setting_env_var",
 ]
 
-TokenEndpointAuthMethod = Literal["client_secret_post", "client_secret_basic"]
+TokenEndpointAuthMethod = Literal["client_secret_basic", "client_secret_post", "none"]
 _AUTH_METHODS: tuple[TokenEndpointAuthMethod, ...] = get_args(TokenEndpointAuthMethod)
 
 ENVIRONMENT = "environment"
@@ -66,7 +69,7 @@ class ProviderEntry:
     """One OAuth provider: where its endpoints are, what it expects, and (from the environment) our client."""
 
     name: str
-    display_name: str
+    display_name: str | None = None  # what people are shown; unset: the provider's host (`shown_name`)
     authorization_endpoint: str | None = None
     token_endpoint: str | None = None
     revocation_endpoint: str | None = None
@@ -82,21 +85,26 @@ class ProviderEntry:
     jwks_uri: str | None = None  # the provider's signing keys, for ID tokens (OpenID Connect)
     account_id_field: str = "id"
     extra_authorize_params: Mapping[str, str] = field(default_factory=dict, hash=False)
-    token_endpoint_auth_method: TokenEndpointAuthMethod = "client_secret_post"  # noqa: S105 - a method name
+    token_endpoint_auth_method: TokenEndpointAuthMethod | None = None  # unset: chosen at resolution (oauth)
     client_id: str | None = None
     client_secret: SecretStr | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not self.scope_separator:
             raise ValueError("scope_separator must not be empty")
-        if self.token_endpoint_auth_method not in _AUTH_METHODS:
+        if self.token_endpoint_auth_method is not None and self.token_endpoint_auth_method not in _AUTH_METHODS:
             raise ValueError(f"token_endpoint_auth_method must be one of {', '.join(_AUTH_METHODS)}")
         object.__setattr__(self, "default_scopes", tuple(self.default_scopes))
         object.__setattr__(self, "extra_authorize_params", MappingProxyType(dict(self.extra_authorize_params)))
 
     @property
+    def has_secret(self) -> bool:
+        return self.client_secret is not None and bool(self.client_secret.get_secret_value())
+
+    @property
     def has_credentials(self) -> bool:
-        return bool(self.client_id) and self.client_secret is not None and bool(self.client_secret.get_secret_value())
+        """A client id, and a secret unless the operator declared a public client (`none`, PKCE only)."""
+        return bool(self.client_id) and (self.has_secret or self.token_endpoint_auth_method == "none")  # noqa: S105
 
     @property
     def has_endpoints(self) -> bool:
@@ -115,6 +123,20 @@ class ProviderEntry:
     def provider_host(self) -> str | None:
         """Host the user is sent to (for the consent page); the discovery host until resolved."""
         return host_of(self.authorization_endpoint) or host_of(self.discovery_url)
+
+    @property
+    def shown_name(self) -> str:
+        """What people are shown before discovery: the display name, else the issuer's (or sign-in) host.
+
+        The catalog key is an operator's label and is shown only when the entry names no host at all (it then
+        cannot be connected either)."""
+        return (
+            self.display_name
+            or host_of(self.issuer)
+            or host_of(self.discovery_url)
+            or host_of(self.authorization_endpoint)
+            or self.name
+        )
 
     @property
     def client_id_env_var(self) -> str:
@@ -211,13 +233,13 @@ class _ProviderTable(BaseModel):
     jwks_uri: StrictStr | None = None
     account_id_field: StrictStr = Field(default="id", min_length=1)
     extra_authorize_params: dict[StrictStr, StrictStr] = Field(default_factory=dict)
-    token_endpoint_auth_method: TokenEndpointAuthMethod = "client_secret_post"  # noqa: S105 - a method name
+    token_endpoint_auth_method: TokenEndpointAuthMethod | None = None
     tenant: StrictStr | None = None
 
 
 _SECRET_KEYS = ("client_id", "client_secret")
 # Optional text keys: an empty string means "not set", since TOML has no null.
-_OPTIONAL_TEXT = frozenset({*ENDPOINT_FIELDS, "display_name", "tenant"})
+_OPTIONAL_TEXT = frozenset({*ENDPOINT_FIELDS, "display_name", "tenant", "token_endpoint_auth_method"})
 _RESERVED_AUTHORIZE_PARAMS = frozenset(
     {
         "client_id",
@@ -263,7 +285,60 @@ def _fill_placeholders(value: str, tenant: str, *, file: str, key: str) -> str:
     return _PLACEHOLDER_RE.sub(substitute, value)
 
 
-def _build_entry(name: str, raw: Any, environ: Mapping[str, str], file: str) -> ProviderEntry:
+# `CONNECTOR_PROVIDERS__<NAME>__<KEY>`: one catalog key of one provider, from the environment.
+PROVIDERS_ENV_PREFIX = "CONNECTOR_PROVIDERS__"
+_TRUE = frozenset({"true", "1", "yes", "on"})
+_FALSE = frozenset({"false", "0", "no", "off"})
+
+
+def provider_setting_env_var(name: str, key: str) -> str:
+    """`CONNECTOR_PROVIDERS__<NAME>__<KEY>`, NAME and KEY upper-cased, '-' in NAME written as '_'."""
+    return f"{PROVIDERS_ENV_PREFIX}{name.upper().replace('-', '_')}__{key.upper()}"
+
+
+def _env_tables(environ: Mapping[str, str]) -> dict[str, dict[str, tuple[str, str]]]:
+    """Provider settings in the environment: {NAME (lower case): {key: (variable, value)}}."""
+    tables: dict[str, dict[str, tuple[str, str]]] = {}
+    for variable, value in environ.items():
+        if not variable.upper().startswith(PROVIDERS_ENV_PREFIX) or value == "":
+            continue
+        parts = variable[len(PROVIDERS_ENV_PREFIX) :].split("__")
+        if len(parts) != 2 or not parts[0] or not parts[1]:
+            continue  # e.g. CONNECTOR_PROVIDERS__CATALOG, a setting of the connector
+        tables.setdefault(parts[0].lower(), {})[parts[1].lower()] = (variable, value)
+    return tables
+
+
+def _from_env_text(key: str, text: str) -> Any:
+    """An environment value as the catalog key's type: true/false, a list (JSON or comma-separated), a JSON table."""
+    field = _ProviderTable.model_fields.get(key)
+    default = field.get_default(call_default_factory=True) if field is not None else None
+    text = text.strip()
+    if isinstance(default, bool):
+        if text.lower() in _TRUE:
+            return True
+        if text.lower() in _FALSE:
+            return False
+        raise ValueError("must be true or false")
+    if isinstance(default, list):
+        if text.startswith("["):
+            return _json_value(text, "a JSON list of strings")
+        return [part for part in text.replace(",", " ").split() if part]
+    if isinstance(default, dict):
+        return _json_value(text, 'a JSON object, e.g. {"prompt": "consent"}')
+    return text
+
+
+def _json_value(text: str, expected: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise ValueError(f"must be {expected}") from None
+
+
+def _build_entry(
+    name: str, raw: Any, environ: Mapping[str, str], file: str, from_env: Mapping[str, tuple[str, str]]
+) -> ProviderEntry:
     if not _NAME_RE.fullmatch(name):
         raise ConfigError(
             file, name, "provider names are lower-case letters, digits, '-' and '_', starting with a letter"
@@ -271,47 +346,62 @@ def _build_entry(name: str, raw: Any, environ: Mapping[str, str], file: str) -> 
     if not isinstance(raw, dict):
         raise ConfigError(file, name, f"expected a [{name}] table describing the provider")
     for secret_key in _SECRET_KEYS:
-        if secret_key in raw:
+        if secret_key in raw or secret_key in from_env:
+            origin = ENVIRONMENT if secret_key in from_env else file
             raise ConfigError(
-                file,
+                origin,
                 f"{name}.{secret_key}",
-                "client credentials never go in the catalog file: set "
+                "client credentials are read only from "
                 f"{provider_env_var(name, 'CLIENT_ID')} and {provider_env_var(name, 'CLIENT_SECRET')} "
-                "in the environment",
+                "(never from the catalog file, which is meant to be committed)",
             )
+
+    # Where each key came from, for errors: the file unless the environment set it.
+    set_by: dict[str, str] = {}
+
+    def origin_of(key: str) -> tuple[str, str]:
+        """(file or "environment", " (set by VAR)" or "") for errors about `key`."""
+        variable = set_by.get(key)
+        return (ENVIRONMENT, f" (set by {variable})") if variable is not None else (file, "")
+
+    merged = dict(raw)
+    # The older single-variable overrides, then `CONNECTOR_PROVIDERS__<NAME>__<KEY>` (which wins).
+    for key in ("discovery_url", "tenant"):
+        variable = provider_env_var(name, key)
+        if environ.get(variable, "").strip():
+            merged[key], set_by[key] = environ[variable].strip(), variable
+    for key, (variable, text) in from_env.items():
+        set_by[key] = variable
+        try:
+            merged[key] = _from_env_text(key, text)
+        except ValueError as exc:
+            raise ConfigError(ENVIRONMENT, f"{name}.{key}", f"{exc} (set by {variable})") from None
     try:
         table = _ProviderTable.model_validate(
-            {key: _blank_is_none(value) if key in _OPTIONAL_TEXT else value for key, value in raw.items()}
+            {key: _blank_is_none(value) if key in _OPTIONAL_TEXT else value for key, value in merged.items()}
         )
     except ValidationError as exc:
         error = exc.errors(include_url=False, include_input=False)[0]
         problem = "unknown key" if error["type"] == "extra_forbidden" else error["msg"].removeprefix("Value error, ")
-        raise ConfigError(file, _dotted(name, tuple(error["loc"])), problem) from None
+        origin, suffix = origin_of(str(error["loc"][0]))
+        raise ConfigError(origin, _dotted(name, tuple(error["loc"])), problem + suffix) from None
 
     values: dict[str, Any] = table.model_dump()
-    # Where a value came from, for errors: the file unless the environment set it.
-    sources: dict[str, str] = {}
-
-    tenant_var = provider_env_var(name, "TENANT")
-    tenant = environ.get(tenant_var) or table.tenant or _DEFAULT_TENANT
+    tenant = table.tenant or _DEFAULT_TENANT
     if not _TENANT_RE.fullmatch(tenant):
-        origin = ENVIRONMENT if environ.get(tenant_var) else file
-        raise ConfigError(origin, f"{name}.tenant", "must be a tenant id or domain (letters, digits, '.', '-')")
-
-    discovery_var = provider_env_var(name, "DISCOVERY_URL")
-    if environ.get(discovery_var):
-        values["discovery_url"] = environ[discovery_var].strip()
-        sources["discovery_url"] = ENVIRONMENT
+        origin, suffix = origin_of("tenant")
+        raise ConfigError(
+            origin, f"{name}.tenant", "must be a tenant id or domain (letters, digits, '.', '-')" + suffix
+        )
 
     for key in ENDPOINT_FIELDS:
         written: str | None = values.get(key)
         if written is None:
             continue
-        origin = sources.get(key, file)
+        origin, suffix = origin_of(key)
         url = _fill_placeholders(written, tenant, file=origin, key=f"{name}.{key}")
         url_error = url_problem(url)
         if url_error is not None:
-            suffix = f" (set by {discovery_var})" if origin == ENVIRONMENT else ""
             raise ConfigError(origin, f"{name}.{key}", url_error + suffix)
         values[key] = url
 
@@ -330,10 +420,11 @@ def _build_entry(name: str, raw: Any, environ: Mapping[str, str], file: str) -> 
 
     reserved = _RESERVED_AUTHORIZE_PARAMS.intersection(values["extra_authorize_params"])
     if reserved:
+        origin, suffix = origin_of("extra_authorize_params")
         raise ConfigError(
-            file,
+            origin,
             f"{name}.extra_authorize_params",
-            f"may not set {', '.join(sorted(reserved))}: the connector sets those itself",
+            f"may not set {', '.join(sorted(reserved))}: the connector sets those itself" + suffix,
         )
 
     client_id = (environ.get(provider_env_var(name, "CLIENT_ID")) or "").strip() or None
@@ -341,15 +432,24 @@ def _build_entry(name: str, raw: Any, environ: Mapping[str, str], file: str) -> 
     client_secret = SecretStr(client_secret_text.strip()) if client_secret_text.strip() else None
 
     values.pop("tenant")
-    values["display_name"] = values["display_name"] or name
     values["default_scopes"] = tuple(values["default_scopes"])
     return ProviderEntry(name=name, client_id=client_id, client_secret=client_secret, **values)
 
 
 def load_catalog(path: Path, env: Mapping[str, str] | None = None) -> ProviderCatalog:
-    """Read providers.toml and attach credentials from `env` (default os.environ). Raises ConfigError."""
+    """Read providers.toml, apply `CONNECTOR_PROVIDERS__<NAME>__<KEY>` and attach credentials from `env` (default
+    os.environ). A NAME the file does not have adds a provider described by the environment alone.
+    Raises ConfigError."""
     environ: Mapping[str, str] = os.environ if env is None else env
     file = str(path)
     data = _read_catalog_file(path)
-    entries = [_build_entry(name, raw, environ, file) for name, raw in data.items()]
+    from_env = _env_tables(environ)
+    by_env_name = {name.replace("-", "_"): name for name in data}
+    for env_name in from_env:
+        if env_name not in by_env_name:
+            data[env_name] = {}
+            by_env_name[env_name] = env_name
+    entries = [
+        _build_entry(name, raw, environ, file, from_env.get(name.replace("-", "_"), {})) for name, raw in data.items()
+    ]
     return ProviderCatalog(entries, source=file)

@@ -1,29 +1,52 @@
-"""Using a stored grant: decrypt its tokens, refresh them single-flight, and inject them into provider calls.
+"""Using a stored grant: find it, decrypt its tokens, refresh them single-flight, inject them, disconnect it.
 
 Tokens leave this module only inside the Authorization header of a request to the provider's own API host.
+Two caches keep token use cheap: grant lookups by (user, provider, scopes) and decrypted token sets by grant.
+Both drop what they hold for a grant on every `GrantChanged` event on the bus (stored, refreshed, deleted), from
+this process or, with a bus that crosses processes, from any other sharing the database.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, Callable
+from collections import OrderedDict
+from collections.abc import AsyncGenerator, Callable, Sequence
 from datetime import UTC, datetime
+from typing import Protocol
 
 import httpx
 
 from .core.errors import ConnectorError, NotAuthorized, ProviderError
+from .core.events import Event, GrantChange, GrantChanged
 from .core.handles import grant_aad
+from .core.identity import Identity
+from .core.lifecycle import find_grant
 from .core.records import GrantRecord, TokenSet
 from .metrics import Metrics, RefreshResult
-from .oauth import ProviderGateway, ResolvedProvider
+from .oauth import IdTokenError, ProviderGateway, ResolvedProvider
 from .store import Store
 from .vault import Vault
 
 log = logging.getLogger("service.tokens")
 
-# Refresh this long before the provider's stated expiry, so a request never leaves with a dying token.
-REFRESH_AHEAD_SECONDS = 60.0
+# A token is refreshed when this share of its lifetime is left, and never earlier than this many seconds before
+# it expires: a one-hour token 60 s ahead, a 30-second token 3 s ahead (so not on every call).
+REFRESH_AHEAD_SHARE = 0.1
+REFRESH_AHEAD_MAX_SECONDS = 60.0
+GRANT_LOOKUPS_KEPT = 10_000
+
+
+class EventBus(Protocol):
+    def publish(self, event: Event) -> None: ...
+    def add_listener(self, listener: Callable[[Event], None]) -> None: ...
+
+
+def refresh_margin(tokens: TokenSet) -> float:
+    """How many seconds before its expiry the access token is refreshed."""
+    if tokens.expires_at is None or tokens.issued_at is None or tokens.expires_at <= tokens.issued_at:
+        return REFRESH_AHEAD_MAX_SECONDS  # a lifetime we do not know (grants stored before issued_at was kept)
+    return min(REFRESH_AHEAD_MAX_SECONDS, REFRESH_AHEAD_SHARE * (tokens.expires_at - tokens.issued_at))
 
 
 def _aad(grant: GrantRecord) -> bytes:
@@ -36,42 +59,76 @@ class TokenAccess:
         store: Store,
         vault: Vault,
         providers: ProviderGateway,
+        events: EventBus,
         clock: Callable[[], datetime],
         metrics: Metrics | None = None,
     ) -> None:
         self.store = store
         self.vault = vault
         self.providers = providers
+        self.events = events
         self.now = clock
         self.metrics = metrics or providers.metrics
         self._locks: dict[str, asyncio.Lock] = {}
         # Decrypted token sets by grant id, so a request does not cost a database read and a decryption.
-        # A set is used from here only while it is not near expiry; a 401 (`stale`) always re-reads the
+        # A set is used from here only while it is not due for refresh; a 401 (`stale`) always re-reads the
         # database, where another process may have stored a refreshed set.
-        self._cache: dict[str, TokenSet] = {}
+        self._tokens: dict[str, TokenSet] = {}
+        # Grant lookups: (issuer, subject, provider) -> {scopes asked: grant}, newest use last.
+        self._grants: OrderedDict[tuple[str, str, str], dict[frozenset[str], GrantRecord]] = OrderedDict()
+        self._generations: dict[tuple[str, str, str], int] = {}
+        events.add_listener(self._on_event)
 
-    def forget(self, grant_id: str) -> None:
-        self._cache.pop(grant_id, None)
+    # -- finding a grant -----------------------------------------------------------------------------------
+    async def grant_for(self, user: Identity, provider: str, scopes: Sequence[str]) -> GrantRecord | None:
+        """The newest grant of `user` at `provider` covering `scopes` (cached until the grant changes)."""
+        pair = (user.issuer, user.subject, provider)
+        wanted = frozenset(scopes)
+        known = self._grants.get(pair)
+        if known is not None and wanted in known:
+            self._grants.move_to_end(pair)
+            return known[wanted]
+        generation = self._generations.get(pair, 0)
+        grant = await find_grant(self.store.grants, user, provider, scopes)
+        # Kept only if no change to this user's grants at this provider was announced while we read.
+        if grant is not None and self._generations.get(pair, 0) == generation:
+            self._grants.setdefault(pair, {})[wanted] = grant
+            self._grants.move_to_end(pair)
+            while len(self._grants) > GRANT_LOOKUPS_KEPT:
+                self._grants.popitem(last=False)
+        return grant
 
+    def _on_event(self, event: Event) -> None:
+        if isinstance(event, GrantChanged):
+            pair = (event.identity.issuer, event.identity.subject, event.provider)
+            self._generations[pair] = self._generations.get(pair, 0) + 1
+            self._grants.pop(pair, None)
+            self._tokens.pop(event.grant_id, None)
+
+    def _changed(self, grant: GrantRecord, change: GrantChange) -> None:
+        self.events.publish(GrantChanged(grant.id, grant.identity, grant.provider, change))
+
+    # -- tokens ----------------------------------------------------------------------------------------------
     def decrypt(self, grant: GrantRecord) -> TokenSet:
         return TokenSet.from_json(self.vault.decrypt_json(grant.token_key_id, grant.token_ciphertext, aad=_aad(grant)))
 
+    def _due(self, tokens: TokenSet) -> bool:
+        return tokens.expires_within(refresh_margin(tokens), now=self.now().timestamp())
+
     async def access_token(self, grant_id: str, provider: ResolvedProvider, *, stale: str | None = None) -> str:
-        """A usable access token; refreshes when near expiry, or when the caller saw `stale` rejected."""
-        cached = self._cache.get(grant_id)
-        if stale is None and cached is not None and not cached.expires_within(REFRESH_AHEAD_SECONDS):
+        """A usable access token; refreshes when due, or when the caller saw `stale` rejected."""
+        cached = self._tokens.get(grant_id)
+        if stale is None and cached is not None and not self._due(cached):
             return cached.access_token
         lock = self._locks.setdefault(grant_id, asyncio.Lock())
         async with lock:
             grant = await self.store.grants.get(grant_id)
             if grant is None:
-                self.forget(grant_id)
+                self._tokens.pop(grant_id, None)
                 raise NotAuthorized("the grant was disconnected")
             tokens = self.decrypt(grant)
-            self._cache[grant_id] = tokens
-            must_refresh = (stale is not None and tokens.access_token == stale) or tokens.expires_within(
-                REFRESH_AHEAD_SECONDS
-            )
+            self._tokens[grant_id] = tokens
+            must_refresh = (stale is not None and tokens.access_token == stale) or self._due(tokens)
             if not must_refresh:
                 return tokens.access_token
             if tokens.refresh_token is None:
@@ -79,19 +136,22 @@ class TokenAccess:
                     raise NotAuthorized(f"the {provider.display_name} token was rejected and cannot be refreshed")
                 return tokens.access_token
             fresh = await self._refresh(grant, provider, tokens)
-            self._cache[grant_id] = fresh
+            self._tokens[grant_id] = fresh
             return fresh.access_token
 
     async def _refresh(self, grant: GrantRecord, provider: ResolvedProvider, tokens: TokenSet) -> TokenSet:
         try:
-            fresh = await self.providers.refresh(provider, tokens)
+            fresh = await self.providers.refresh(provider, tokens, account_id=grant.provider_account_id, now=self.now())
         except ProviderError as exc:
             self.metrics.refresh(grant.provider, RefreshResult.FAILED)
+            check = exc.check if isinstance(exc, IdTokenError) else None
+            if check is not None:
+                log.warning("refused a refresh of grant %s: %s", grant.id, exc)
             await self.store.audit.record(
                 "refresh_failed",
                 identity=grant.identity,
                 provider=grant.provider,
-                detail={"grant_id": grant.id, "reason": exc.code},
+                detail={"grant_id": grant.id, "reason": exc.code, **({"check": check} if check else {})},
                 now=self.now(),
             )
             raise NotAuthorized(f"the {provider.display_name} grant needs to be authorized again ({exc})") from None
@@ -114,7 +174,34 @@ class TokenAccess:
             detail={"grant_id": grant.id},
             now=self.now(),
         )
+        self._changed(grant, GrantChange.REFRESHED)
         return fresh
+
+    # -- disconnecting -------------------------------------------------------------------------------------
+    async def disconnect(self, user: Identity, provider: str) -> int:
+        """Revoke (where the provider allows) and delete every grant of `user` at `provider`; how many went."""
+        resolved: ResolvedProvider | None = None
+        if self.providers.entry(provider).configured:
+            try:
+                resolved = await self.providers.resolve(provider)
+            except ConnectorError as exc:
+                log.warning("disconnect: %s; the grants are deleted without revocation", exc)
+        removed = 0
+        for grant in await self.store.grants.find(user, provider):
+            revoked = False
+            if resolved is not None:
+                revoked = await self.providers.revoke(resolved, self.decrypt(grant))
+            if await self.store.grants.delete(grant.id):
+                removed += 1
+                await self.store.audit.record(
+                    "disconnected",
+                    identity=user,
+                    provider=provider,
+                    detail={"grant_id": grant.id, "revoked": revoked},
+                    now=self.now(),
+                )
+            self._changed(grant, GrantChange.DELETED)
+        return removed
 
 
 class GrantAuth(httpx.Auth):
@@ -125,7 +212,10 @@ class GrantAuth(httpx.Auth):
         self._grant_id = grant_id
         self._provider = provider
         if not provider.api_base_url:
-            raise ConnectorError(f"provider '{provider.name}' has no api_base_url", code="provider_misconfigured")
+            raise ConnectorError(
+                f"{provider.display_name} has no api_base_url (provider '{provider.name}')",
+                code="provider_misconfigured",
+            )
         self._origin = httpx.URL(provider.api_base_url)
 
     def _check_destination(self, url: httpx.URL) -> None:

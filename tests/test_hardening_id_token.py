@@ -20,7 +20,7 @@ from joserfc import jwt
 from joserfc.jwk import OctKey, RSAKey
 
 from service import ElicitationStatus
-from service.oauth import IdTokenError, JwksCache, ResolvedProvider
+from service.oauth import IdTokenError, IdTokenExpectations, JwksCache, ResolvedProvider
 from service.oauth.id_token import validate_id_token
 from service.oauth.issuer import issuer_matches
 from service.providers import ProviderEntry
@@ -333,15 +333,12 @@ async def test_tenant_issuer_must_carry_the_tokens_own_tid(
     )
     oidc_provider.id_token_claims = {"iss": f"{oidc_provider.base_url}/tenant-1/v2.0", "tid": tid_claim}
     token = oidc_provider.make_id_token(nonce="n-1")
+    expect = IdTokenExpectations(issuer=template, nonce="n-1")
     async with httpx.AsyncClient() as http:
         if ok:
-            claims = await validate_id_token(
-                entry, token, expected_issuer=template, nonce="n-1", jwks=JwksCache(), http=http, now=time.time()
-            )
+            claims = await validate_id_token(entry, token, expect, jwks=JwksCache(), http=http, now=time.time())
             assert claims["sub"] == "oidc-user-1"
             return
         with pytest.raises(IdTokenError) as caught:
-            await validate_id_token(
-                entry, token, expected_issuer=template, nonce="n-1", jwks=JwksCache(), http=http, now=time.time()
-            )
+            await validate_id_token(entry, token, expect, jwks=JwksCache(), http=http, now=time.time())
         assert caught.value.check == "iss"

@@ -41,7 +41,7 @@ CONFINED = {
     "acp": {"service.acp", "service.testing"},
     "sqlalchemy": {"service.store"},
     "alembic": {"service.store"},
-    "authlib": {"service.oauth", "service.identity"},
+    "authlib": {"service.oauth"},
     "starlette": {"service.web", "service.identity", "service.testing", "service.app", "service.connector"},
     "uvicorn": {"service.web", "service.testing"},
     "prometheus_client": {"service.metrics"},

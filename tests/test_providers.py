@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -12,8 +12,9 @@ import pytest
 import respx
 from pydantic import SecretStr
 
-from service.core.errors import ConfigError, ConnectorError, ProviderNotConfigured, UnknownProvider
-from service.oauth import ProviderGateway
+from service.core.errors import ConfigError, ConnectorError, ProviderError, ProviderNotConfigured, UnknownProvider
+from service.core.records import TokenSet
+from service.oauth import ProviderGateway, ResolvedProvider
 from service.providers import ProviderCatalog, ProviderEntry, load_catalog, provider_env_var
 
 SHIPPED = Path(__file__).resolve().parent.parent / "config" / "providers.toml"
@@ -37,12 +38,6 @@ MINIMAL = """
 authorization_endpoint = "https://auth.acme.test/authorize"
 token_endpoint = "https://auth.acme.test/token"
 """
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient() as client:
-        yield client
 
 
 def discovery_document(**overrides: object) -> dict[str, object]:
@@ -407,8 +402,12 @@ def test_hosts() -> None:
     assert github.provider_host == "github.com"
 
 
-def test_display_name_defaults_to_the_table_name(tmp_path: Path) -> None:
-    assert load_catalog(catalog_file(tmp_path, MINIMAL), env={}).get("acme").display_name == "acme"
+def test_display_name_defaults_to_the_providers_host_never_the_table_name(tmp_path: Path) -> None:
+    entry = load_catalog(catalog_file(tmp_path, MINIMAL), env={}).get("acme")
+    assert entry.display_name is None
+    assert entry.shown_name == "auth.acme.test"
+    discovery_only = load_catalog(catalog_file(tmp_path, f'[sso]\ndiscovery_url = "{DISCOVERY}"\n'), env={})
+    assert discovery_only.get("sso").shown_name == "sso.example.com"
 
 
 def test_extra_authorize_params_are_read_only() -> None:
@@ -426,28 +425,28 @@ def test_duplicate_names_are_refused() -> None:
 # --- resolve and discovery -----------------------------------------------------------------------------
 
 
-async def test_resolve_static_entry_makes_no_request(http: httpx.AsyncClient) -> None:
+async def test_resolve_static_entry_makes_no_request() -> None:
     catalog = load_catalog(SHIPPED, env=creds("github"))
     with respx.mock(assert_all_mocked=True) as mock:
-        entry = await ProviderGateway(catalog, http=http).resolve("github")
+        entry = await ProviderGateway(catalog).resolve("github")
     assert entry.entry is catalog.get("github")
     assert mock.calls.call_count == 0
 
 
-async def test_resolve_refuses_unconfigured_before_any_request(http: httpx.AsyncClient) -> None:
+async def test_resolve_refuses_unconfigured_before_any_request() -> None:
     catalog = load_catalog(SHIPPED, env={provider_env_var("oidc", "DISCOVERY_URL"): DISCOVERY})
     with respx.mock(assert_all_called=False) as mock:
         route = mock.get(DISCOVERY).respond(json=discovery_document())
         with pytest.raises(ProviderNotConfigured):
-            await ProviderGateway(catalog, http=http).resolve("oidc")
+            await ProviderGateway(catalog).resolve("oidc")
     assert not route.called
 
 
 @respx.mock
-async def test_resolve_discovers_endpoints_once(http: httpx.AsyncClient) -> None:
+async def test_resolve_discovers_endpoints_once() -> None:
     route = respx.get(DISCOVERY).respond(json=discovery_document())
     catalog = oidc_catalog()
-    gateway = ProviderGateway(catalog, http=http)
+    gateway = ProviderGateway(catalog)
     first, *others = await asyncio.gather(*(gateway.resolve("oidc") for _ in range(5)))
     again = await gateway.resolve("oidc")
     assert route.call_count == 1
@@ -466,14 +465,14 @@ async def test_resolve_discovers_endpoints_once(http: httpx.AsyncClient) -> None
 
 
 @respx.mock
-async def test_resolve_switches_to_a_supported_auth_method(http: httpx.AsyncClient) -> None:
+async def test_resolve_switches_to_a_supported_auth_method() -> None:
     respx.get(DISCOVERY).respond(json=discovery_document(token_endpoint_auth_methods_supported=["client_secret_post"]))
-    entry = await ProviderGateway(oidc_catalog(), http=http).resolve("oidc")
+    entry = await ProviderGateway(oidc_catalog()).resolve("oidc")
     assert entry.token_endpoint_auth_method == "client_secret_post"
 
 
 @respx.mock
-async def test_resolve_rfc8414_metadata_location(http: httpx.AsyncClient) -> None:
+async def test_resolve_rfc8414_metadata_location() -> None:
     url = "https://as.example.com/.well-known/oauth-authorization-server/tenant1"
     respx.get(url).respond(
         json=discovery_document(
@@ -482,12 +481,12 @@ async def test_resolve_rfc8414_metadata_location(http: httpx.AsyncClient) -> Non
             token_endpoint="https://as.example.com/tenant1/token",
         )
     )
-    entry = await ProviderGateway(oidc_catalog(CONNECTOR_PROVIDER_OIDC_DISCOVERY_URL=url), http=http).resolve("oidc")
+    entry = await ProviderGateway(oidc_catalog(CONNECTOR_PROVIDER_OIDC_DISCOVERY_URL=url)).resolve("oidc")
     assert entry.issuer == "https://as.example.com/tenant1"
 
 
 @respx.mock
-async def test_resolve_on_loopback_http(http: httpx.AsyncClient) -> None:
+async def test_resolve_on_loopback_http() -> None:
     base = "http://127.0.0.1:9999"
     url = f"{base}/.well-known/openid-configuration"
     respx.get(url).respond(
@@ -498,14 +497,14 @@ async def test_resolve_on_loopback_http(http: httpx.AsyncClient) -> None:
             "jwks_uri": f"{base}/jwks",  # required for an OpenID provider (oidc = true)
         }
     )
-    entry = await ProviderGateway(oidc_catalog(CONNECTOR_PROVIDER_OIDC_DISCOVERY_URL=url), http=http).resolve("oidc")
+    entry = await ProviderGateway(oidc_catalog(CONNECTOR_PROVIDER_OIDC_DISCOVERY_URL=url)).resolve("oidc")
     assert entry.token_endpoint == f"{base}/token"
     assert entry.authorization_response_iss_parameter_supported is False  # absent means false (RFC 9207 §3)
     assert entry.userinfo_endpoint is None
 
 
 @respx.mock
-async def test_endpoints_pinned_in_the_catalog_win(tmp_path: Path, http: httpx.AsyncClient) -> None:
+async def test_endpoints_pinned_in_the_catalog_win(tmp_path: Path) -> None:
     path = catalog_file(
         tmp_path,
         f"""
@@ -515,7 +514,7 @@ async def test_endpoints_pinned_in_the_catalog_win(tmp_path: Path, http: httpx.A
         """,
     )
     respx.get(DISCOVERY).respond(json=discovery_document())
-    entry = await ProviderGateway(load_catalog(path, env=creds("sso")), http=http).resolve("sso")
+    entry = await ProviderGateway(load_catalog(path, env=creds("sso"))).resolve("sso")
     assert entry.userinfo_endpoint == "https://api.example.com/me"
     assert entry.token_endpoint == f"{ISSUER}/protocol/openid-connect/token"
 
@@ -532,7 +531,7 @@ async def test_endpoints_pinned_in_the_catalog_win(tmp_path: Path, http: httpx.A
         (httpx.Response(200, json=discovery_document(issuer=None)), "no issuer"),
         (
             httpx.Response(200, json=discovery_document(token_endpoint="http://sso.example.com/token")),
-            "token_endpoint must use https",
+            "token_endpoint that must use https",
         ),
         (httpx.Response(200, json=discovery_document(authorization_endpoint=42)), "not a string"),
         (
@@ -541,23 +540,23 @@ async def test_endpoints_pinned_in_the_catalog_win(tmp_path: Path, http: httpx.A
         ),
         (
             httpx.Response(200, json=discovery_document(token_endpoint_auth_methods_supported=["private_key_jwt"])),
-            "supports none of",
+            "lists none of",
         ),
     ],
 )
-async def test_bad_discovery_documents_fail(http: httpx.AsyncClient, response: httpx.Response, problem: str) -> None:
+async def test_bad_discovery_documents_fail(response: httpx.Response, problem: str) -> None:
     catalog = oidc_catalog()
     with respx.mock:
         respx.get(DISCOVERY).mock(return_value=response)
         with pytest.raises(ConnectorError) as caught:
-            await ProviderGateway(catalog, http=http).resolve("oidc")
+            await ProviderGateway(catalog).resolve("oidc")
     assert caught.value.code == "provider_discovery_failed"
     assert problem in str(caught.value)
     assert SECRET not in str(caught.value)
 
 
-async def test_network_error_fails_and_is_not_cached(http: httpx.AsyncClient) -> None:
-    gateway = ProviderGateway(oidc_catalog(), http=http)
+async def test_network_error_fails_and_is_not_cached() -> None:
+    gateway = ProviderGateway(oidc_catalog())
     with respx.mock:
         respx.get(DISCOVERY).mock(side_effect=httpx.ConnectError("refused"))
         with pytest.raises(ConnectorError) as caught:
@@ -568,10 +567,128 @@ async def test_network_error_fails_and_is_not_cached(http: httpx.AsyncClient) ->
         assert (await gateway.resolve("oidc")).issuer == ISSUER
 
 
-async def test_configured_issuer_must_match_the_document(tmp_path: Path, http: httpx.AsyncClient) -> None:
+async def test_configured_issuer_must_match_the_document(tmp_path: Path) -> None:
     url = "https://sso.example.com/custom/metadata.json"  # a location that implies no issuer
     path = catalog_file(tmp_path, f'[sso]\ndiscovery_url = "{url}"\nissuer = "https://other.example.com"\n')
     with respx.mock:
         respx.get(url).respond(json=discovery_document())
         with pytest.raises(ConnectorError, match="is not the configured"):
-            await ProviderGateway(load_catalog(path, env=creds("sso")), http=http).resolve("sso")
+            await ProviderGateway(load_catalog(path, env=creds("sso"))).resolve("sso")
+
+
+async def test_discovery_is_read_again_after_its_ttl_and_a_failed_read_keeps_the_old_one() -> None:
+    now = [1000.0]
+    gateway = ProviderGateway(oidc_catalog(), discovery_ttl=300, monotonic=lambda: now[0])
+    with respx.mock:
+        route = respx.get(DISCOVERY).respond(json=discovery_document())
+        first = await gateway.resolve("oidc")
+        now[0] += 299
+        assert await gateway.resolve("oidc") is first and route.call_count == 1
+        now[0] += 2  # past the TTL: read again
+        moved = f"{ISSUER}/protocol/openid-connect/token2"
+        route.respond(json=discovery_document(token_endpoint=moved))
+        assert (await gateway.resolve("oidc")).token_endpoint == moved
+        assert route.call_count == 2
+        now[0] += 301
+        route.respond(500)  # the provider is down: the document read before keeps serving
+        assert (await gateway.resolve("oidc")).token_endpoint == moved
+        assert route.call_count == 3
+        assert (await gateway.resolve("oidc")).token_endpoint == moved
+        assert route.call_count == 3  # and is not asked again on every use
+        now[0] += 61
+        route.respond(json=discovery_document())
+        assert (await gateway.resolve("oidc")).token_endpoint == f"{ISSUER}/protocol/openid-connect/token"
+        assert route.call_count == 4
+
+
+async def test_a_failing_discovered_endpoint_makes_the_document_read_again() -> None:
+    gateway = ProviderGateway(oidc_catalog())
+    with respx.mock:
+        discovery = respx.get(DISCOVERY).respond(json=discovery_document())
+        provider = await gateway.resolve("oidc")
+        respx.post(provider.token_endpoint).respond(404)
+        tokens = TokenSet("at", "Bearer", "rt", None, None)
+        with pytest.raises(ProviderError, match="HTTP 404"):
+            await gateway.refresh(provider, tokens, account_id="a", now=datetime.now(UTC))
+        await gateway.resolve("oidc")
+        assert discovery.call_count == 2
+    await gateway.aclose()
+
+
+# --- CONNECTOR_PROVIDERS__<NAME>__<KEY> ------------------------------------------------------------------
+
+
+def test_every_catalog_key_can_come_from_the_environment() -> None:
+    catalog = oidc_catalog(
+        CONNECTOR_PROVIDERS__OIDC__API_BASE_URL="https://api.example.com/v1",
+        CONNECTOR_PROVIDERS__OIDC__DISPLAY_NAME="Acme SSO",
+        CONNECTOR_PROVIDERS__OIDC__DEFAULT_SCOPES="openid, email,offline_access",
+        CONNECTOR_PROVIDERS__OIDC__PKCE="false",
+        CONNECTOR_PROVIDERS__OIDC__TOKEN_ENDPOINT_AUTH_METHOD="client_secret_post",
+        CONNECTOR_PROVIDERS__OIDC__EXTRA_AUTHORIZE_PARAMS='{"prompt": "login"}',
+    )
+    entry = catalog.get("oidc")
+    assert entry.api_base_url == "https://api.example.com/v1"
+    assert entry.shown_name == "Acme SSO"
+    assert entry.default_scopes == ("openid", "email", "offline_access")
+    assert entry.pkce is False
+    assert entry.token_endpoint_auth_method == "client_secret_post"
+    assert dict(entry.extra_authorize_params) == {"prompt": "login"}
+    # The newer name wins over the older single-variable override.
+    both = oidc_catalog(
+        CONNECTOR_PROVIDERS__OIDC__DISCOVERY_URL="https://other.example.com/.well-known/openid-configuration"
+    )
+    assert both.get("oidc").discovery_url == "https://other.example.com/.well-known/openid-configuration"
+
+
+def test_a_provider_can_be_described_by_the_environment_alone() -> None:
+    catalog = load_catalog(
+        SHIPPED,
+        env={
+            **creds("keycloak"),
+            "CONNECTOR_PROVIDERS__KEYCLOAK__DISCOVERY_URL": DISCOVERY,
+            "CONNECTOR_PROVIDERS__KEYCLOAK__OIDC": "true",
+            "CONNECTOR_PROVIDERS__KEYCLOAK__ACCOUNT_ID_FIELD": "sub",
+        },
+    )
+    entry = catalog.require_configured("keycloak")
+    assert entry.oidc and entry.discovery_url == DISCOVERY and entry.shown_name == "sso.example.com"
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "key", "problem"),
+    [
+        ("CONNECTOR_PROVIDERS__OIDC__PKCE", "maybe", "oidc.pkce", "true or false"),
+        ("CONNECTOR_PROVIDERS__OIDC__API_BASE_URL", "http://api.example.com", "oidc.api_base_url", "https"),
+        ("CONNECTOR_PROVIDERS__OIDC__NO_SUCH_KEY", "x", "oidc.no_such_key", "unknown key"),
+        ("CONNECTOR_PROVIDERS__OIDC__EXTRA_AUTHORIZE_PARAMS", "prompt=login", "oidc.extra_authorize_params", "JSON"),
+        (
+            "CONNECTOR_PROVIDERS__OIDC__TOKEN_ENDPOINT_AUTH_METHOD",
+            "private_key_jwt",
+            "oidc.token_endpoint_auth_method",
+            "",
+        ),
+        (
+            "CONNECTOR_PROVIDERS__OIDC__CLIENT_SECRET",
+            SECRET,
+            "oidc.client_secret",
+            "CONNECTOR_PROVIDER_OIDC_CLIENT_SECRET",
+        ),
+    ],
+)
+def test_bad_environment_values_name_the_variable(variable: str, value: str, key: str, problem: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        oidc_catalog(**{variable: value})
+    assert caught.value.file == "environment" and caught.value.key == key
+    assert problem in str(caught.value)
+    if variable.endswith("CLIENT_SECRET"):
+        assert SECRET not in str(caught.value)
+    else:
+        assert f"set by {variable}" in str(caught.value)
+
+
+def test_pool_options_are_refused_for_an_api_client() -> None:
+    gateway = ProviderGateway(load_catalog(SHIPPED, env=creds("github")))
+    provider = ResolvedProvider.from_entry(gateway.entry("github"))
+    with pytest.raises(TypeError, match="verify"):
+        gateway.api_client(provider, auth=httpx.BasicAuth("a", "b"), client_kwargs={"verify": False})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 
 import pytest
 
@@ -46,14 +47,15 @@ async def stored_tokens(deployment: Deployment) -> dict[str, object]:
 
 
 async def test_token_near_expiry_is_refreshed_once_for_concurrent_requests(deployment: Deployment) -> None:
-    deployment.provider.expires_in = 30  # inside the 60 s refresh-ahead window
+    deployment.provider.expires_in = 30
     await authorize(deployment)
     first_refresh_token = deployment.provider.issued_refresh_tokens[0]
+    deployment.connector.clock.advance(timedelta(seconds=28))  # inside the last 10 % of the token's life
     async with deployment.connector.http(deployment.local_user, "github") as github:
         responses = await asyncio.gather(*(github.get("user") for _ in range(5)))
     assert [r.status_code for r in responses] == [200] * 5
     # Each request saw a token near expiry; the lock let one refresh happen, and the others used its result.
-    assert refreshes(deployment) >= 1
+    assert refreshes(deployment) == 1
     stored = await stored_tokens(deployment)
     assert stored["access_token"] == deployment.provider.issued_access_tokens[-1]
     assert stored["refresh_token"] == deployment.provider.issued_refresh_tokens[-1] != first_refresh_token
@@ -84,6 +86,7 @@ async def test_concurrent_401s_cause_a_single_refresh(deployment: Deployment) ->
 async def test_failed_refresh_asks_for_authorization_again(deployment: Deployment) -> None:
     deployment.provider.expires_in = 30
     await authorize(deployment)
+    deployment.connector.clock.advance(timedelta(seconds=28))
     deployment.provider.revoke_refresh_tokens()
     async with deployment.connector.http(deployment.local_user, "github") as github:
         with pytest.raises(NotAuthorized, match="authorized again"):

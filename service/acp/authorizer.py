@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from service.core.events import ElicitationEvent
+from service.core.events import ElicitationEvent, Event
 from service.core.identity import Identity
 from service.core.lifecycle import AnswerKind, Elicitations
 from service.core.outcomes import AuthorizationOutcome, AuthorizationStatus, GrantInfo
@@ -182,8 +182,8 @@ class AcpAuthorizer:
                 await asyncio.shield(delivery)
         return outcome
 
-    def _on_event(self, event: ElicitationEvent) -> None:
-        if event.status is not ElicitationStatus.COMPLETED:
+    def _on_event(self, event: Event) -> None:
+        if not isinstance(event, ElicitationEvent) or event.status is not ElicitationStatus.COMPLETED:
             return
         link = self._links_by_key.get(event.connection_key)
         if link is None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from .errors import ConnectorError, FlowRefused, ProviderError
+from .events import GrantChange, GrantChanged
 from .handles import binding_hash, flow_aad, grant_aad, new_id, state_hash
 from .identity import Identity
 from .lifecycle import Elicitations
@@ -216,6 +217,7 @@ class BrowserFlow:
                 expected_issuer=claimed.expected_issuer,
                 nonce=claimed.nonce,
                 now=self.now(),
+                issued_after=claimed.created_at,
             )
         except ProviderError as exc:
             check = getattr(exc, "check", None)
@@ -310,6 +312,7 @@ class BrowserFlow:
                 now=now,
                 conn=tx,
             )
+        self.elicitations.events.publish(GrantChanged(stored.id, record.identity, provider.name, GrantChange.STORED))
         if completed is None:
             return await self.elicitations.get(record.id) or record
         self.elicitations.ended(record, ElicitationStatus.COMPLETED)

@@ -1,9 +1,16 @@
-"""Events about elicitations: what changed, never a secret. Published after the change is committed."""
+"""Events: what changed, never a secret. Published after the change is committed.
+
+Two kinds travel on the bus (`service.events`): an elicitation reached a state (`ElicitationEvent`), and a grant
+was stored, refreshed or deleted (`GrantChanged`, so that caches of grants and tokens, in this process and in
+others sharing the database, drop what they hold for it).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
+from .identity import Identity
 from .states import ElicitationStatus
 
 
@@ -14,3 +21,22 @@ class ElicitationEvent:
     elicitation_id: str
     status: ElicitationStatus
     connection_key: str
+
+
+class GrantChange(StrEnum):
+    STORED = "stored"  # a new grant, or new tokens and scopes for the same provider account (reconnect)
+    REFRESHED = "refreshed"  # new tokens from a refresh
+    DELETED = "deleted"  # disconnected
+
+
+@dataclass(frozen=True, slots=True)
+class GrantChanged:
+    """The grant `grant_id` of `identity` at `provider` changed as `change` says."""
+
+    grant_id: str
+    identity: Identity
+    provider: str
+    change: GrantChange
+
+
+Event = ElicitationEvent | GrantChanged

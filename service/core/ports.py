@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
-from .events import ElicitationEvent
+from .events import ElicitationEvent, Event
 from .identity import Identity
 from .records import AuditRecord, ElicitationRecord, FlowRecord, GrantRecord, TokenSet, VerificationRecord
 from .states import ElicitationStatus
@@ -89,7 +89,7 @@ class Vault(Protocol):
 
 
 class EventSink(Protocol):
-    def publish(self, event: ElicitationEvent) -> None: ...
+    def publish(self, event: Event) -> None: ...
 
 
 class FlowMetrics(Protocol):
@@ -100,9 +100,9 @@ class FlowMetrics(Protocol):
 
 
 class EventSource(Protocol):
-    """Where waiters learn that an elicitation changed (a wake-up call: the store stays the truth)."""
+    """Where waiters learn that an elicitation or a grant changed (a wake-up call: the store stays the truth)."""
 
-    def add_listener(self, listener: Callable[[ElicitationEvent], None]) -> None: ...
+    def add_listener(self, listener: Callable[[Event], None]) -> None: ...
 
     def subscribe(self, elicitation_id: str) -> AbstractAsyncContextManager[asyncio.Queue[ElicitationEvent]]: ...
 
@@ -168,4 +168,7 @@ class ProviderGateway(Protocol):
         expected_issuer: str | None,
         nonce: str | None,
         now: datetime,
-    ) -> Authorized: ...
+        issued_after: datetime | None = None,
+    ) -> Authorized:
+        """Redeem the code; an OpenID provider's ID token must carry `nonce` and be issued after `issued_after`."""
+        ...

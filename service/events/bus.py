@@ -1,4 +1,5 @@
-"""The completion bus: tells whoever waits on an elicitation that it reached a terminal state.
+"""The event bus: tells whoever waits on an elicitation that it reached a terminal state, and every listener
+about every event (`ElicitationEvent`, `GrantChanged`).
 
 In one process this is an in-memory fan-out. Waiters must also re-read the database (the bus is a
 wake-up call, not the source of truth), so a missed event costs latency, never correctness.
@@ -11,13 +12,13 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
-from service.core.events import ElicitationEvent
+from service.core.events import ElicitationEvent, Event
 
-Listener = Callable[[ElicitationEvent], None]
+Listener = Callable[[Event], None]
 
 
 class LocalBus:
-    """In-process fan-out of elicitation events: per-elicitation queues and listeners for every event."""
+    """In-process fan-out: per-elicitation queues for elicitation events, and listeners for every event."""
 
     def __init__(self) -> None:
         self._waiters: defaultdict[str, set[asyncio.Queue[ElicitationEvent]]] = defaultdict(set)
@@ -31,9 +32,10 @@ class LocalBus:
         if listener in self._listeners:
             self._listeners.remove(listener)
 
-    def publish(self, event: ElicitationEvent) -> None:
-        for queue in list(self._waiters.get(event.elicitation_id, ())):
-            queue.put_nowait(event)
+    def publish(self, event: Event) -> None:
+        if isinstance(event, ElicitationEvent):
+            for queue in list(self._waiters.get(event.elicitation_id, ())):
+                queue.put_nowait(event)
         for listener in list(self._listeners):
             listener(event)
 

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-import httpx
 from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import Response
@@ -33,6 +32,7 @@ from service.core.handles import binding_hash
 from service.core.records import VerificationRecord
 from service.core.settings import FlowSettings
 from service.core.verification import BrowserFacts, IdentityStep, VerificationAttempt, Verifier
+from service.oauth import ProviderGateway
 from service.store import Store
 from service.vault import Vault
 
@@ -48,7 +48,7 @@ class VerifierContext:
     flow: FlowSettings
     store: Store
     vault: Vault
-    http: httpx.AsyncClient  # for the verifier's own identity provider (metadata, keys, tokens)
+    providers: ProviderGateway  # the protocol to OpenID/OAuth providers (discovery, tokens, ID tokens), pooled
     clock: Callable[[], datetime]
 
     def now(self) -> datetime:

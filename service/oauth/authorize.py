@@ -6,9 +6,13 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .client import oauth_client
+from authlib.common.urls import add_params_to_uri
+from authlib.oauth2.rfc7636 import create_s256_code_challenge
+
 from .issuer import issuer_matches
 from .resolved import ResolvedProvider
+
+OFFLINE_ACCESS = "offline_access"
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,19 +40,34 @@ def authorization_scopes(entry: ResolvedProvider, scopes: Sequence[str]) -> str:
     return entry.join_scopes(("openid", *scopes) if entry.oidc else scopes)
 
 
+def prompt_for(entry: ResolvedProvider, scopes: Sequence[str]) -> str | None:
+    """`prompt=consent` when an OpenID provider is asked for `offline_access` (OpenID Connect Core §11: without it
+    a conformant provider drops the scope and issues no refresh token), unless the operator set `prompt`."""
+    if entry.oidc and OFFLINE_ACCESS in scopes and "prompt" not in entry.extra_authorize_params:
+        return "consent"
+    return None
+
+
 def authorization_url(entry: ResolvedProvider, *, redirect_uri: str, scopes: Sequence[str], flow: FlowSecrets) -> str:
-    extra: dict[str, str] = dict(entry.extra_authorize_params)
+    params: list[tuple[str, str]] = [
+        ("response_type", "code"),
+        ("client_id", entry.client_id),
+        ("redirect_uri", redirect_uri),
+        ("scope", authorization_scopes(entry, scopes)),
+        ("state", flow.state),
+    ]
+    if flow.code_verifier is not None:
+        params += [
+            ("code_challenge", create_s256_code_challenge(flow.code_verifier)),
+            ("code_challenge_method", "S256"),
+        ]
     if flow.nonce is not None:
-        extra["nonce"] = flow.nonce
-    client = oauth_client(entry, redirect_uri=redirect_uri)
-    url, _ = client.create_authorization_url(
-        entry.authorization_endpoint,
-        state=flow.state,
-        code_verifier=flow.code_verifier,
-        scope=authorization_scopes(entry, scopes),
-        **extra,
-    )
-    return str(url)
+        params.append(("nonce", flow.nonce))
+    prompt = prompt_for(entry, scopes)
+    if prompt is not None:
+        params.append(("prompt", prompt))
+    params += list(entry.extra_authorize_params.items())
+    return str(add_params_to_uri(entry.authorization_endpoint, params))
 
 
 def issuer_acceptable(entry: ResolvedProvider, expected: str | None, received: str | None) -> bool:

@@ -6,24 +6,34 @@ absolute https URL (loopback excepted). Errors name the provider, the URL and th
 
 from __future__ import annotations
 
-from typing import Any, get_args
+from typing import Any
 
 import httpx
 
 from service.core.errors import ConnectorError
 from service.core.urls import url_problem
-from service.providers import ProviderEntry, TokenEndpointAuthMethod
+from service.providers import ProviderEntry
 
+from .client_auth import choose_auth_method
 from .issuer import implied_issuer, same_issuer
 from .resolved import ResolvedProvider
 
 DISCOVERY_FAILED = "provider_discovery_failed"
 DISCOVERY_TIMEOUT = httpx.Timeout(10.0)
-_AUTH_METHODS: tuple[TokenEndpointAuthMethod, ...] = get_args(TokenEndpointAuthMethod)
 
 
-def _discovery_error(entry: ProviderEntry, url: str, problem: str) -> ConnectorError:
-    return ConnectorError(f"provider {entry.name!r}: discovery at {url} failed: {problem}", code=DISCOVERY_FAILED)
+class DiscoveryError(ConnectorError):
+    """A provider's discovery document could not be used. `field` names the member at fault, if one is."""
+
+    code = DISCOVERY_FAILED
+
+    def __init__(self, entry: ProviderEntry, url: str, problem: str, field: str | None = None) -> None:
+        # People read this on the connect page: the provider by the name they know, and what is wrong.
+        super().__init__(f"{entry.shown_name}: the discovery document at {url} {problem}")
+        self.provider = entry.name
+        self.url = url
+        self.problem = problem
+        self.field = field
 
 
 async def discover(entry: ProviderEntry, url: str, http: httpx.AsyncClient) -> ResolvedProvider:
@@ -31,36 +41,44 @@ async def discover(entry: ProviderEntry, url: str, http: httpx.AsyncClient) -> R
     try:
         response = await http.get(url, headers={"Accept": "application/json"}, timeout=DISCOVERY_TIMEOUT)
     except httpx.HTTPError as exc:
-        raise _discovery_error(entry, url, f"request error ({type(exc).__name__})") from None
+        raise DiscoveryError(entry, url, f"could not be fetched ({type(exc).__name__})") from None
     if response.status_code != 200:
-        raise _discovery_error(entry, url, f"HTTP status {response.status_code}")
+        raise DiscoveryError(entry, url, f"answered HTTP status {response.status_code}")
     try:
         document: Any = response.json()
     except ValueError:
-        raise _discovery_error(entry, url, "the response is not JSON") from None
+        raise DiscoveryError(entry, url, "is not JSON") from None
     if not isinstance(document, dict):
-        raise _discovery_error(entry, url, "the response is not a JSON object")
+        raise DiscoveryError(entry, url, "is not a JSON object")
 
     def text(key: str, *, required: bool) -> str | None:
         value = document.get(key)
         if value is None or value == "":
             if required:
-                raise _discovery_error(entry, url, f"the document has no {key}")
+                raise DiscoveryError(entry, url, f"has no {key}", key)
             return None
         if not isinstance(value, str):
-            raise _discovery_error(entry, url, f"{key} is not a string")
+            raise DiscoveryError(entry, url, f"has a {key} that is not a string", key)
         problem = url_problem(value)
         if problem is not None:
-            raise _discovery_error(entry, url, f"{key} {problem}")
+            raise DiscoveryError(entry, url, f"has a {key} that {problem}", key)
+        return value
+
+    def text_list(key: str) -> list[str] | None:
+        value = document.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+            raise DiscoveryError(entry, url, f"has a {key} that is not a list of strings", key)
         return value
 
     issuer = text("issuer", required=True)
     assert issuer is not None
     implied = implied_issuer(url)
     if implied is not None and not same_issuer(issuer, implied):
-        raise _discovery_error(entry, url, f"the document's issuer {issuer} does not match its location ({implied})")
+        raise DiscoveryError(entry, url, f"names the issuer {issuer}, which does not match its location", "issuer")
     if entry.issuer is not None and not same_issuer(issuer, entry.issuer):
-        raise _discovery_error(entry, url, f"the document's issuer {issuer} is not the configured {entry.issuer}")
+        raise DiscoveryError(entry, url, f"names the issuer {issuer}, which is not the configured one", "issuer")
 
     authorization_endpoint = text("authorization_endpoint", required=True)
     token_endpoint = text("token_endpoint", required=True)
@@ -70,24 +88,23 @@ async def discover(entry: ProviderEntry, url: str, http: httpx.AsyncClient) -> R
 
     iss_supported = document.get("authorization_response_iss_parameter_supported", False)
     if not isinstance(iss_supported, bool):
-        raise _discovery_error(entry, url, "authorization_response_iss_parameter_supported is not a boolean")
+        raise DiscoveryError(
+            entry,
+            url,
+            "has an authorization_response_iss_parameter_supported that is not a boolean",
+            "authorization_response_iss_parameter_supported",
+        )
     if entry.oidc and not (entry.jwks_uri or jwks_uri):
-        raise _discovery_error(entry, url, "the document has no jwks_uri, needed to check ID tokens")
+        raise DiscoveryError(entry, url, "has no jwks_uri, needed to check ID tokens", "jwks_uri")
 
-    auth_method = entry.token_endpoint_auth_method
-    methods = document.get("token_endpoint_auth_methods_supported")
-    if methods is not None:
-        if not isinstance(methods, list):
-            raise _discovery_error(entry, url, "token_endpoint_auth_methods_supported is not a list")
-        if auth_method not in methods:
-            usable = [method for method in _AUTH_METHODS if method in methods]
-            if not usable:
-                raise _discovery_error(
-                    entry,
-                    url,
-                    f"the provider supports none of {', '.join(_AUTH_METHODS)} at its token endpoint",
-                )
-            auth_method = usable[0]
+    methods = text_list("token_endpoint_auth_methods_supported")
+    try:
+        auth = choose_auth_method(
+            entry.token_endpoint_auth_method, methods, has_secret=entry.has_secret, discovered=True
+        )
+    except ValueError as exc:
+        raise DiscoveryError(entry, url, f"says {exc}", "token_endpoint_auth_methods_supported") from None
+    algorithms = text_list("id_token_signing_alg_values_supported")
 
     # Endpoints written in the catalog win over discovered ones (operators can pin them); the issuer is the
     # document's exact string, as ID tokens and RFC 9207 `iss` carry it.
@@ -101,5 +118,9 @@ async def discover(entry: ProviderEntry, url: str, http: httpx.AsyncClient) -> R
         revocation_endpoint=entry.revocation_endpoint or revocation_endpoint,
         jwks_uri=entry.jwks_uri or jwks_uri,
         authorization_response_iss_parameter_supported=iss_supported,
-        token_endpoint_auth_method=auth_method,
+        token_endpoint_auth_method=auth.method,
+        auth_method_reason=auth.reason,
+        id_token_algorithms=tuple(algorithms) if algorithms is not None else None,
+        discovered=True,
+        extra={"token_endpoint_auth_methods_supported": tuple(methods) if methods is not None else None},
     )

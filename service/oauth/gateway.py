@@ -1,18 +1,25 @@
 """`ProviderGateway`: the one object the rest of the connector uses to talk to providers.
 
-It resolves catalog entries into `ResolvedProvider`s (discovery, cached), builds authorization requests, redeems
-codes (token endpoint, ID token, account), refreshes and revokes. It holds the HTTP client for provider metadata
-and the JWKS cache, and closes them on shutdown.
+It resolves catalog entries into `ResolvedProvider`s (discovery cached for `discovery_ttl` seconds and fetched
+again after a failure), builds authorization requests, redeems codes (token endpoint, ID token, account),
+refreshes (checking a refresh's ID token) and revokes. It owns the pooled HTTP clients (`ProviderHttp`, one pool
+per provider) and the JWKS cache, and closes them on shutdown. The `oidc` identity verifier resolves its own
+entry through it too (`resolve_entry`), so there is one discovery, one JWKS cache and one ID-token check.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
+from typing import Any, TypeVar
 
 import httpx
 
+from service.core.errors import ProviderError
 from service.core.ports import AuthorizationRequest, Authorized, Provider
 from service.core.records import TokenSet
 from service.metrics import Metrics, ProviderEndpoint
@@ -20,22 +27,47 @@ from service.providers import ProviderCatalog, ProviderEntry
 
 from . import token
 from .authorize import authorization_url, issuer_acceptable, new_flow_secrets
-from .discovery import discover
-from .id_token import JwksCache, validate_id_token
+from .discovery import DiscoveryError, discover
+from .endpoint import EndpointError
+from .http import ProviderHttp
+from .id_token import IdTokenExpectations, JwksCache, unverified_claims, validate_id_token
 from .resolved import ResolvedProvider
 from .revocation import revoke
 from .userinfo import fetch_account
 
+log = logging.getLogger("service.oauth")
+
+DISCOVERY_TTL = 3600.0
+# After a failed re-read of a document we already have, the old one serves this long before the next try.
+RETRY_AFTER_FAILURE = 60.0
+
+T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class _Discovered:
+    provider: ResolvedProvider
+    fresh_until: float  # monotonic seconds
+
 
 class ProviderGateway:
     def __init__(
-        self, catalog: ProviderCatalog, *, http: httpx.AsyncClient | None = None, metrics: Metrics | None = None
+        self,
+        catalog: ProviderCatalog,
+        *,
+        http: ProviderHttp | None = None,
+        discovery_ttl: float = DISCOVERY_TTL,
+        monotonic: Callable[[], float] = time.monotonic,
+        metrics: Metrics | None = None,
     ) -> None:
         self.catalog = catalog
-        self.http = http or httpx.AsyncClient(timeout=15.0)
+        self.http = http or ProviderHttp()
         self.metrics = metrics or Metrics(entry.name for entry in catalog.entries())
-        self.jwks = JwksCache()
-        self._resolved: dict[str, ResolvedProvider] = {}
+        self.discovery_ttl = discovery_ttl
+        self.jwks = JwksCache(ttl=discovery_ttl or DISCOVERY_TTL)
+        self._monotonic = monotonic
+        self._discovered: dict[str, _Discovered] = {}
+        self._static: dict[str, ResolvedProvider] = {}
         self._locks: dict[str, asyncio.Lock] = {}
 
     async def aclose(self) -> None:
@@ -51,26 +83,66 @@ class ProviderGateway:
         return self.catalog.require_configured(name)
 
     def display_name(self, name: str) -> str:
-        resolved = self._resolved.get(name)
-        if resolved is not None:
-            return resolved.display_name
-        return self.catalog.get(name).display_name if name in self.catalog else name
+        """What people are shown for a provider: its display name, else its issuer's (or sign-in) host."""
+        discovered = self._discovered.get(name)
+        if discovered is not None:
+            return discovered.provider.display_name
+        return self.catalog.get(name).shown_name if name in self.catalog else name
 
+    # -- resolution ------------------------------------------------------------------------------------
     async def resolve(self, name: str) -> ResolvedProvider:
-        """The configured entry with every endpoint known: discovery entries are fetched once, then cached."""
-        entry = self.catalog.require_configured(name)
+        """The configured catalog entry with every endpoint known."""
+        return await self.resolve_entry(self.catalog.require_configured(name))
+
+    async def resolve_entry(self, entry: ProviderEntry) -> ResolvedProvider:
+        """`entry` with every endpoint known: written out, or read from its discovery document (cached).
+
+        A document is read again after `discovery_ttl` seconds; if that read fails, the one read before keeps
+        serving (and the next use tries again a minute later). A failure with nothing read before raises
+        DiscoveryError and is not remembered: the next use tries again.
+        """
         if entry.discovery_url is None:
-            return ResolvedProvider.from_entry(entry)
-        cached = self._resolved.get(name)
+            static = self._static.get(entry.name)
+            if static is None or static.entry is not entry:
+                static = self._static[entry.name] = ResolvedProvider.from_entry(entry)
+            return static
+        cached = self._discovered.get(entry.name)
+        if cached is not None and self._monotonic() < cached.fresh_until:
+            return cached.provider
+        async with self._locks.setdefault(entry.name, asyncio.Lock()):
+            cached = self._discovered.get(entry.name)
+            now = self._monotonic()
+            if cached is not None and now < cached.fresh_until:
+                return cached.provider
+            try:
+                with self.metrics.provider_call(entry.name, ProviderEndpoint.DISCOVERY):
+                    provider = await discover(entry, entry.discovery_url, self.http.client(entry.name))
+            except DiscoveryError as exc:
+                if cached is None:
+                    raise
+                log.warning("%s; the document read before keeps serving (provider %r)", exc, entry.name)
+                cached.fresh_until = now + min(RETRY_AFTER_FAILURE, self.discovery_ttl or RETRY_AFTER_FAILURE)
+                return cached.provider
+            self._discovered[entry.name] = _Discovered(provider, now + self.discovery_ttl)
+            return provider
+
+    def invalidate(self, name: str) -> None:
+        """Read the provider's discovery document again at next use (its endpoints may have moved)."""
+        cached = self._discovered.get(name)
         if cached is not None:
-            return cached
-        async with self._locks.setdefault(name, asyncio.Lock()):
-            cached = self._resolved.get(name)
-            if cached is None:
-                with self.metrics.provider_call(name, ProviderEndpoint.DISCOVERY):
-                    cached = await discover(entry, entry.discovery_url, self.http)
-                self._resolved[name] = cached
-        return cached
+            cached.fresh_until = 0.0
+
+    def http_client(self, provider: ResolvedProvider) -> httpx.AsyncClient:
+        """The provider's long-lived, pooled client."""
+        return self.http.client(provider.name)
+
+    def api_client(
+        self, provider: ResolvedProvider, *, auth: httpx.Auth, client_kwargs: Mapping[str, Any]
+    ) -> httpx.AsyncClient:
+        """A client for the provider's API over its pool, with `auth` (close it after use; the pool stays)."""
+        return self.http.api_client(
+            provider.name, base_url=provider.api_base_url or "", auth=auth, client_kwargs=client_kwargs
+        )
 
     # -- the authorization code flow -------------------------------------------------------------------
     def authorization_request(
@@ -84,6 +156,31 @@ class ProviderGateway:
     def issuer_acceptable(self, provider: Provider, expected: str | None, received: str | None) -> bool:
         return issuer_acceptable(_resolved(provider), expected, received)
 
+    async def exchange_code(
+        self, provider: ResolvedProvider, *, redirect_uri: str, code: str, code_verifier: str | None, now: datetime
+    ) -> TokenSet:
+        """Redeem an authorization code at the token endpoint (RFC 6749 §4.1.3)."""
+        return await self._call(
+            provider,
+            ProviderEndpoint.TOKEN,
+            token.exchange_code(
+                provider,
+                self.http_client(provider),
+                redirect_uri=redirect_uri,
+                code=code,
+                code_verifier=code_verifier,
+                now=now.timestamp(),
+            ),
+        )
+
+    async def validate_id_token(
+        self, provider: ResolvedProvider, id_token: str | None, expect: IdTokenExpectations, *, now: datetime
+    ) -> dict[str, Any]:
+        """Check an ID token in full against the provider's keys (IdTokenError names the failed check)."""
+        return await validate_id_token(
+            provider, id_token, expect, jwks=self.jwks, http=self.http_client(provider), now=now.timestamp()
+        )
+
     async def redeem(
         self,
         provider: Provider,
@@ -94,46 +191,76 @@ class ProviderGateway:
         expected_issuer: str | None,
         nonce: str | None,
         now: datetime,
+        issued_after: datetime | None = None,
     ) -> Authorized:
         """Exchange the code; for OpenID providers check the ID token in full; learn the provider account."""
         provider = _resolved(provider)
-        with self.metrics.provider_call(provider.name, ProviderEndpoint.TOKEN):
-            tokens = await token.exchange_code(
-                provider, redirect_uri=redirect_uri, code=code, code_verifier=code_verifier
-            )
+        tokens = await self.exchange_code(
+            provider, redirect_uri=redirect_uri, code=code, code_verifier=code_verifier, now=now
+        )
         id_claims = None
         if provider.oidc:
+            if expected_issuer is None:
+                raise ProviderError(
+                    f"{provider.display_name} has no issuer to check ID tokens against (provider '{provider.name}')",
+                    code="provider_misconfigured",
+                )
             # Checked before anything is stored: the account is the ID token's `sub`, signed by the issuer
             # this very request expected, for our client, with the nonce this browser's request carried.
-            id_claims = await validate_id_token(
-                provider,
-                tokens.id_token,
-                expected_issuer=expected_issuer,
+            expect = IdTokenExpectations(
+                issuer=expected_issuer,
                 nonce=nonce,
-                jwks=self.jwks,
-                http=self.http,
-                now=now.timestamp(),
+                issued_after=issued_after.timestamp() if issued_after is not None else None,
             )
+            id_claims = await self.validate_id_token(provider, tokens.id_token, expect, now=now)
+        account = fetch_account(provider, self.http_client(provider), tokens, id_claims)
         if provider.userinfo_endpoint is None:  # the account is the ID token's `sub`: no call
-            account_id, _profile = await fetch_account(provider, tokens, id_claims)
+            account_id, _profile = await account
         else:
-            with self.metrics.provider_call(provider.name, ProviderEndpoint.USERINFO):
-                account_id, _profile = await fetch_account(provider, tokens, id_claims)
+            account_id, _profile = await self._call(provider, ProviderEndpoint.USERINFO, account)
         return Authorized(tokens, account_id)
 
     # -- using a grant ---------------------------------------------------------------------------------
-    async def refresh(self, provider: ResolvedProvider, tokens: TokenSet) -> TokenSet:
-        with self.metrics.provider_call(provider.name, ProviderEndpoint.REFRESH):
-            return await token.refresh(provider, tokens)
+    async def refresh(
+        self, provider: ResolvedProvider, tokens: TokenSet, *, account_id: str, now: datetime
+    ) -> TokenSet:
+        """New tokens for a grant (RFC 6749 §6). An ID token in the answer must be for the same account, from the
+        same issuer, for us (OpenID Connect Core §12.2); if it is not, the new tokens are revoked and refused."""
+        fresh = await self._call(
+            provider,
+            ProviderEndpoint.REFRESH,
+            token.refresh(provider, self.http_client(provider), tokens, now=now.timestamp()),
+        )
+        if provider.oidc and fresh.id_token is not None:
+            before = unverified_claims(tokens.id_token) if tokens.id_token else {}
+            issuer = before.get("iss") if isinstance(before.get("iss"), str) else provider.issuer
+            nonce = before.get("nonce") if isinstance(before.get("nonce"), str) else None
+            expect = IdTokenExpectations(issuer=issuer or "", nonce=nonce, nonce_required=False, subject=account_id)
+            try:
+                await self.validate_id_token(provider, fresh.id_token, expect, now=now)
+            except ProviderError:
+                await self.revoke(provider, fresh)
+                raise
+        return fresh
 
     async def revoke(self, provider: ResolvedProvider, tokens: TokenSet) -> bool:
         if provider.revocation_endpoint is None:
             return False
         with self.metrics.provider_call(provider.name, ProviderEndpoint.REVOCATION):
-            revoked = await revoke(provider, tokens)
+            revoked = await revoke(provider, self.http_client(provider), tokens)
         if not revoked:  # best effort: a refusal is not raised, but it is an error of that endpoint
             self.metrics.provider_errors.labels(self.metrics.provider(provider.name), "revocation").inc()
         return revoked
+
+    async def _call(self, provider: ResolvedProvider, endpoint: ProviderEndpoint, call: Awaitable[T]) -> T:
+        """Time `call` as a call of `endpoint`; a failing discovered endpoint has the document read again."""
+        try:
+            with self.metrics.provider_call(provider.name, endpoint):
+                return await call
+        except EndpointError as exc:
+            if exc.transport and provider.discovered:
+                self.invalidate(provider.name)  # the endpoint may have moved: read the document again
+            raise
 
 
 def _resolved(provider: Provider) -> ResolvedProvider:

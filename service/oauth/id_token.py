@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import hmac
+import json
+import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -16,12 +20,15 @@ from joserfc.jwk import KeySet
 from service.core.errors import ProviderError
 from service.providers import TENANT_ID_PLACEHOLDER
 
-from .client import HTTP_TIMEOUT
 from .issuer import issuer_matches
 from .resolved import ResolvedProvider
 
+log = logging.getLogger("service.oauth")
+
 # Asymmetric algorithms only: never "none", never HS* (a shared secret would let anyone holding it sign).
-ID_TOKEN_ALGORITHMS = ["RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "Ed25519"]
+ID_TOKEN_ALGORITHMS = [
+    *("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA", "Ed25519"),
+]
 CLOCK_LEEWAY = 60  # seconds of clock difference tolerated on exp and iat
 JWKS_TTL = 3600.0  # keys are re-read at least this often
 JWKS_MIN_REFRESH = 30.0  # an unknown key id triggers a re-read at most this often (per JWKS)
@@ -63,7 +70,14 @@ class JwksCache:
                 age = now - cached[0]
                 if age < self.ttl and (not refresh or age < self.min_refresh):
                     return cached[1]
-            key_set = await _fetch_jwks(uri, http)
+            try:
+                key_set = await _fetch_jwks(uri, http)
+            except ProviderError as exc:
+                if cached is None:
+                    raise
+                # Keys read before are better than none; the next use tries again.
+                log.warning("%s; using the keys read %.0f s ago", exc, now - cached[0])
+                return cached[1]
             self._sets[uri] = (now, key_set)
             return key_set
 
@@ -73,7 +87,7 @@ async def _fetch_jwks(uri: str, http: httpx.AsyncClient) -> KeySet:
         return ProviderError(f"the signing keys at {uri} could not be read ({problem})", code="provider_jwks_error")
 
     try:
-        response = await http.get(uri, headers={"Accept": "application/json"}, timeout=HTTP_TIMEOUT)
+        response = await http.get(uri, headers={"Accept": "application/json"})
     except httpx.HTTPError as exc:
         raise failed(type(exc).__name__) from None
     if response.status_code != 200:
@@ -96,47 +110,58 @@ async def _fetch_jwks(uri: str, http: httpx.AsyncClient) -> KeySet:
         raise failed("unreadable keys") from None
 
 
+@dataclass(frozen=True, slots=True)
+class IdTokenExpectations:
+    """What an ID token must say, besides a valid signature by the provider and our client id in `aud`."""
+
+    issuer: str  # exactly (`{tenantid}` stands for the token's own `tid`)
+    nonce: str | None  # the nonce our authorization request carried
+    nonce_required: bool = True  # False for a refresh's ID token: it may omit the nonce (OpenID Connect Core §12.2)
+    subject: str | None = None  # on refresh: the account the grant belongs to
+    issued_after: float | None = None  # epoch seconds when the sign-in began: `iat` may not be earlier
+    leeway: float = CLOCK_LEEWAY  # seconds of clock difference tolerated on exp and iat
+
+
 async def validate_id_token(
     entry: ResolvedProvider,
     id_token: str | None,
+    expect: IdTokenExpectations,
     *,
-    expected_issuer: str | None,
-    nonce: str | None,
     jwks: JwksCache,
     http: httpx.AsyncClient,
     now: float,
 ) -> dict[str, Any]:
-    """Check an ID token from the token endpoint in full (OpenID Connect Core 3.1.3.7) and return its claims.
+    """Check an ID token from the token endpoint in full (OpenID Connect Core 3.1.3.7, 12.2) and return its claims.
 
-    `expected_issuer` and `nonce` are the ones remembered for this authorization request. Raises IdTokenError
-    naming the failed check, or ProviderError when the provider's keys cannot be read.
+    Raises IdTokenError naming the failed check, or ProviderError when the provider's keys cannot be read.
     """
     if not id_token:
         raise IdTokenError(entry, "presence")
-    if entry.jwks_uri is None or expected_issuer is None:
+    if entry.jwks_uri is None:
         raise ProviderError(
-            f"provider '{entry.name}' lacks the issuer or jwks_uri needed to check ID tokens",
+            f"{entry.display_name} has no jwks_uri to check ID tokens with (provider '{entry.name}')",
             code="provider_misconfigured",
         )
+    algorithms = [a for a in ID_TOKEN_ALGORITHMS if entry.id_token_algorithms is None or a in entry.id_token_algorithms]
     key_set = await jwks.get(entry.jwks_uri, http)
     try:
         try:
-            token = jwt.decode(id_token, key_set, algorithms=ID_TOKEN_ALGORITHMS)
+            token = jwt.decode(id_token, key_set, algorithms=algorithms)
         except InvalidKeyIdError:
             # The provider may have rotated its keys since we read them: read them again (rate-limited).
             key_set = await jwks.get(entry.jwks_uri, http, refresh=True)
-            token = jwt.decode(id_token, key_set, algorithms=ID_TOKEN_ALGORITHMS)
-    except JoseError:
+            token = jwt.decode(id_token, key_set, algorithms=algorithms)
+    except (JoseError, ValueError, TypeError):
+        # A bad signature, an unknown key, `alg` none or HS*, or not a JWT at all: nothing here can be believed.
         raise IdTokenError(entry, "signature") from None
-    except (ValueError, TypeError):
-        raise IdTokenError(entry, "format") from None
     claims: dict[str, Any] = dict(token.claims)
+    leeway = expect.leeway
 
     issuer = claims.get("iss")
-    tenant = claims.get("tid") if TENANT_ID_PLACEHOLDER in expected_issuer else None
-    if TENANT_ID_PLACEHOLDER in expected_issuer and not isinstance(tenant, str):
+    tenant = claims.get("tid") if TENANT_ID_PLACEHOLDER in expect.issuer else None
+    if TENANT_ID_PLACEHOLDER in expect.issuer and not isinstance(tenant, str):
         raise IdTokenError(entry, "iss")
-    if not isinstance(issuer, str) or not issuer_matches(expected_issuer, issuer, tenant_id=tenant):
+    if not isinstance(issuer, str) or not issuer_matches(expect.issuer, issuer, tenant_id=tenant):
         raise IdTokenError(entry, "iss")
 
     audience = claims.get("aud")
@@ -150,20 +175,42 @@ async def validate_id_token(
         raise IdTokenError(entry, "azp")
 
     expires = _number(claims.get("exp"))
-    if expires is None or expires <= now - CLOCK_LEEWAY:
+    if expires is None or expires <= now - leeway:
         raise IdTokenError(entry, "exp")
     issued = _number(claims.get("iat"))
-    if issued is None or issued > now + CLOCK_LEEWAY:
+    if issued is None or issued > now + leeway:
         raise IdTokenError(entry, "iat")
+    if expect.issued_after is not None and issued < expect.issued_after - leeway:
+        raise IdTokenError(entry, "iat")  # issued before this sign-in began: not an answer to it
 
     received = claims.get("nonce")
-    if nonce is None or not isinstance(received, str) or not hmac.compare_digest(received.encode(), nonce.encode()):
+    # On refresh a nonce may be absent, but one that is present must be the original one (Core §12.2).
+    must_match = expect.nonce_required or (received is not None and expect.nonce is not None)
+    if must_match and not _same_text(received, expect.nonce):
         raise IdTokenError(entry, "nonce")
 
     subject = claims.get("sub")
     if not isinstance(subject, str) or not subject or len(subject) > 255:
         raise IdTokenError(entry, "sub")
+    if expect.subject is not None and subject != expect.subject:
+        raise IdTokenError(entry, "sub")
     return claims
+
+
+def unverified_claims(id_token: str) -> dict[str, Any]:
+    """The claims of an ID token this connector checked and stored before, read without checking it again."""
+    try:
+        payload = id_token.split(".")[1]
+        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    except (IndexError, ValueError):
+        return {}
+    return claims if isinstance(claims, dict) else {}
+
+
+def _same_text(received: object, expected: str | None) -> bool:
+    if expected is None or not isinstance(received, str):
+        return False
+    return hmac.compare_digest(received.encode(), expected.encode())
 
 
 def _number(value: object) -> float | None:

@@ -16,6 +16,8 @@ from pydantic import SecretStr
 from service.core.urls import host_of
 from service.providers import ProviderEntry, TokenEndpointAuthMethod
 
+from .client_auth import choose_auth_method
+
 
 @dataclass(frozen=True, slots=True)
 class ResolvedProvider:
@@ -28,12 +30,16 @@ class ResolvedProvider:
     jwks_uri: str | None
     authorization_response_iss_parameter_supported: bool
     token_endpoint_auth_method: TokenEndpointAuthMethod
+    auth_method_reason: str = "configured"  # why this method (`providers check` says it)
+    id_token_algorithms: tuple[str, ...] | None = None  # id_token_signing_alg_values_supported, when discovered
+    discovered: bool = False  # endpoints came (partly) from a discovery document
     extra: Mapping[str, object] = field(default_factory=dict)  # other discovery metadata, for checks
 
     @classmethod
     def from_entry(cls, entry: ProviderEntry) -> ResolvedProvider:
         """An entry whose endpoints are all written in the catalog (no discovery)."""
         assert entry.authorization_endpoint is not None and entry.token_endpoint is not None
+        auth = choose_auth_method(entry.token_endpoint_auth_method, None, has_secret=entry.has_secret, discovered=False)
         return cls(
             entry=entry,
             authorization_endpoint=entry.authorization_endpoint,
@@ -43,7 +49,8 @@ class ResolvedProvider:
             revocation_endpoint=entry.revocation_endpoint,
             jwks_uri=entry.jwks_uri,
             authorization_response_iss_parameter_supported=entry.authorization_response_iss_parameter_supported,
-            token_endpoint_auth_method=entry.token_endpoint_auth_method,
+            token_endpoint_auth_method=auth.method,
+            auth_method_reason=auth.reason,
         )
 
     # -- what the catalog says -------------------------------------------------------------------------
@@ -55,6 +62,14 @@ class ResolvedProvider:
     def display_name(self) -> str:
         """What people are shown: the catalog's display name, else the issuer's (or sign-in) host."""
         return self.entry.display_name or host_of(self.issuer) or host_of(self.authorization_endpoint) or self.name
+
+    @property
+    def discovery_url(self) -> str | None:
+        return self.entry.discovery_url
+
+    @property
+    def default_scopes(self) -> tuple[str, ...]:
+        return self.entry.default_scopes
 
     @property
     def client_id(self) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -12,55 +11,69 @@ import httpx
 from service.core.errors import ProviderError
 from service.core.records import TokenSet
 
-from .client import OAuthError, oauth_client, provider_error
+from .endpoint import post_form
 from .resolved import ResolvedProvider
 
 
-def _token_set(raw: Mapping[str, Any], entry: ResolvedProvider) -> TokenSet:
+def granted_scopes(raw: object) -> tuple[str, ...] | None:
+    """The `scope` member of a token response (None when absent: then it is what was asked, RFC 6749 §5.1)."""
+    if not isinstance(raw, str):
+        return None
+    # Providers differ: GitHub and Slack separate granted scopes with commas, others with spaces.
+    return tuple(s for s in raw.replace(",", " ").split() if s)
+
+
+def token_set(raw: Any, entry: ResolvedProvider, *, now: float) -> TokenSet:
+    """A token response as a `TokenSet`; `now` (epoch seconds) dates it."""
+    if not isinstance(raw, Mapping):
+        raise ProviderError(f"{entry.display_name} answered the token request unreadably", code="provider_bad_response")
     access_token = raw.get("access_token")
     if not isinstance(access_token, str) or not access_token:
-        raise ProviderError(f"provider '{entry.name}' returned no access token", code="provider_bad_response")
-    expires_at = raw.get("expires_at")
-    if expires_at is None and raw.get("expires_in") is not None:
-        expires_at = time.time() + float(raw["expires_in"])
-    granted = raw.get("scope")
-    scopes: tuple[str, ...] | None = None
-    if isinstance(granted, str):
-        # Providers differ: GitHub and Slack separate granted scopes with commas, others with spaces.
-        scopes = tuple(s for s in granted.replace(",", " ").split() if s)
+        raise ProviderError(f"{entry.display_name} returned no access token", code="provider_bad_response")
+    expires_at: float | None = None
+    expires_in = raw.get("expires_in")
+    if expires_in is not None:
+        try:
+            expires_at = now + float(expires_in)
+        except (TypeError, ValueError):
+            raise ProviderError(
+                f"{entry.display_name} returned an unreadable expires_in", code="provider_bad_response"
+            ) from None
+    refresh_token = raw.get("refresh_token")
+    id_token = raw.get("id_token")
     return TokenSet(
         access_token=access_token,
         token_type=str(raw.get("token_type") or "Bearer"),
-        refresh_token=raw.get("refresh_token"),
-        expires_at=float(expires_at) if expires_at is not None else None,
-        scopes=scopes,
-        id_token=raw.get("id_token"),
+        refresh_token=refresh_token if isinstance(refresh_token, str) and refresh_token else None,
+        expires_at=expires_at,
+        scopes=granted_scopes(raw.get("scope")),
+        id_token=id_token if isinstance(id_token, str) and id_token else None,
+        issued_at=now,
     )
 
 
 async def exchange_code(
-    entry: ResolvedProvider, *, redirect_uri: str, code: str, code_verifier: str | None
+    entry: ResolvedProvider,
+    http: httpx.AsyncClient,
+    *,
+    redirect_uri: str,
+    code: str,
+    code_verifier: str | None,
+    now: float,
 ) -> TokenSet:
-    kwargs: dict[str, Any] = {}
+    form = {"grant_type": "authorization_code", "code": code, "redirect_uri": redirect_uri}
     if code_verifier is not None:
-        kwargs["code_verifier"] = code_verifier
-    async with oauth_client(entry, redirect_uri=redirect_uri) as client:
-        try:
-            raw = await client.fetch_token(entry.token_endpoint, grant_type="authorization_code", code=code, **kwargs)
-        except (OAuthError, httpx.HTTPError, ValueError) as exc:
-            raise provider_error(entry, "authorization code exchange", exc) from None
-    return _token_set(raw, entry)
+        form["code_verifier"] = code_verifier
+    _, body = await post_form(entry, http, entry.token_endpoint, form, "authorization code exchange")
+    return token_set(body, entry, now=now)
 
 
-async def refresh(entry: ResolvedProvider, token: TokenSet) -> TokenSet:
+async def refresh(entry: ResolvedProvider, http: httpx.AsyncClient, token: TokenSet, *, now: float) -> TokenSet:
     if token.refresh_token is None:
         raise ProviderError(f"the {entry.display_name} grant cannot be refreshed", code="not_refreshable")
-    async with oauth_client(entry) as client:
-        try:
-            raw = await client.refresh_token(entry.token_endpoint, refresh_token=token.refresh_token)
-        except (OAuthError, httpx.HTTPError, ValueError) as exc:
-            raise provider_error(entry, "token refresh", exc) from None
-    fresh = _token_set(raw, entry)
+    form = {"grant_type": "refresh_token", "refresh_token": token.refresh_token}
+    _, body = await post_form(entry, http, entry.token_endpoint, form, "token refresh")
+    fresh = token_set(body, entry, now=now)
     # Providers without rotation keep the old refresh token valid and may omit the scopes.
     return replace(
         fresh,

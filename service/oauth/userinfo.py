@@ -10,12 +10,12 @@ import httpx
 from service.core.errors import ProviderError
 from service.core.records import TokenSet
 
-from .client import HTTP_TIMEOUT, provider_error
+from .endpoint import endpoint_error
 from .resolved import ResolvedProvider
 
 
 async def fetch_account(
-    entry: ResolvedProvider, token: TokenSet, id_claims: Mapping[str, Any] | None = None
+    entry: ResolvedProvider, http: httpx.AsyncClient, token: TokenSet, id_claims: Mapping[str, Any] | None = None
 ) -> tuple[str, dict[str, Any]]:
     """Who the token belongs to: (provider account id, profile).
 
@@ -27,26 +27,31 @@ async def fetch_account(
         subject = str(id_claims["sub"])
         if entry.userinfo_endpoint is None:
             return subject, {}
-        _, profile = await _userinfo(entry, token)
+        _, profile = await _userinfo(entry, http, token)
         if "sub" in profile and str(profile["sub"]) != subject:
             raise ProviderError(
                 f"{entry.display_name} userinfo names another account than the ID token", code="provider_bad_response"
             )
         return subject, profile
-    return await _userinfo(entry, token)
+    return await _userinfo(entry, http, token)
 
 
-async def _userinfo(entry: ResolvedProvider, token: TokenSet) -> tuple[str, dict[str, Any]]:
+async def _userinfo(entry: ResolvedProvider, http: httpx.AsyncClient, token: TokenSet) -> tuple[str, dict[str, Any]]:
     if entry.userinfo_endpoint is None:
-        raise ProviderError(f"provider '{entry.name}' has no userinfo endpoint", code="provider_misconfigured")
+        raise ProviderError(
+            f"{entry.display_name} has no userinfo endpoint (provider '{entry.name}')", code="provider_misconfigured"
+        )
     headers = {"Authorization": f"Bearer {token.access_token}", "Accept": "application/json"}
-    async with httpx.AsyncClient(timeout=HTTP_TIMEOUT) as client:
-        try:
-            response = await client.get(entry.userinfo_endpoint, headers=headers)
-            response.raise_for_status()
-            profile = response.json()
-        except (httpx.HTTPError, ValueError) as exc:
-            raise provider_error(entry, "account lookup", exc) from None
+    try:
+        response = await http.get(entry.userinfo_endpoint, headers=headers)
+    except httpx.HTTPError as exc:
+        raise endpoint_error(entry, "account lookup", exc=exc) from None
+    if not response.is_success:
+        raise endpoint_error(entry, "account lookup", response=response)
+    try:
+        profile = response.json()
+    except ValueError:
+        raise endpoint_error(entry, "account lookup", response=response) from None
     if not isinstance(profile, dict):
         raise ProviderError(f"{entry.display_name} returned an unreadable profile", code="provider_bad_response")
     account = profile.get(entry.account_id_field)

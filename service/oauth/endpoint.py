@@ -1,0 +1,88 @@
+"""Calling a provider's endpoint: an authenticated form POST, its JSON answer, and failures as errors.
+
+Errors carry the provider's OAuth error code (`error`, RFC 6749 §5.2) or the HTTP status, never a response body,
+a token or a secret.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+from service.core.errors import ProviderError
+
+from .client_auth import authenticate
+from .resolved import ResolvedProvider
+
+_ERROR_CODE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+
+
+class EndpointError(ProviderError):
+    """A provider endpoint refused or failed: `error` is its OAuth error code, `status` the HTTP status (if any).
+
+    `transport` is true when the endpoint could not be reached or answered with something that is not an OAuth
+    answer (a sign that its address may have changed)."""
+
+    code = "provider_token_error"
+
+    def __init__(
+        self, message: str, *, error: str | None, status: int | None, transport: bool, code: str | None = None
+    ) -> None:
+        super().__init__(message, code=code)
+        self.error = error
+        self.status = status
+        self.transport = transport
+
+
+def endpoint_error(
+    provider: ResolvedProvider,
+    action: str,
+    *,
+    response: httpx.Response | None = None,
+    exc: Exception | None = None,
+    body: Any = None,
+) -> EndpointError:
+    """The error for a failed `action` at `provider`, naming the OAuth error code or the HTTP status."""
+    error = body.get("error") if isinstance(body, dict) else None
+    if not (isinstance(error, str) and _ERROR_CODE.fullmatch(error)):
+        error = None
+    if error is not None:
+        detail = f"error={error}"
+    elif response is not None:
+        detail = f"HTTP {response.status_code}"
+    elif exc is not None:
+        detail = type(exc).__name__
+    else:
+        detail = "unreadable response"
+    transport = error is None and (response is None or (response.status_code >= 404 and response.status_code != 429))
+    return EndpointError(
+        f"{provider.display_name} refused the {action} ({detail})",
+        error=error,
+        status=response.status_code if response is not None else None,
+        transport=transport,
+    )
+
+
+async def post_form(
+    provider: ResolvedProvider, http: httpx.AsyncClient, url: str, form: Mapping[str, str], action: str
+) -> tuple[httpx.Response, Any]:
+    """POST `form`, authenticated as our client, to `url`; the response and its JSON body (None if not JSON).
+
+    Raises EndpointError when the request fails or the answer is an OAuth error (any status, or an `error`
+    member in a 200 answer, as GitHub and Slack send).
+    """
+    headers, data = authenticate(provider.token_endpoint_auth_method, provider.client_id, provider.client_secret, form)
+    try:
+        response = await http.post(url, data=data, headers={"Accept": "application/json", **headers})
+    except httpx.HTTPError as exc:
+        raise endpoint_error(provider, action, exc=exc) from None
+    try:
+        body = response.json() if response.content else None
+    except ValueError:
+        body = None
+    if response.status_code >= 400 or (isinstance(body, dict) and "error" in body):
+        raise endpoint_error(provider, action, response=response, body=body)
+    return response, body
