@@ -191,6 +191,19 @@ async def deployment(deploy_with: Deploy) -> AsyncIterator[Deployment]:
         yield deployment
 
 
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def database_url(request: pytest.FixtureRequest, connector_env: dict[str, str]) -> AsyncIterator[str]:
+    """The test's database, once per backend: the SQLite file of `connector_env`, or a fresh PostgreSQL database.
+
+    A module runs its deployments on both with `deploy_with(CONNECTOR_DATABASE__URL=database_url)`.
+    """
+    if request.param == "sqlite":
+        yield connector_env["CONNECTOR_DATABASE__URL"]
+        return
+    async with fresh_postgres_database() as url:
+        yield url
+
+
 @pytest.fixture
 def captured_logs(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
     caplog.set_level(logging.DEBUG)

@@ -190,20 +190,20 @@ async def test_expired_elicitation_refuses_the_page_and_the_callback(
 
 
 @pytest.mark.parametrize(
-    "path",
+    ("path", "status", "code"),
     [
-        "/connect/" + secrets.token_urlsafe(24),
-        "/connect?elicitationId=" + secrets.token_urlsafe(24),
-        "/connect/" + "x" * 300,
-        "/connect/%00%27%22%3Cscript%3E",
+        ("/connect/" + secrets.token_urlsafe(24), 404, "unknown_elicitation"),
+        ("/connect?elicitationId=" + secrets.token_urlsafe(24), 404, "unknown_elicitation"),
+        ("/connect/" + "x" * 300, 400, "invalid_input"),  # not shaped like an id: refused before the store
+        ("/connect/%00%27%22%3Cscript%3E", 400, "invalid_input"),
     ],
     ids=["random-id", "random-id-query", "overlong-id", "odd-characters"],
 )
-async def test_unknown_and_forged_elicitation_ids(deployment: Deployment, path: str) -> None:
+async def test_unknown_and_forged_elicitation_ids(deployment: Deployment, path: str, status: int, code: str) -> None:
     async with ScriptedBrowser() as browser:
         page = await browser.get(deployment.base_url + path)
-        assert page.status_code == 404
-        assert page.headers["x-connector-error"] == "unknown_elicitation"
+        assert page.status_code == status
+        assert page.headers["x-connector-error"] == code
         assert "<script>" not in page.text
 
 

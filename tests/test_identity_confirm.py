@@ -211,7 +211,8 @@ async def test_oversized_confirm_body_is_refused(operated: Deployment) -> None:
             content=b'{"flow_id": "' + b"A" * 20000 + b'", "user_id": "alice"}',
             headers={"Authorization": f"Bearer {API_KEY}", "Content-Type": "application/json"},
         )
-    assert answer.status_code == 400
+    assert answer.status_code == 413
+    assert answer.json()["error"]["code"] == "body_too_large"
 
 
 @pytest.mark.parametrize(

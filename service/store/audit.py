@@ -4,12 +4,18 @@ Each event is a row in `audit_events` and one structured log line on the `servic
 `audit_event`, `elicitation_id`, `provider`, `identity_issuer`, `identity_subject`, `detail`). An event written
 inside a `Store.transaction()` is logged once that transaction commits, so the log never shows an event the
 database rolled back. Detail keys that name secrets are replaced by "[redacted]" in both places.
+
+Every field is bounded, whatever a caller passes (a provider name from a URL, a subject from a header): control
+characters are written as escapes (`\\x00`), and a value too long for its column ends in TRUNCATED; strings in
+`detail` are held to MAX_DETAIL_STRING characters the same way. No input can overflow a column or carry a NUL
+into PostgreSQL.
 """
 
 from __future__ import annotations
 
 import builtins
 import logging
+import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -51,6 +57,46 @@ SECRET_DETAIL_KEYS = frozenset(
 )
 
 
+TRUNCATED = "…[truncated]"
+MAX_DETAIL_STRING = 512
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def bounded(value: str, limit: int) -> str:
+    """`value` with control characters escaped, cut to at most `limit` characters ending in TRUNCATED."""
+    escaped = _CONTROL.sub(
+        lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256 else f"\\u{ord(m.group()):04x}", value
+    )
+    if len(escaped) <= limit:
+        return escaped
+    return escaped[: max(0, limit - len(TRUNCATED))] + TRUNCATED
+
+
+def _column_limit(name: str) -> int:
+    length = getattr(audit_events.c[name].type, "length", None)
+    assert isinstance(length, int)
+    return length
+
+
+_LIMITS = {
+    name: _column_limit(name) for name in ("event", "elicitation_id", "identity_issuer", "identity_subject", "provider")
+}
+
+
+def _bounded_field(name: str, value: str | None) -> str | None:
+    return None if value is None else bounded(value, _LIMITS[name])
+
+
+def _bounded_detail(value: Any) -> Any:
+    if isinstance(value, str):
+        return bounded(value, MAX_DETAIL_STRING)
+    if isinstance(value, Mapping):
+        return {bounded(str(k), 64): _bounded_detail(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_bounded_detail(v) for v in value]
+    return value
+
+
 def _redact(detail: Mapping[str, Any]) -> dict[str, Any]:
     return {k: "[redacted]" if k.lower() in SECRET_DETAIL_KEYS else v for k, v in detail.items()}
 
@@ -89,12 +135,12 @@ class AuditRepository:
         """Append one event and log it. `detail` must be JSON-serialisable; secret-named keys are redacted."""
         values = {
             "at": now if now is not None else datetime.now(UTC),
-            "event": event,
-            "elicitation_id": elicitation_id,
-            "identity_issuer": None if identity is None else identity.issuer,
-            "identity_subject": None if identity is None else identity.subject,
-            "provider": provider,
-            "detail": dump_json(_redact(detail or {})),
+            "event": _bounded_field("event", event),
+            "elicitation_id": _bounded_field("elicitation_id", elicitation_id),
+            "identity_issuer": _bounded_field("identity_issuer", None if identity is None else identity.issuer),
+            "identity_subject": _bounded_field("identity_subject", None if identity is None else identity.subject),
+            "provider": _bounded_field("provider", provider),
+            "detail": dump_json(_bounded_detail(_redact(detail or {}))),
         }
         async with connection_scope(self._engine, conn) as c:
             await c.execute(insert(audit_events).values(values))

@@ -9,6 +9,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -17,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp
 
 from ..config import Settings
 from ..core.browser import BrowserFlow
@@ -28,6 +30,7 @@ from ..metrics import Metrics
 from ..store import Store
 from ..vault import Vault
 from .browser import BrowserRoutes
+from .inputs import InputGuard, checked
 from .kit import Kit, api_error
 from .metrics import metrics_route, on_public_listener
 from .pages import Pages
@@ -119,10 +122,10 @@ def create_app(parts: WebParts) -> Starlette:
     verifier_routes = parts.verifier.routes(Kit(parts.identity, binding, guard, settings.server.trusted_proxies))
     name = parts.verifier.name
     routes: list[BaseRoute] = [
-        Route("/connect/{elicitation_id}", browser.connect_page, methods=["GET"]),
-        Route("/connect/{elicitation_id}", browser.connect_submit, methods=["POST"]),
+        Route("/connect/{elicitation_id}", checked(browser.connect_page), methods=["GET"]),
+        Route("/connect/{elicitation_id}", checked(browser.connect_submit), methods=["POST"]),
         Route("/connect", browser.connect_page, methods=["GET"]),
-        Route("/callback/{provider}", browser.callback, methods=["GET"]),
+        Route("/callback/{provider}", checked(browser.callback), methods=["GET"]),
         *_mounted(f"/identity/{name}", verifier_routes.browser),
         *_mounted(f"/v1/identity/{name}", verifier_routes.api),
         Route("/healthz", healthz, methods=["GET"]),
@@ -136,14 +139,27 @@ def create_app(parts: WebParts) -> Starlette:
             "/metrics is not served: on a public deployment set metrics.bearer_token "
             "(CONNECTOR_METRICS__BEARER_TOKEN) or metrics.port (its own listener)"
         )
-    return Starlette(
+    return _ConnectorApp(
+        https=https,
         routes=routes,
-        # Outermost first: every answer, a 429 included, gets the security headers.
-        middleware=[Middleware(SecurityHeaders, https=https), Middleware(RateLimit, guard=guard)],
+        # Outermost first: every request counts against the rate limits, malformed ones included, and is
+        # checked before any route runs.
+        middleware=[Middleware(RateLimit, guard=guard), Middleware(InputGuard, refuse=refused)],
         exception_handlers={FlowRefused: refused, HTTPException: http_error, Exception: server_error},
     )
 
 
+class _ConnectorApp(Starlette):
+    """Starlette with `SecurityHeaders` outside its whole stack, so that a 500 page carries them too."""
+
+    def __init__(self, *, https: bool, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._https = https
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return SecurityHeaders(super().build_middleware_stack(), https=self._https)
+
+
 def _mounted(prefix: str, routes: Sequence[VerifierRoute]) -> list[BaseRoute]:
     """A verifier's routes under its prefix; a route with path "" answers at the prefix itself."""
-    return [Route(prefix + route.path, route.endpoint, methods=list(route.methods)) for route in routes]
+    return [Route(prefix + route.path, checked(route.endpoint), methods=list(route.methods)) for route in routes]

@@ -15,6 +15,7 @@ from ..core.urls import host_of, origin
 from ..core.verification import IdentityStep
 from ..store import AuditRepository
 from ..vault import Vault
+from .inputs import read_form
 from .kit import browser_facts
 from .pages import Pages
 from .security import BrowserBinding, csp_with_form_target, csrf_token, csrf_valid
@@ -77,12 +78,11 @@ class BrowserRoutes:
 
     async def connect_submit(self, request: Request) -> Response:
         elicitation_id = request.path_params["elicitation_id"]
-        form = await request.form()
+        form = await read_form(request)
         binding = self.binding.read(request)
-        token = form.get("csrf")
-        if not csrf_valid(self.vault, elicitation_id, binding, token if isinstance(token, str) else None):
+        if not csrf_valid(self.vault, elicitation_id, binding, form.get("csrf")):
             # The id may be forged: it is recorded as given, and nothing about the elicitation changes.
-            await self.audit.record("csrf_failed", elicitation_id=elicitation_id[:64], now=self.flow.now())
+            await self.audit.record("csrf_failed", elicitation_id=elicitation_id, now=self.flow.now())
             raise FlowRefused("csrf_failed")
         assert binding is not None
         action = form.get("action")

@@ -57,6 +57,11 @@ REFUSALS: dict[str, Refusal] = {
     ),
     "bad_action": Refusal(400, "Invalid request", "Choose Continue or Decline."),
     "bad_request": Refusal(400, "Invalid request", "The request is not valid: {problem}."),
+    "invalid_input": Refusal(400, "Invalid request", "The request is not valid: {problem}."),
+    "body_too_large": Refusal(
+        413, "Request too large", "The request body is larger than this address accepts ({limit} bytes)."
+    ),
+    "unsupported_media_type": Refusal(415, "Unsupported request", "This address accepts only {expected} bodies."),
     "rate_limited": Refusal(429, "Slow down", "Too many requests. Wait a moment and try again."),
     "not_found": Refusal(404, "Not found", "There is nothing at this address."),
     "method_not_allowed": Refusal(405, "Method not allowed", "There is nothing at this address."),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,10 +12,9 @@ from ..core.errors import FlowRefused
 from ..core.verification import BrowserFacts, IdentityStep
 from .client_address import peer_address, peer_is_trusted
 from .errors import describe
+from .inputs import read_json_object
 from .ratelimit import RateLimitGuard
 from .security import BrowserBinding
-
-MAX_JSON_BODY = 8192
 
 
 def browser_facts(request: Request, trusted_proxies: Sequence[str]) -> BrowserFacts:
@@ -34,26 +32,6 @@ def api_error(exc: FlowRefused, **extra: Any) -> JSONResponse:
     refusal, text = describe(exc)
     headers = {"WWW-Authenticate": 'Bearer realm="acp-connector"'} if refusal.status == 401 else None
     return JSONResponse({"error": {"code": exc.code, "message": text}, **extra}, refusal.status, headers=headers)
-
-
-async def read_json_object(request: Request, limit: int = MAX_JSON_BODY) -> dict[str, Any]:
-    """The body as a JSON object of at most `limit` bytes; FlowRefused `bad_request` otherwise."""
-    declared = request.headers.get("content-length")
-    too_big = FlowRefused("bad_request", detail={"problem": f"send a JSON object of at most {limit} bytes"})
-    if declared is not None and (not declared.isdigit() or int(declared) > limit):
-        raise too_big
-    raw = b""
-    async for chunk in request.stream():
-        raw += chunk
-        if len(raw) > limit:
-            raise too_big
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        raise FlowRefused("bad_request", detail={"problem": "the body is not JSON"}) from None
-    if not isinstance(body, dict):
-        raise FlowRefused("bad_request", detail={"problem": "the body must be a JSON object"})
-    return body
 
 
 class Kit:
