@@ -7,6 +7,8 @@ from .acp import AcpLink, ForegroundState, url_mode_advertised
 from .config import Settings, load_settings
 from .connector import Connector
 from .core.errors import (
+    AcpSdkUnsupported,
+    ClientNotInitialized,
     ConfigError,
     ConnectorError,
     FlowRefused,
@@ -23,8 +25,10 @@ from .core.states import ElicitationStatus
 
 __all__ = [
     "AcpLink",
+    "AcpSdkUnsupported",
     "AuthorizationOutcome",
     "AuthorizationStatus",
+    "ClientNotInitialized",
     "ConfigError",
     "Connector",
     "ConnectorError",

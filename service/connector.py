@@ -105,10 +105,13 @@ class Connector:
     def attach(self, conn: AgentConnection, *, on_state: StateListener | None = None) -> AcpLink:
         """Start tracking a client connection. Call it from the agent's `on_connect`, before `initialize`.
 
-        The connector then reads the client's capabilities (v1 `clientCapabilities` or v2 `capabilities`)
-        and the negotiated protocol version from the wire, can cancel its own pending requests with
-        `$/cancel_request`, and answers the client's `$/cancel_request`. `on_state(session_id, state)` hears
-        foreground-state transitions (on v2 connections they are also sent as `state_update`).
+        The connector then sees every message of the connection: it reads the client's capabilities (v1
+        `clientCapabilities` or v2 `capabilities`) and the negotiated protocol version, refuses malformed messages
+        before the SDK sees them, can cancel its own pending requests with `$/cancel_request`, answers the client's
+        `$/cancel_request`, and notices at once when the connection ends (everything it kept for the connection is
+        dropped then). `on_state(session_id, state)` hears foreground-state transitions (on v2 connections they are
+        also sent as `state_update`). Raises `AcpSdkUnsupported` when the installed `acp` SDK is not a version the
+        connector was written for, or `conn` is not the SDK's agent-side connection.
         """
         return self.runtime.acp.attach(conn, on_state=on_state)
 
@@ -126,13 +129,17 @@ class Connector:
     ) -> AuthorizationOutcome:
         """Make sure `user` holds a grant at `provider` covering `scopes`, asking through the client if needed.
 
-        `client_capabilities` (SDK model or raw JSON) is needed only when the connection was not attached
-        before `initialize`; the capabilities seen on the wire take precedence. `foreground=False` marks a
-        request for background activity: it changes no session's foreground state.
+        The client's capabilities come from its `initialize` on the wire when the connection was attached in
+        `on_connect`; if the client has not sent `initialize` yet, this waits for it (at most 10 s) and then raises
+        `ClientNotInitialized`. On a connection attached only now (too late to see `initialize`) pass
+        `client_capabilities` (SDK model or raw JSON); without them this raises `ClientNotInitialized` at once.
+        `foreground=False` marks a request for background activity: it changes no session's foreground state.
 
-        Returns when the grant exists, or with the reason it does not. If the calling task is cancelled, the
-        pending `elicitation/create` is cancelled with `$/cancel_request` and the elicitation ends as
-        cancelled. Raises `ProviderNotConfigured` or `UnknownProvider` for a provider the operator has not set up.
+        Returns when the grant exists, or with the reason it does not (`AuthorizationOutcome.status`). If the calling
+        task is cancelled (a timeout of yours, `session/cancel`, the client's `$/cancel_request`), the pending
+        `elicitation/create` is withdrawn with `$/cancel_request`, the elicitation ends as cancelled, and
+        `CancelledError` propagates; nothing resumes the cancelled work. Raises `ProviderNotConfigured` or
+        `UnknownProvider` for a provider the operator has not set up.
         """
         entry = self.runtime.providers.require_configured(provider)
         return await self.runtime.acp.request_authorization(

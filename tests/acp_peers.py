@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from acp import PROTOCOL_VERSION
-from acp._transport import Transport, memory_transport_pair
 from acp.agent.connection import AgentSideConnection
 from acp.client.connection import ClientSideConnection
 from acp.connection import Connection, StreamDirection, StreamEvent
@@ -30,6 +29,8 @@ from acp.schema import (
 )
 
 from service import AuthorizationOutcome, Connector, Identity, RequestScope, SessionScope
+from service.testing import ScriptedClient, memory_transport_pair
+from service.testing.acp_client import Transport
 
 
 async def eventually(check: Callable[[], Awaitable[bool]], what: str) -> None:
@@ -83,6 +84,9 @@ class ConnectorAgent:
         self.cancelled: list[str] = []
         self.scope_for: Callable[[str], SessionScope | RequestScope] = lambda sid: SessionScope(sid, "call-1")
         self.foreground = True
+        self.timeout: float | None = None  # the agent's own limit on request_authorization (asyncio.wait_for)
+        self.authorizations: dict[str, asyncio.Task[AuthorizationOutcome]] = {}  # the running one, per session
+        self.stops: list[str] = []  # "timeout" / "cancelled": request_authorization stopped and the prompt went on
 
     def on_connect(self, conn: Client) -> None:
         self.conn = conn
@@ -124,23 +128,40 @@ class ConnectorAgent:
 
     async def _prompt(self, session_id: str) -> PromptResponse:
         assert self.conn is not None
-        outcome = await self.connector.request_authorization(
-            self.conn,
-            self.capabilities,
-            user=self.user,
-            provider="github",
-            scopes=["repo"],
-            scope=self.scope_for(session_id),
-            foreground=self.foreground,
+        authorization = asyncio.ensure_future(
+            self.connector.request_authorization(
+                self.conn,
+                self.capabilities,
+                user=self.user,
+                provider="github",
+                scopes=["repo"],
+                scope=self.scope_for(session_id),
+                foreground=self.foreground,
+            )
         )
-        self.outcomes.append(outcome)
-        if outcome.ok:
-            async with self.connector.http(self.user, "github") as github:
-                response = await github.get("user/repos")
-                names = ", ".join(repo["full_name"] for repo in response.json())
-            text = f"Your repositories: {names}"
+        self.authorizations[session_id] = authorization
+        try:
+            outcome = await (
+                asyncio.wait_for(authorization, self.timeout) if self.timeout is not None else authorization
+            )
+        except TimeoutError:
+            self.stops.append("timeout")
+            text = "Authorization took too long."
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if not authorization.cancelled() or (current is not None and current.cancelling()):
+                raise  # this prompt itself is being cancelled
+            self.stops.append("cancelled")  # only the authorization was cancelled (by the test, as the agent)
+            text = "Authorization was cancelled."
         else:
-            text = outcome.describe()
+            self.outcomes.append(outcome)
+            if outcome.ok:
+                async with self.connector.http(self.user, "github") as github:
+                    response = await github.get("user/repos")
+                    names = ", ".join(repo["full_name"] for repo in response.json())
+                text = f"Your repositories: {names}"
+            else:
+                text = outcome.describe()
         await self.conn.session_update(session_id, update_agent_message_text(text))
         return PromptResponse(stop_reason="end_turn")
 
@@ -328,3 +349,34 @@ async def connect_raw(
     await client.start(client_end)
     await client.initialize(initialize)
     return agent, agent_conn
+
+
+@dataclass
+class ScriptedWire:
+    """The connector's test agent and a `ScriptedClient` (the SDK's client) over the in-memory transport."""
+
+    agent: ConnectorAgent
+    agent_conn: AgentSideConnection
+    conn: ClientSideConnection
+    session_id: str
+
+    def prompt(self) -> asyncio.Task[Any]:
+        return asyncio.create_task(self.conn.prompt(session_id=self.session_id, prompt=prompt_text("go")))
+
+
+@asynccontextmanager
+async def scripted_peer(
+    connector: Connector, user: Identity, client: ScriptedClient, agent: ConnectorAgent | None = None
+) -> AsyncIterator[ScriptedWire]:
+    """Connected, initialized, one session open; both ends closed when the block ends."""
+    agent = agent or ConnectorAgent(connector, user)
+    agent_end, client_end = memory_transport_pair()
+    agent_conn = AgentSideConnection(agent, agent_end, use_unstable_protocol=True)
+    conn = client.connect(client_end)
+    try:
+        await asyncio.wait_for(client.initialize(conn), 10)
+        session = await asyncio.wait_for(conn.new_session(cwd="/"), 10)
+        yield ScriptedWire(agent, agent_conn, conn, session.session_id)
+    finally:
+        await conn.close()
+        await agent_conn.close()

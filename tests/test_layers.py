@@ -10,6 +10,7 @@ none of its siblings). Imports under `if TYPE_CHECKING:` are annotations only an
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -151,5 +152,32 @@ def test_core_imports_no_framework() -> None:
         if _area(module) == "service.core"
         for imported in _imports(path)
         if imported.split(".")[0] in CORE_FORBIDDEN
+    )
+    assert found == []
+
+
+SDK_PRIVATE = re.compile(r"\._(conn|handler|run_request|transport|disconnected|closed)\b")
+
+
+def test_only_the_adapter_touches_sdk_internals() -> None:
+    """`rg "\\._(conn|handler|run_request|transport|disconnected|closed)\\b" service/` matches only the adapter."""
+    found = sorted(
+        f"{path.relative_to(SERVICE.parent)}:{number}"
+        for path in SERVICE.rglob("*.py")
+        if path != SERVICE / "acp" / "adapter.py"
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if SDK_PRIVATE.search(line)
+    )
+    assert found == []
+    assert SDK_PRIVATE.search((SERVICE / "acp" / "adapter.py").read_text())  # the pattern still finds what it must
+
+
+def test_nothing_imports_private_sdk_modules() -> None:
+    """Private `acp._*` modules (e.g. `acp._transport`) are used nowhere, the test kit included."""
+    found = sorted(
+        f"{module} imports {imported}"
+        for module, path in MODULES.items()
+        for imported in _imports(path)
+        if imported.startswith("acp._")
     )
     assert found == []

@@ -142,7 +142,9 @@ async def test_elicitation_expires_while_waiting(deploy_with: Deploy) -> None:
         await wire.close()
 
 
-async def test_dropped_connection_sends_nothing_but_keeps_the_grant(deployment: Deployment) -> None:
+async def test_dropped_connection_ends_the_elicitation_but_keeps_a_grant_already_underway(
+    deployment: Deployment,
+) -> None:
     connector = deployment.connector
     client = RecordingClient(answer="accept")
     wire = await connect(connector, deployment.local_user, client)
@@ -160,21 +162,21 @@ async def test_dropped_connection_sends_nothing_but_keeps_the_grant(deployment: 
     url = await client.next_url()
     elicitation_id = wire.received("elicitation/create")[0]["params"]["elicitationId"]
     await eventually(lambda: status_is(connector, elicitation_id, ElicitationStatus.CONSENTED), "the accept arrives")
-    await wire.client_conn.close()  # the client goes away while the user is in the browser
-    outcome = await asyncio.wait_for(request, 10)
-    assert outcome.status is AuthorizationStatus.DISCONNECTED
     async with ScriptedBrowser() as browser:
-        assert (await browser.authorize(url)).status_code == 200
-
-    async def audited() -> list[str]:
-        return [e.event for e in await connector.runtime.store.audit.list(elicitation_id=outcome.elicitation_id)]
-
-    async def delivery_decided() -> bool:
-        return "completion_undeliverable" in await audited()
-
-    await eventually(delivery_decided, "the delivery attempt is recorded")
-    assert "completion_sent" not in await audited()
-    assert client.completions == []
+        page = await browser.get(url)
+        to_provider = await browser.submit(page, "continue")  # the user is at the provider ...
+        await wire.client_conn.close()  # ... when the client goes away
+        outcome = await asyncio.wait_for(request, 10)
+        assert outcome.status is AuthorizationStatus.DISCONNECTED and outcome.reason == "client_disconnected"
+        record = await connector.elicitation(elicitation_id)
+        assert record is not None and record.status is ElicitationStatus.CANCELLED
+        assert record.failure_reason == "client_disconnected"
+        assert (await browser.get(url)).headers["x-connector-error"] == "cancelled"  # nobody waits for a new start
+        final = await browser.follow(to_provider)  # ... but the flow already underway stores its grant
+    assert final.status_code == 200
+    events = [e.event for e in await connector.runtime.store.audit.list(elicitation_id=elicitation_id)]
+    assert "client_disconnected" in events and "completed_after_cancel" in events
+    assert "completion_sent" not in events and client.completions == []
     assert len(await connector.runtime.store.grants.find(deployment.local_user, "github")) == 1
     await wire.agent_conn.close()
 

@@ -9,10 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from acp._transport import Transport, memory_transport_pair
 from acp.client.connection import ClientSideConnection
 
-from service.testing import Answer, ScriptedClient, spawn_agent
+from service.testing import Answer, ScriptedClient, memory_transport_pair, spawn_agent
 from service.testing.acp_client import (
     FORM_AND_URL,
     FORM_ONLY,
@@ -21,6 +20,7 @@ from service.testing.acp_client import (
     URL_ONLY,
     ConsentRequired,
     IgnoredMessage,
+    Transport,
 )
 
 SESSION = "sess-1"

@@ -5,12 +5,22 @@
 - `messages`: `elicitation/create` (URL mode) and `elicitation/complete`;
 - `foreground`: v2 foreground state per session;
 - `authorizer`: `AcpAuthorizer`, one authorization over one connection, and completion delivery;
-- `adapter`: the one module that touches SDK internals.
+- `jsonrpc`, `wire`: the checks every incoming message passes, and `GuardedTransport`, the connector's own stream
+  under the SDK's `Connection` (validation, `$/cancel_request` served, the end of the connection noticed);
+- `adapter`: the one module that touches SDK internals (and checks the SDK's version first).
 """
 
-from .adapter import AgentConnection
+from .adapter import AgentConnection, check_sdk_version
 from .authorizer import AcpAuthorizer
 from .capabilities import url_mode_advertised
 from .link import AcpLink, ForegroundState, StateListener
 
-__all__ = ["AcpAuthorizer", "AcpLink", "AgentConnection", "ForegroundState", "StateListener", "url_mode_advertised"]
+__all__ = [
+    "AcpAuthorizer",
+    "AcpLink",
+    "AgentConnection",
+    "ForegroundState",
+    "StateListener",
+    "check_sdk_version",
+    "url_mode_advertised",
+]

@@ -1,96 +1,118 @@
-"""The one module that touches the `acp` SDK's internals (agent-client-protocol 0.12).
+"""The one module that touches the `acp` SDK's internals (agent-client-protocol, the range in `SUPPORTED`).
 
-The SDK has no public hooks for what the connector needs, so this module reaches into its `Connection`:
-- it observes every JSON-RPC message (public `add_observer`);
-- it routes an incoming `$/cancel_request` notification to the connector instead of "method not found", and
-  answers a request cancelled that way with -32800 (its router and request runner are wrapped);
-- it tells whether the peer has gone away (private flags; there is no public signal).
-Nothing outside this module names an SDK private attribute.
+The SDK (0.12) has no public hook for what the connector needs on an existing `AgentSideConnection`: seeing every
+message, validating what the peer sends, serving `$/cancel_request`, and knowing when the peer has gone. So at attach
+time this module, after checking the SDK's version and the attributes it relies on:
+
+- puts a `GuardedTransport` (`wire.py`, the connector's own stream) between the SDK's `Connection` and the transport
+  the SDK built (`Connection._transport`): every message in both directions passes through it;
+- wraps the SDK's dispatch function (`Connection._handler`) so that the task serving each of the peer's requests is
+  known to the transport, which is what lets `$/cancel_request` cancel it.
+
+Both are read by the SDK on every message, so replacing them from `on_connect` (before the first message) sees the
+whole conversation. Nothing outside this module names an SDK private attribute.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
-from typing import Any
+import importlib.metadata
+import re
+from typing import Any, cast
 
-from acp.connection import Connection, StreamEvent
+from acp.connection import Connection
 from acp.interfaces import Client
+
+from service.core.errors import AcpSdkUnsupported
+
+from .wire import GuardedTransport, Transport, WireListener, serving
 
 # What the agent holds for its client: `acp.AgentSideConnection`, typed by the SDK's protocol.
 AgentConnection = Client
 
-CANCEL_REQUEST = "$/cancel_request"
-REQUEST_CANCELLED = -32800
+SDK_DISTRIBUTION = "agent-client-protocol"
+SUPPORTED = ((0, 12, 1), (0, 13, 0))  # [lowest, first unsupported): what this module was written and tested for
+SUPPORTED_TEXT = ">=0.12.1,<0.13"
 
 
-def _id_key(request_id: Any) -> tuple[str, Any]:
-    # JSON-RPC ids may be numbers or strings: 1 and "1" are different requests.
-    return (type(request_id).__name__, request_id)
+def sdk_version() -> str:
+    try:
+        return importlib.metadata.version(SDK_DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def check_sdk_version(version: str | None = None) -> None:
+    """Raise `AcpSdkUnsupported` unless the installed SDK is in the range this adapter was written for."""
+    version = sdk_version() if version is None else version
+    match = re.match(r"(\d+)\.(\d+)\.(\d+)", version)
+    parsed = tuple(int(part) for part in match.groups()) if match else None
+    if parsed is None or not SUPPORTED[0] <= parsed < SUPPORTED[1]:
+        raise AcpSdkUnsupported(
+            f"{SDK_DISTRIBUTION} {version} is not supported: the connector's ACP adapter was written for "
+            f"{SDK_DISTRIBUTION} {SUPPORTED_TEXT} (install a version in that range)"
+        )
 
 
 class SdkConnection:
-    """The SDK `Connection` underneath an agent-side connection object, with the connector's hooks installed."""
+    """The SDK `Connection` under an agent-side connection, with the connector's transport in place."""
 
-    def __init__(self, inner: Connection) -> None:
+    def __init__(self, inner: Connection, transport: GuardedTransport) -> None:
         self._inner = inner
-        self._serving: dict[tuple[str, Any], asyncio.Task[Any]] = {}  # the client's requests being served
-        self._cancelled_by_peer: set[tuple[str, Any]] = set()
+        self.transport = transport
 
     @classmethod
-    def of(cls, conn: AgentConnection) -> SdkConnection | None:
+    def install(cls, conn: AgentConnection, listener: WireListener) -> SdkConnection:
+        """Put the connector between `conn` and its wire. Raises `AcpSdkUnsupported` when the SDK is not as expected."""
+        check_sdk_version()
         inner = getattr(conn, "_conn", None)
-        return cls(inner) if isinstance(inner, Connection) else None
+        if not isinstance(inner, Connection):
+            raise AcpSdkUnsupported(
+                f"{type(conn).__name__} is not an agent-side connection of {SDK_DISTRIBUTION} {sdk_version()} "
+                "(expected acp.AgentSideConnection, with its Connection in `_conn`)"
+            )
+        current = getattr(inner, "_transport", None)
+        route = getattr(inner, "_handler", None)
+        is_transport = all(callable(getattr(current, m, None)) for m in ("send", "receive", "close"))
+        missing = [
+            name
+            for name, ok in (("Connection._transport", is_transport), ("Connection._handler", callable(route)))
+            if not ok
+        ]
+        if missing:
+            raise AcpSdkUnsupported(
+                f"{SDK_DISTRIBUTION} {sdk_version()} does not have what the connector's ACP adapter needs "
+                f"({', '.join(missing)}); supported: {SUPPORTED_TEXT}"
+            )
+        if isinstance(current, GuardedTransport):
+            raise AcpSdkUnsupported("this connection is already attached")
+        transport = GuardedTransport(cast(Transport, current), listener)
+        assert route is not None
 
+        async def dispatch(method: str, params: Any, is_notification: bool) -> Any:
+            request = serving()
+            if is_notification or request is None or request.method != method:
+                return await route(method, params, is_notification)
+            return await transport.serve(request, route(method, params, is_notification))
+
+        inner._transport = transport
+        inner._handler = dispatch
+        if getattr(inner, "_closed", False) or getattr(inner, "_disconnected", False):
+            transport.end("the connection had ended before it was attached")
+        return cls(inner, transport)
+
+    @staticmethod
+    def installed(conn: AgentConnection) -> WireListener | None:
+        """The listener `install` put on `conn`, if any."""
+        transport = getattr(getattr(conn, "_conn", None), "_transport", None)
+        return transport.listener if isinstance(transport, GuardedTransport) else None
+
+    @property
     def closed(self) -> bool:
-        inner = self._inner
-        return bool(getattr(inner, "_disconnected", False) or getattr(inner, "_closed", False))
+        return self.transport.closed
+
+    async def request(self, method: str, params: dict[str, Any]) -> Any:
+        """Send a request and return the peer's raw result (`RequestError` for an error, `ConnectionError` if gone)."""
+        return await self._inner.send_request(method, params)
 
     async def notify(self, method: str, params: dict[str, Any]) -> None:
         await self._inner.send_notification(method, params)
-
-    def install(self, observer: Callable[[StreamEvent], None]) -> None:
-        """Observe every message, and serve `$/cancel_request` for the client's requests in progress."""
-        inner = self._inner
-        inner.add_observer(observer)
-        route = inner._handler  # the SDK's router
-        run_request = inner._run_request
-
-        async def handler(method: str, params: Any, is_notification: bool) -> Any:
-            if method == CANCEL_REQUEST and is_notification:
-                self._on_peer_cancel(params)
-                return None
-            return await route(method, params, is_notification)
-
-        async def serve_request(message: dict[str, Any]) -> None:
-            key = _id_key(message.get("id"))
-            task = asyncio.current_task()
-            if task is not None:
-                self._serving[key] = task
-            try:
-                await run_request(message)
-            except asyncio.CancelledError:
-                if key not in self._cancelled_by_peer:
-                    raise
-                # Cancelled at the client's request: the request still gets its answer.
-                await inner._transport.send(
-                    {
-                        "jsonrpc": "2.0",
-                        "id": message.get("id"),
-                        "error": {"code": REQUEST_CANCELLED, "message": "Request cancelled"},
-                    }
-                )
-            finally:
-                self._serving.pop(key, None)
-                self._cancelled_by_peer.discard(key)
-
-        inner._handler = handler
-        inner._run_request = serve_request  # type: ignore[method-assign]
-
-    def _on_peer_cancel(self, params: Any) -> None:
-        request_id = params.get("requestId") if isinstance(params, dict) else None
-        task = self._serving.get(_id_key(request_id))
-        if task is None or task.done():
-            return
-        self._cancelled_by_peer.add(_id_key(request_id))
-        task.cancel()

@@ -1,40 +1,85 @@
 """Getting a user's authorization over one ACP connection, and telling that connection when it is done.
 
-`AcpAuthorizer` owns the connector's view of its client connections (`AcpLink`s), foreground state per session,
-and the delivery of `elicitation/complete` to the connection that asked. `request_authorization` runs one
-elicitation: create it, send `elicitation/create`, record the answer, wait for the browser, and end it honestly
-when the work is cancelled.
+`AcpAuthorizer` owns the connector's view of its client connections (`AcpLink`s, dropped when a connection ends),
+foreground state per session, and the delivery of `elicitation/complete` to the connection that asked.
+`request_authorization` runs one elicitation: create it, send `elicitation/create`, record the answer, wait for the
+browser, and end it honestly when anything stops it early. What goes on the wire then:
+
+An early stop, and what the client receives after `requires_action` (in this order):
+
+- the agent's own timeout or task cancellation: `$/cancel_request` for our unanswered `elicitation/create` (once),
+  then `running` (the agent's code goes on);
+- the client's `session/cancel`, or its `$/cancel_request` for the request being served: `$/cancel_request` for the
+  unanswered create (once), then `idle` with stop reason `cancelled` (the work ends without resuming);
+- the elicitation ends meanwhile (its TTL, an expiry sweeper, the browser finishing first): `$/cancel_request` for the
+  unanswered create (once), then `running`;
+- the connection ends: nothing (nobody to tell).
+
+The row ends `cancelled` (`client_disconnected` when the connection ended), `expired`, or as it ended; a cancelled
+elicitation resumes nothing, and a flow the user already took to the provider still stores its grant. Whoever ends
+an elicitation elsewhere (e.g. an expiry sweeper) only ends the row; the waiting call here sends the wire messages.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
 from service.core.events import ElicitationEvent, Event
 from service.core.identity import Identity
-from service.core.lifecycle import AnswerKind, Elicitations
-from service.core.outcomes import AuthorizationOutcome, AuthorizationStatus, GrantInfo
+from service.core.lifecycle import AnswerKind, ClientAnswer, Elicitations
+from service.core.outcomes import (
+    CLIENT_DISCONNECTED,
+    AuthorizationOutcome,
+    AuthorizationStatus,
+    GrantInfo,
+)
 from service.core.ports import EventSource
 from service.core.records import ElicitationRecord
 from service.core.scopes import ElicitationScope, SessionScope
 from service.core.states import ElicitationStatus
 from service.metrics import CompletionResult, Metrics
 
-from .adapter import AgentConnection
+from .adapter import AgentConnection, SdkConnection
 from .capabilities import url_mode_advertised
 from .foreground import ForegroundTracker
 from .link import AcpLink, StateListener
 from .messages import send_completion, send_url_elicitation
+from .wire import serving
 
 log = logging.getLogger("service.acp")
 
 # While waiting for the browser, re-read the database this often: the bus is a wake-up call, not the truth.
 POLL_SECONDS = 2.0
+# How long `request_authorization` waits for the client's `initialize` on a connection attached (in `on_connect`)
+# before the client's first message.
+INITIALIZE_WAIT_SECONDS = 10.0
+
+
+class StopCause(StrEnum):
+    """Why the work waiting on an elicitation stopped before it had an outcome."""
+
+    AGENT = "agent"  # the agent's own code: a timeout, a task cancellation
+    SESSION_CANCEL = "session_cancel"  # the client's session/cancel for the elicitation's session
+    CLIENT_CANCEL_REQUEST = "client_cancel_request"  # the client's $/cancel_request for the request being served
+    CLIENT_DISCONNECTED = CLIENT_DISCONNECTED
+
+    @property
+    def ends_the_work(self) -> bool:
+        """The client stopped the work: it ends without resuming (`idle`). After the agent's own stop it goes on."""
+        return self in (StopCause.SESSION_CANCEL, StopCause.CLIENT_CANCEL_REQUEST, StopCause.CLIENT_DISCONNECTED)
+
+
+_STOP_REASONS = {
+    StopCause.AGENT: "the agent's work was cancelled",
+    StopCause.SESSION_CANCEL: "the client cancelled the session's work",
+    StopCause.CLIENT_CANCEL_REQUEST: "the client cancelled the request being served",
+    StopCause.CLIENT_DISCONNECTED: CLIENT_DISCONNECTED,
+}
 
 
 class AcpAuthorizer:
@@ -43,8 +88,7 @@ class AcpAuthorizer:
         self.events = events
         self.metrics = metrics or Metrics()
         self.foreground = ForegroundTracker()
-        self._links: weakref.WeakKeyDictionary[Any, AcpLink] = weakref.WeakKeyDictionary()
-        self._links_by_key: weakref.WeakValueDictionary[str, AcpLink] = weakref.WeakValueDictionary()
+        self._links: dict[str, AcpLink] = {}  # live connections by key; a link leaves when its connection ends
         self._deliveries: dict[str, asyncio.Task[None]] = {}
         events.add_listener(self._on_event)
 
@@ -55,13 +99,23 @@ class AcpAuthorizer:
         await asyncio.gather(*list(self._deliveries.values()), return_exceptions=True)
 
     def attach(self, conn: AgentConnection, *, on_state: StateListener | None = None) -> AcpLink:
-        link = self._links.get(conn)
-        if link is None:
-            link = AcpLink(conn)
-            self._links[conn] = link
-            self._links_by_key[link.key] = link
-        self.foreground.listen(link, on_state)
+        """The connection's link, created (and put on the wire) the first time. Raises `AcpSdkUnsupported`."""
+        link = SdkConnection.installed(conn)
+        if not isinstance(link, AcpLink):
+            link = AcpLink(conn, on_closed=self._forget)
+            if not link.closed:
+                self._links[link.key] = link
+        if not link.closed:
+            self.foreground.listen(link, on_state)
         return link
+
+    def tables(self) -> dict[str, int]:
+        """How many entries each per-connection table holds (all zero when no connection is open)."""
+        return {"links": len(self._links), "deliveries": len(self._deliveries), **self.foreground.tables()}
+
+    def _forget(self, link: AcpLink) -> None:
+        self._links.pop(link.key, None)
+        self.foreground.forget(link)
 
     async def request_authorization(
         self,
@@ -75,27 +129,28 @@ class AcpAuthorizer:
         message: str | None,
         foreground: bool,
     ) -> AuthorizationOutcome:
+        display_name = self.elicitations.providers.display_name(provider)
         existing = await self.elicitations.find_grant(user, provider, scopes)
         if existing is not None:
             return AuthorizationOutcome(
                 AuthorizationStatus.ALREADY_AUTHORIZED,
                 provider,
                 grant=GrantInfo.of(existing),
-                provider_display_name=self.elicitations.providers.display_name(provider),
+                provider_display_name=display_name,
             )
+        attached_before = SdkConnection.installed(conn) is not None
         link = self.attach(conn)
-        capabilities: Mapping[str, Any] | Any = client_capabilities
-        if link.initialize_params is not None:
-            capabilities = link.raw_capabilities
+        # Only a connection attached beforehand (in on_connect) can still see the client's initialize.
+        wait = INITIALIZE_WAIT_SECONDS if attached_before else 0.0
+        capabilities = await link.client_capabilities(client_capabilities, wait)
+        if link.closed:
+            gone = AuthorizationStatus.DISCONNECTED
+            return AuthorizationOutcome(gone, provider, reason=CLIENT_DISCONNECTED, provider_display_name=display_name)
         if not url_mode_advertised(capabilities):
             await self.elicitations.store.audit.record(
                 "unsupported_client", identity=user, provider=provider, now=self.now()
             )
-            return AuthorizationOutcome(
-                AuthorizationStatus.UNSUPPORTED,
-                provider,
-                provider_display_name=self.elicitations.providers.display_name(provider),
-            )
+            return AuthorizationOutcome(AuthorizationStatus.UNSUPPORTED, provider, provider_display_name=display_name)
 
         record = await self.elicitations.create(
             connection_key=link.key, user=user, provider=provider, scopes=scopes, scope=scope, message=message
@@ -104,75 +159,132 @@ class AcpAuthorizer:
         session_id = scope.session_id if isinstance(scope, SessionScope) else ""
         if blocking:
             await self.foreground.block(link, session_id)
-        cancelled = False
+        resumes = True
         try:
             async with self.events.subscribe(record.id) as events:
-                answer = await send_url_elicitation(
-                    conn,
-                    elicitation_id=record.id,
-                    url=self.elicitations.settings.connect_url(record.id),
-                    message=record.message,
-                    scope=scope,
-                )
+                answer = await self._ask(link, record, scope, events)
+                if isinstance(answer, AuthorizationOutcome):
+                    return await self._delivered(answer)
                 if answer.kind is AnswerKind.ACCEPT:
                     await self.elicitations.consented(record)
                     return await self._await_browser(link, record, events)
                 outcome = await self.elicitations.answered(record, answer)
                 assert outcome is not None
+                resumes = outcome.status is not AuthorizationStatus.DISCONNECTED
                 return await self._delivered(outcome)
         except asyncio.CancelledError:
-            cancelled = True
-            await self._cancelled(link, record)
+            cause = self._stop_cause(link, scope)
+            resumes = not cause.ends_the_work
+            # Shielded: a second cancellation (e.g. the SDK closing the connection) must not leave the row open.
+            await asyncio.shield(self._cancelled(link, record, cause))
             raise
         finally:
             if blocking:
-                # The work resumes (`running`) with whatever outcome, or ends without resuming (`idle`).
-                await self.foreground.unblock(link, session_id, ended=cancelled)
+                await self.foreground.unblock(link, session_id, ended=not resumes)
 
-    async def _cancelled(self, link: AcpLink, record: ElicitationRecord) -> None:
-        """The work waiting on this elicitation was cancelled: cancel our request and end the elicitation.
+    @staticmethod
+    def _stop_cause(link: AcpLink, scope: ElicitationScope) -> StopCause:
+        if link.closed:
+            return StopCause.CLIENT_DISCONNECTED
+        served = serving()
+        if served is not None and served.cancelled_by_peer:
+            return StopCause.CLIENT_CANCEL_REQUEST
+        if isinstance(scope, SessionScope) and link.session_cancelled(scope.session_id):
+            return StopCause.SESSION_CANCEL
+        return StopCause.AGENT
 
-        The browser flow may still finish on its own (the grant is then stored), but nothing resumes the
-        cancelled work and no `elicitation/complete` is sent for it: the client was told to drop it.
+    async def _ask(
+        self,
+        link: AcpLink,
+        record: ElicitationRecord,
+        scope: ElicitationScope,
+        events: asyncio.Queue[ElicitationEvent],
+    ) -> ClientAnswer | AuthorizationOutcome:
+        """Send `elicitation/create` and wait for the client's answer, or for the elicitation to end meanwhile."""
+        ask = asyncio.ensure_future(
+            send_url_elicitation(
+                link,
+                elicitation_id=record.id,
+                url=self.elicitations.settings.connect_url(record.id),
+                message=record.message,
+                scope=scope,
+            )
+        )
+        ask.add_done_callback(_retrieve)
+        try:
+            while True:
+                remaining = (record.expires_at - self.now()).total_seconds()
+                woke = asyncio.ensure_future(events.get())
+                try:
+                    await asyncio.wait({ask, woke}, timeout=max(remaining, 0), return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    woke.cancel()
+                if ask.done():
+                    return ask.result()
+                current = await self.elicitations.get(record.id) or record
+                current = await self.elicitations.expire_if_due(current)
+                if current.status.terminal:
+                    # It ended before the client answered (its time ran out, or the browser was faster): the
+                    # question is no longer relevant to the client.
+                    await link.withdraw(record.id)
+                    return await self.elicitations.outcome(current)
+        finally:
+            ask.cancel()
+
+    async def _cancelled(self, link: AcpLink, record: ElicitationRecord, cause: StopCause) -> None:
+        """The work waiting on this elicitation stopped: withdraw our request and end the elicitation.
+
+        The browser flow may still finish on its own (the grant is then stored), but nothing resumes the stopped
+        work and no `elicitation/complete` is sent for it: the client was told to drop it.
         """
-        request_id = link.pending_request_id(record.id)
-        if request_id is not None:
-            await link.cancel_request(request_id)
+        withdrawn = await link.withdraw(record.id)
         await self.elicitations.finish(
             record,
             ElicitationStatus.CANCELLED,
-            "cancelled",
-            reason="the agent's work was cancelled",
-            detail={"request_cancelled": request_id is not None},
+            CLIENT_DISCONNECTED if cause is StopCause.CLIENT_DISCONNECTED else "cancelled",
+            reason=_STOP_REASONS[cause],
+            detail={"cause": cause.value, "request_cancelled": withdrawn},
             close_flows=False,
         )
 
     async def _await_browser(
         self, link: AcpLink, record: ElicitationRecord, events: asyncio.Queue[ElicitationEvent]
     ) -> AuthorizationOutcome:
-        while True:
-            current = await self.elicitations.get(record.id)
-            if current is None:  # pragma: no cover - rows are never deleted while waited on
-                return self.elicitations.outcome_of(record, AuthorizationStatus.FAILED, reason="lost")
-            if current.status.terminal:
-                return await self._delivered(await self.elicitations.outcome(current))
-            remaining = (current.expires_at - self.now()).total_seconds()
-            if remaining <= 0:
-                await self.elicitations.finish(
-                    current, ElicitationStatus.EXPIRED, "expired", reason="expired while waiting"
-                )
-                continue
-            if link.closed():
-                # The user may still be in the browser: the elicitation stays open and a grant that arrives
-                # later is stored. Only the notification has nowhere to go.
-                await self.elicitations.audit(record, "disconnected")
-                return self.elicitations.outcome_of(
-                    record, AuthorizationStatus.DISCONNECTED, reason="client connection closed"
-                )
-            try:
-                await asyncio.wait_for(events.get(), timeout=min(POLL_SECONDS, remaining))
-            except TimeoutError:
-                pass
+        closed = asyncio.ensure_future(link.wait_closed())
+        try:
+            while True:
+                current = await self.elicitations.get(record.id)
+                if current is None:  # pragma: no cover - rows are never deleted while waited on
+                    return self.elicitations.outcome_of(record, AuthorizationStatus.FAILED, reason="lost")
+                if current.status.terminal:
+                    return await self._delivered(await self.elicitations.outcome(current))
+                remaining = (current.expires_at - self.now()).total_seconds()
+                if remaining <= 0:
+                    await self.elicitations.finish(
+                        current, ElicitationStatus.EXPIRED, "expired", reason="expired while waiting"
+                    )
+                    continue
+                if link.closed:
+                    # Nobody waits for it any more. A flow the user already took to the provider still stores
+                    # its grant (close_flows=False); nothing is sent.
+                    await self.elicitations.finish(
+                        current,
+                        ElicitationStatus.CANCELLED,
+                        CLIENT_DISCONNECTED,
+                        reason=CLIENT_DISCONNECTED,
+                        detail={"cause": StopCause.CLIENT_DISCONNECTED.value},
+                        close_flows=False,
+                    )
+                    continue
+                woke = asyncio.ensure_future(events.get())
+                try:
+                    await asyncio.wait(
+                        {woke, closed}, timeout=min(POLL_SECONDS, remaining), return_when=asyncio.FIRST_COMPLETED
+                    )
+                finally:
+                    woke.cancel()
+        finally:
+            closed.cancel()
 
     async def _delivered(self, outcome: AuthorizationOutcome) -> AuthorizationOutcome:
         """Let `elicitation/complete` reach the client before the waiting work resumes."""
@@ -185,7 +297,7 @@ class AcpAuthorizer:
     def _on_event(self, event: Event) -> None:
         if not isinstance(event, ElicitationEvent) or event.status is not ElicitationStatus.COMPLETED:
             return
-        link = self._links_by_key.get(event.connection_key)
+        link = self._links.get(event.connection_key)
         if link is None:
             log.info(
                 "originating connection is gone; elicitation/complete not sent",
@@ -209,3 +321,9 @@ class AcpAuthorizer:
             elicitation_id=elicitation_id,
             now=self.now(),
         )
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Mark a finished task's exception as seen (it is re-raised where the result is read, if it is read)."""
+    if not task.cancelled():
+        task.exception()

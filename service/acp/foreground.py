@@ -24,6 +24,13 @@ class ForegroundTracker:
         if listener is not None:
             self._listeners[link.key] = listener
 
+    def forget(self, link: AcpLink) -> None:
+        """The connection ended: drop its listener (blocked counts go as each waiting call ends)."""
+        self._listeners.pop(link.key, None)
+
+    def tables(self) -> dict[str, int]:
+        return {"blocked_sessions": len(self._blocked), "state_listeners": len(self._listeners)}
+
     async def block(self, link: AcpLink, session_id: str) -> None:
         """Foreground work in `session_id` cannot go on until the user acts."""
         key = (link.key, session_id)

@@ -1,21 +1,27 @@
 """`AcpLink`: one client connection as the connector sees it.
 
-It reads the raw `initialize` params off the wire (v1 `clientCapabilities`, v2 `capabilities`) and the negotiated
-protocol version, remembers the JSON-RPC id of each of our pending `elicitation/create` requests (so a cancelled
-one can be named in `$/cancel_request`), and sends v2 `state_update`s. SDK internals are in `adapter` only.
+It hears every message of the connection (it is the `WireListener` of the connection's `GuardedTransport`): the raw
+`initialize` params (v1 `clientCapabilities`, v2 `capabilities`) and the negotiated protocol version, the JSON-RPC id
+of each of our pending `elicitation/create` requests (so a withdrawn one can be named in `$/cancel_request`), which
+sessions the client cancelled, and the end of the connection. It sends `$/cancel_request` and v2 `state_update`s.
+All of its state belongs to the one connection and goes when the connection ends.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import secrets
+import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from enum import StrEnum
 from typing import Any
 
-from acp.connection import StreamDirection, StreamEvent
+from service.core.errors import ClientNotInitialized
 
-from .adapter import CANCEL_REQUEST, AgentConnection, SdkConnection
+from .adapter import AgentConnection, SdkConnection
+from .jsonrpc import CANCEL_REQUEST, RequestId, valid_id
 
 log = logging.getLogger("service.acp")
 
@@ -28,24 +34,27 @@ class ForegroundState(StrEnum):
 
 StateListener = Callable[[str, ForegroundState], Awaitable[None] | None]
 
+_ATTACH_EARLY = (
+    "attach it with Connector.attach() in on_connect (before initialize), or pass client_capabilities to "
+    "request_authorization"
+)
+
 
 class AcpLink:
-    """One client connection as the connector sees it.
+    """One client connection as the connector sees it (create it with `AcpAuthorizer.attach`)."""
 
-    Holds the raw `initialize` params, the negotiated protocol version, and the JSON-RPC ids of our
-    pending `elicitation/create` requests; serves incoming `$/cancel_request`.
-    """
-
-    def __init__(self, conn: AgentConnection) -> None:
-        self.conn = conn
+    def __init__(self, conn: AgentConnection, *, on_closed: Callable[[AcpLink], None] | None = None) -> None:
         self.key = secrets.token_urlsafe(12)
         self.initialize_params: dict[str, Any] | None = None
         self.negotiated_version: int | None = None
+        self._on_closed = on_closed
         self._initialize_id: Any = None
-        self._pending_creates: dict[str, Any] = {}  # elicitationId -> JSON-RPC id of our request
-        self._sdk = SdkConnection.of(conn)
-        if self._sdk is not None:
-            self._sdk.install(self._observe)
+        self._heard_from_client = False
+        self._initialized = asyncio.Event()
+        self._pending_creates: dict[str, RequestId] = {}  # elicitationId -> JSON-RPC id of our request
+        self._cancelled_sessions: set[str] = set()  # session/cancel seen, no new prompt since
+        self._sdk = SdkConnection.install(conn, self)
+        self._connection = weakref.ref(conn)
 
     # -- what the client said at initialize ------------------------------------------------------------
     @property
@@ -62,57 +71,123 @@ class AcpLink:
     def v2(self) -> bool:
         return self.negotiated_version is not None and self.negotiated_version >= 2
 
+    async def client_capabilities(self, fallback: Any, wait_seconds: float) -> Any:
+        """The client's capabilities: as seen in `initialize`, else `fallback` when given, else wait for `initialize`.
+
+        Waits at most `wait_seconds` for the client's `initialize` when nothing has arrived on the connection yet
+        (attached in `on_connect`, and asked before the client's first message). Raises `ClientNotInitialized` when
+        it does not come, and at once when it cannot come any more (other messages arrived first, or `wait_seconds`
+        is 0: the connection was not attached before `initialize`). None when the connection ended meanwhile.
+        """
+        if self.initialize_params is not None:
+            return self.raw_capabilities
+        if fallback is not None:
+            return fallback
+        if self._heard_from_client or wait_seconds <= 0:
+            raise ClientNotInitialized(f"the client's initialize was not seen on this connection: {_ATTACH_EARLY}")
+        initialized = asyncio.ensure_future(self._initialized.wait())
+        closed = asyncio.ensure_future(self._sdk.transport.wait_closed())
+        try:
+            await asyncio.wait({initialized, closed}, timeout=wait_seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            initialized.cancel()
+            closed.cancel()
+        if self.initialize_params is not None:
+            return self.raw_capabilities
+        if self.closed:
+            return None
+        raise ClientNotInitialized(f"the client sent no initialize within {wait_seconds:g} s: {_ATTACH_EARLY}")
+
+    # -- the connection --------------------------------------------------------------------------------
+    @property
+    def conn(self) -> AgentConnection | None:
+        return self._connection()
+
+    @property
     def closed(self) -> bool:
-        """Whether the peer has gone away."""
-        return self._sdk is None or self._sdk.closed()
+        """Whether the connection has ended (the peer went away, a read or write failed, or it was closed)."""
+        return self._sdk.closed
+
+    async def wait_closed(self) -> None:
+        await self._sdk.transport.wait_closed()
+
+    def session_cancelled(self, session_id: str) -> bool:
+        """Whether the client sent `session/cancel` for `session_id` since its last prompt there."""
+        return session_id in self._cancelled_sessions
 
     # -- requests we make ------------------------------------------------------------------------------
-    def pending_request_id(self, elicitation_id: str) -> Any:
+    async def request(self, method: str, params: dict[str, Any]) -> Any:
+        """Send a request; the client's raw result (`RequestError` for an error, `ConnectionError` when gone)."""
+        return await self._sdk.request(method, params)
+
+    def pending_request_id(self, elicitation_id: str) -> RequestId | None:
+        """The JSON-RPC id of our `elicitation/create` for `elicitation_id` while the client has not answered it."""
         return self._pending_creates.get(elicitation_id)
 
-    async def cancel_request(self, request_id: Any) -> bool:
-        """Send `$/cancel_request` for one of our requests. False when the connection is gone."""
-        if self._sdk is None or self.closed():
+    async def withdraw(self, elicitation_id: str) -> bool:
+        """Withdraw our unanswered `elicitation/create` with `$/cancel_request` (once). False if nothing was sent."""
+        request_id = self._pending_creates.pop(elicitation_id, None)
+        if request_id is None or self.closed:
             return False
-        try:
-            await self._sdk.notify(CANCEL_REQUEST, {"requestId": request_id})
-        except ConnectionError:
-            return False
-        return True
+        self._sdk.transport.abandon(request_id)
+        return await self._notify(CANCEL_REQUEST, {"requestId": request_id})
 
     async def send_state(self, session_id: str, state: ForegroundState, stop_reason: str | None = None) -> bool:
         """Send an ACP v2 `state_update` (only on connections that negotiated v2)."""
-        if not self.v2 or self._sdk is None or self.closed():
+        if not self.v2 or self.closed:
             return False
         update: dict[str, Any] = {"sessionUpdate": "state_update", "state": state.value}
         if stop_reason is not None:
             update["stopReason"] = stop_reason
+        return await self._notify("session/update", {"sessionId": session_id, "update": update})
+
+    async def _notify(self, method: str, params: dict[str, Any]) -> bool:
         try:
-            await self._sdk.notify("session/update", {"sessionId": session_id, "update": update})
+            await self._sdk.notify(method, params)
         except ConnectionError:
             return False
         return True
 
-    def _observe(self, event: StreamEvent) -> None:
-        message = event.message
+    # -- WireListener ----------------------------------------------------------------------------------
+    def on_incoming(self, message: dict[str, Any]) -> None:
         method = message.get("method")
-        if event.direction is StreamDirection.INCOMING:
-            if method == "initialize" and isinstance(message.get("params"), dict):
-                self.initialize_params = message["params"]
-                self._initialize_id = message.get("id")
-            elif method is None and "id" in message:
-                self._forget_create(message["id"])
+        params = message.get("params")
+        if method is None:
+            self._forget_create(message.get("id"))
             return
-        if method == "elicitation/create" and isinstance(message.get("params"), dict):
-            elicitation_id = message["params"].get("elicitationId")
+        if method == "initialize" and "id" in message and self.initialize_params is None and isinstance(params, dict):
+            self.initialize_params = params
+            self._initialize_id = message["id"]
+            self._initialized.set()
+        session_id = params.get("sessionId") if isinstance(params, dict) else None
+        if isinstance(session_id, str):
+            if method == "session/cancel":
+                self._cancelled_sessions.add(session_id)
+            elif method == "session/prompt":
+                self._cancelled_sessions.discard(session_id)  # a new turn
+        self._heard_from_client = True
+
+    def on_outgoing(self, message: dict[str, Any]) -> None:
+        method = message.get("method")
+        params = message.get("params")
+        if method == "elicitation/create" and isinstance(params, dict) and valid_id(message.get("id")):
+            elicitation_id = params.get("elicitationId")
             if isinstance(elicitation_id, str):
-                self._pending_creates[elicitation_id] = message.get("id")
+                self._pending_creates[elicitation_id] = message["id"]
         elif method is None and self._initialize_id is not None and message.get("id") == self._initialize_id:
             result = message.get("result")
-            if isinstance(result, dict) and isinstance(result.get("protocolVersion"), int):
-                self.negotiated_version = result["protocolVersion"]
+            version = result.get("protocolVersion") if isinstance(result, dict) else None
+            if isinstance(version, int) and not isinstance(version, bool):
+                self.negotiated_version = version
+
+    def on_closed(self) -> None:
+        self._pending_creates.clear()
+        self._cancelled_sessions.clear()
+        if self._on_closed is not None:
+            with contextlib.suppress(Exception):
+                self._on_closed(self)
 
     def _forget_create(self, request_id: Any) -> None:
         for elicitation_id, pending in list(self._pending_creates.items()):
-            if pending == request_id:
+            if pending == request_id and type(pending) is type(request_id):
                 del self._pending_creates[elicitation_id]

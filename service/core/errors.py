@@ -72,6 +72,18 @@ class ProviderError(ConnectorError):
     code = "provider_error"
 
 
+class AcpSdkUnsupported(ConnectorError):
+    """The installed `acp` SDK is not one the connector's ACP adapter was written for (the message names it)."""
+
+    code = "acp_sdk_unsupported"
+
+
+class ClientNotInitialized(ConnectorError):
+    """The client's `initialize` was not seen on the connection, so its capabilities are unknown."""
+
+    code = "client_not_initialized"
+
+
 class FlowRefused(ConnectorError):
     """A step of an elicitation's flow is refused: the browser (or an API caller) gets `code`, nothing else.
 

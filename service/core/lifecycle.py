@@ -8,6 +8,7 @@ API use this one implementation.
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -17,7 +18,15 @@ from .errors import FlowRefused
 from .events import ElicitationEvent
 from .handles import new_id
 from .identity import Identity
-from .outcomes import AuthorizationOutcome, AuthorizationStatus, GrantInfo, terminal_status
+from .outcomes import (
+    CLIENT_DISCONNECTED,
+    AuthorizationOutcome,
+    AuthorizationStatus,
+    GrantInfo,
+    refusal_message,
+    refusal_reason,
+    terminal_status,
+)
 from .ports import EventSink, FlowMetrics, GrantRepo, ProviderGateway, Store, Tx
 from .records import ElicitationRecord, GrantRecord
 from .scopes import ElicitationScope, RequestScope, SessionScope
@@ -30,7 +39,8 @@ class AnswerKind(StrEnum):
 
     ACCEPT = "accept"  # the user consented to open the URL; the flow goes on in the browser
     DECLINE = "decline"
-    CANCEL = "cancel"
+    CANCEL = "cancel"  # with `client_message`: the client refused by its own policy; without: a person dismissed it
+    UNKNOWN_ACTION = "unknown_action"  # an `action` this connector does not know (`action` names it)
     ERROR = "error"  # a JSON-RPC error, or an answer that cannot be read
     DISCONNECTED = "disconnected"  # the connection closed before an answer came
 
@@ -39,7 +49,25 @@ class AnswerKind(StrEnum):
 class ClientAnswer:
     kind: AnswerKind
     error_code: int | None = None  # the JSON-RPC error code, for ERROR
-    message: str | None = None  # a short, secret-free explanation, for ERROR
+    message: str | None = None  # a short, secret-free explanation of our own, for ERROR
+    client_message: str | None = None  # the client's `_meta.message` on a cancel, as received (sanitised here)
+    action: str | None = None  # the unknown action, as received (sanitised here), for UNKNOWN_ACTION
+
+
+CLIENT_TEXT_LIMIT = 200  # characters kept of a text the client chose (a refusal's message, an unknown action)
+
+
+def client_text(value: object, limit: int = CLIENT_TEXT_LIMIT) -> str | None:
+    """A text the client chose, fit for an outcome, an audit row and a log line: control and format characters
+    (including bidirectional overrides) become spaces, whitespace runs collapse, at most `limit` characters are
+    kept (an ellipsis marks the cut). None when there is no text."""
+    if not isinstance(value, str):
+        return None
+    cleaned = "".join(" " if unicodedata.category(ch)[0] in "CZ" else ch for ch in value[: limit * 4])
+    text = " ".join(cleaned.split())
+    if not text:
+        return None
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
 def covers(granted: Sequence[str], wanted: Sequence[str]) -> bool:
@@ -79,7 +107,13 @@ class Elicitations:
         if status is AuthorizationStatus.AUTHORIZED:
             found = await self.find_grant(record.identity, record.provider, record.scopes)
             grant = GrantInfo.of(found) if found is not None else None
-        return self.outcome_of(record, status, grant=grant, reason=record.failure_reason)
+        return self.outcome_of(
+            record,
+            status,
+            grant=grant,
+            reason=record.failure_reason,
+            client_message=refusal_message(record.failure_reason) if status is AuthorizationStatus.REFUSED else None,
+        )
 
     def outcome_of(
         self,
@@ -89,6 +123,7 @@ class Elicitations:
         grant: GrantInfo | None = None,
         reason: str | None = None,
         error_code: int | None = None,
+        client_message: str | None = None,
     ) -> AuthorizationOutcome:
         return AuthorizationOutcome(
             status,
@@ -97,6 +132,7 @@ class Elicitations:
             grant=grant,
             reason=reason,
             error_code=error_code,
+            client_message=client_message,
             provider_display_name=self.providers.display_name(record.provider),
         )
 
@@ -153,12 +189,21 @@ class Elicitations:
                 await self.audit(record, "consented", conn=tx)
 
     async def answered(self, record: ElicitationRecord, answer: ClientAnswer) -> AuthorizationOutcome | None:
-        """Record an answer other than accept; the outcome, or None for accept (the browser decides then)."""
+        """Record an answer other than accept; the outcome, or None for accept (the browser decides then).
+
+        A cancel that carries the client's own reason (`_meta.message`) is the client refusing by its policy
+        (`refused`, event `refused`); a plain cancel is a person dismissing it (`cancelled`).
+        """
         if answer.kind is AnswerKind.ACCEPT:
             await self.consented(record)
             return None
+        client_message = client_text(answer.client_message) if answer.kind is AnswerKind.CANCEL else None
+        event: str | None = None
         if answer.kind is AnswerKind.DECLINE:
             status, target, reason = AuthorizationStatus.DECLINED, ElicitationStatus.DECLINED, "declined in the client"
+        elif answer.kind is AnswerKind.CANCEL and client_message is not None:
+            status, target = AuthorizationStatus.REFUSED, ElicitationStatus.CANCELLED
+            reason = refusal_reason(client_message)
         elif answer.kind is AnswerKind.CANCEL:
             status, target, reason = (
                 AuthorizationStatus.CANCELLED,
@@ -166,11 +211,11 @@ class Elicitations:
                 "dismissed in the client",
             )
         elif answer.kind is AnswerKind.DISCONNECTED:
-            status, target, reason = (
-                AuthorizationStatus.DISCONNECTED,
-                ElicitationStatus.FAILED,
-                "client connection closed",
-            )
+            status, target, reason = AuthorizationStatus.DISCONNECTED, ElicitationStatus.CANCELLED, CLIENT_DISCONNECTED
+            event = CLIENT_DISCONNECTED
+        elif answer.kind is AnswerKind.UNKNOWN_ACTION:
+            status, target = AuthorizationStatus.CLIENT_ERROR, ElicitationStatus.FAILED
+            reason = f"unknown_action: {client_text(answer.action, 64) or '(empty)'}"
         else:
             status, target = AuthorizationStatus.CLIENT_ERROR, ElicitationStatus.FAILED
             reason = (
@@ -178,8 +223,11 @@ class Elicitations:
                 if answer.error_code is not None
                 else answer.message or "the client's answer could not be read"
             )
-        if await self.finish(record, target, status.value, reason=reason):
-            return self.outcome_of(record, status, reason=reason, error_code=answer.error_code)
+        detail = {"client_message": client_message} if client_message is not None else None
+        if await self.finish(record, target, event or status.value, reason=reason, detail=detail):
+            return self.outcome_of(
+                record, status, reason=reason, error_code=answer.error_code, client_message=client_message
+            )
         # Something else ended it first (the browser can finish before the client's answer arrives).
         current = await self.get(record.id)
         return await self.outcome(current or record)

@@ -18,7 +18,8 @@ class AuthorizationStatus(StrEnum):
     ALREADY_AUTHORIZED = "already_authorized"  # a stored grant covered the scopes; nothing was sent
     UNSUPPORTED = "unsupported"  # the client did not advertise URL-mode elicitation; nothing was sent
     DECLINED = "declined"  # the user declined, in the client, on the consent page or at the provider
-    CANCELLED = "cancelled"  # dismissed in the client, or the agent's work was cancelled
+    CANCELLED = "cancelled"  # a person dismissed it in the client, or the agent's work was cancelled
+    REFUSED = "refused"  # the client refused it by its own policy (answered cancel with a reason: `client_message`)
     CLIENT_ERROR = "client_error"  # the client answered elicitation/create with an error or an unreadable answer
     DISCONNECTED = "disconnected"  # the ACP connection closed before the flow finished
     EXPIRED = "expired"  # the elicitation's time ran out before the flow finished
@@ -34,11 +35,16 @@ _SENTENCES: dict[AuthorizationStatus, str] = {
     ),
     AuthorizationStatus.DECLINED: "The user declined access to {provider}.",
     AuthorizationStatus.CANCELLED: "The request for access to {provider} was dismissed.",
+    AuthorizationStatus.REFUSED: "The client refused to show the request for access to {provider}.",
     AuthorizationStatus.CLIENT_ERROR: "The client refused the request for access to {provider}.",
     AuthorizationStatus.DISCONNECTED: "The client disconnected before access to {provider} was granted.",
     AuthorizationStatus.EXPIRED: "The request for access to {provider} expired before it was completed.",
     AuthorizationStatus.FAILED: "Authorization with {provider} failed.",
 }
+
+# Stable `failure_reason`s of a CANCELLED elicitation that map to their own outcome.
+CLIENT_DISCONNECTED = "client_disconnected"
+CLIENT_REFUSED = "client_refused"  # stored as "client_refused: <the client's message>"
 
 TERMINAL_OUTCOMES: dict[ElicitationStatus, AuthorizationStatus] = {
     ElicitationStatus.COMPLETED: AuthorizationStatus.AUTHORIZED,
@@ -72,6 +78,7 @@ class AuthorizationOutcome:
     grant: GrantInfo | None = None
     reason: str | None = None
     error_code: int | None = None  # the JSON-RPC error code, for CLIENT_ERROR
+    client_message: str | None = None  # the client's own reason, for REFUSED (length-capped, sanitised)
     provider_display_name: str | None = None  # what people are shown; the catalog name when unset
 
     @property
@@ -81,9 +88,26 @@ class AuthorizationOutcome:
     def describe(self) -> str:
         """A sentence safe to show the user or the model."""
         text = _SENTENCES[self.status].format(provider=self.provider_display_name or self.provider)
-        return f"{text} ({self.reason})" if self.reason and not self.ok else text
+        detail = f"the client said: {self.client_message}" if self.client_message else self.reason
+        return f"{text} ({detail})" if detail and not self.ok else text
 
 
 def terminal_status(record: ElicitationRecord) -> AuthorizationStatus:
     """The outcome status of an elicitation that has ended."""
+    if record.status is ElicitationStatus.CANCELLED:
+        if record.failure_reason == CLIENT_DISCONNECTED:
+            return AuthorizationStatus.DISCONNECTED
+        if refusal_message(record.failure_reason) is not None:
+            return AuthorizationStatus.REFUSED
     return TERMINAL_OUTCOMES.get(record.status, AuthorizationStatus.FAILED)
+
+
+def refusal_reason(client_message: str) -> str:
+    """The stored reason of an elicitation the client refused, with the client's (already sanitised) message."""
+    return f"{CLIENT_REFUSED}: {client_message}"
+
+
+def refusal_message(reason: str | None) -> str | None:
+    """The client's message in a stored refusal reason, or None when `reason` is not a refusal."""
+    prefix = f"{CLIENT_REFUSED}: "
+    return reason[len(prefix) :] if reason is not None and reason.startswith(prefix) else None

@@ -1,6 +1,6 @@
 """Test helpers for agents that use the connector: a mock OAuth provider, a scripted browser, a scripted ACP client."""
 
-from .acp_client import Answer, Elicitation, Reply, ScriptedClient, spawn_agent
+from .acp_client import Answer, Elicitation, Reply, ScriptedClient, memory_transport_pair, spawn_agent
 from .browser import ScriptedBrowser
 from .mock_oidc import MockOIDCProvider
 from .mock_provider import MockOAuthProvider
@@ -13,5 +13,6 @@ __all__ = [
     "Reply",
     "ScriptedBrowser",
     "ScriptedClient",
+    "memory_transport_pair",
     "spawn_agent",
 ]

@@ -14,10 +14,13 @@ the rules a client can see:
   (records) one for a request it has already answered;
 - it ignores `elicitation/complete` for unknown or already-completed ids and records them in `ignored_completions`.
 
-Wire it up with `connect()` (any SDK `Transport`, e.g. one end of `acp._transport.memory_transport_pair()`) or
-`spawn_agent()` (an agent subprocess over stdio). Both use the SDK's `ClientSideConnection` with the unstable protocol
-enabled. This module imports `acp`: it is a test client, not part of the connector (whose only ACP module is
-`service/acp_bridge.py`).
+It can also misbehave on purpose, to test an agent's robustness: `Answer.cancel("reason")` refuses by the client's
+own policy (a cancel with `_meta.message`), and `Answer.raw(build)` sends any message in place of the response.
+
+Wire it up with `connect()` (any message transport with `send`/`receive`/`close`, e.g. one end of
+`memory_transport_pair()`) or `spawn_agent()` (an agent subprocess over stdio). Both use the SDK's
+`ClientSideConnection` with the unstable protocol enabled. This module imports `acp`: it is a test client, not part
+of the connector (whose ACP code is `service/acp/`).
 """
 
 from __future__ import annotations
@@ -30,11 +33,10 @@ from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol
 from urllib.parse import urlsplit
 
 from acp import PROTOCOL_VERSION
-from acp._transport import Transport
 from acp.client.connection import ClientSideConnection
 from acp.exceptions import RequestError
 from acp.schema import (
@@ -85,12 +87,50 @@ FORM_AND_URL: Final[Mapping[str, Any]] = {"elicitation": {"form": {}, "url": {}}
 NO_ELICITATION: Final[Mapping[str, Any]] = {}
 
 
+class Transport(Protocol):
+    """A JSON-RPC message transport, as the SDK's connections take it: `receive()` returns None at the end."""
+
+    async def send(self, message: dict[str, Any]) -> None: ...
+
+    async def receive(self) -> dict[str, Any] | None: ...
+
+    async def close(self) -> None: ...
+
+
+class _MemoryEnd:
+    def __init__(self, outbox: asyncio.Queue[dict[str, Any] | None], inbox: asyncio.Queue[dict[str, Any] | None]):
+        self._outbox = outbox
+        self._inbox = inbox
+        self._shut = False
+
+    async def send(self, message: dict[str, Any]) -> None:
+        if self._shut:
+            raise ConnectionError("Transport closed")
+        self._outbox.put_nowait(copy.deepcopy(message))
+
+    async def receive(self) -> dict[str, Any] | None:
+        return await self._inbox.get()
+
+    async def close(self) -> None:
+        if not self._shut:
+            self._shut = True
+            self._outbox.put_nowait(None)
+
+
+def memory_transport_pair() -> tuple[Transport, Transport]:
+    """Two linked in-memory transports: what one end sends, the other receives; closing an end ends the other's."""
+    one: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+    other: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+    return _MemoryEnd(one, other), _MemoryEnd(other, one)
+
+
 class Reply(StrEnum):
     ACCEPT = "accept"
     DECLINE = "decline"
     CANCEL = "cancel"
     ERROR = "error"  # answer with a JSON-RPC error
     HOLD = "hold"  # leave the request pending until `Elicitation.release()` or the agent's `$/cancel_request`
+    RAW = "raw"  # send `Answer.raw_message(request_id)` instead of a response (a misbehaving client)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +141,8 @@ class Answer:
     error_code: int = -32603
     error_message: str = "Internal error"
     content: dict[str, Any] | None = None
+    message: str | None = None  # for CANCEL: the client's own reason, sent as `_meta.message`
+    raw_message: Callable[[Any], dict[str, Any]] | None = None  # for RAW: request id -> the message to send
 
     @classmethod
     def accept(cls, content: dict[str, Any] | None = None) -> Answer:
@@ -111,8 +153,14 @@ class Answer:
         return cls(Reply.DECLINE)
 
     @classmethod
-    def cancel(cls) -> Answer:
-        return cls(Reply.CANCEL)
+    def cancel(cls, message: str | None = None) -> Answer:
+        """A cancel: a person dismissing it, or with `message` the client refusing by its own policy."""
+        return cls(Reply.CANCEL, message=message)
+
+    @classmethod
+    def raw(cls, build: Callable[[Any], dict[str, Any]]) -> Answer:
+        """Send `build(request_id)` (any JSON value, as a whole message) in place of the response."""
+        return cls(Reply.RAW, raw_message=build)
 
     @classmethod
     def error(cls, code: int = -32603, message: str = "Internal error") -> Answer:
@@ -399,7 +447,10 @@ class ScriptedClient:
         if answer.reply is Reply.DECLINE:
             return DeclineElicitationResponse(action="decline")
         if answer.reply is Reply.CANCEL:
-            return CancelElicitationResponse(action="cancel")
+            meta = {"message": answer.message} if answer.message is not None else None
+            return CancelElicitationResponse(action="cancel", field_meta=meta)
+        if answer.reply is Reply.RAW:
+            return DeclineElicitationResponse(action="decline")  # replaced on its way out (`_on_outgoing`)
         raise RequestError(answer.error_code, answer.error_message)
 
     async def complete_elicitation(self, elicitation_id: str, **kwargs: Any) -> None:
@@ -518,6 +569,8 @@ class ScriptedClient:
         elif method is None and "id" in message:
             for record in self.elicitations:
                 if record.request_id == message["id"] and record.response is None:
+                    if record.answer is not None and record.answer.raw_message is not None:
+                        message = record.answer.raw_message(record.request_id)
                     record.response = message
                     record.answered.set()
                     break
@@ -747,5 +800,6 @@ __all__ = [
     "StateUpdate",
     "Violation",
     "WireMessage",
+    "memory_transport_pair",
     "spawn_agent",
 ]
