@@ -71,8 +71,8 @@ class TokenAccess:
         self.metrics = metrics or providers.metrics
         self._locks: dict[str, asyncio.Lock] = {}
         # Decrypted token sets by grant id, so a request does not cost a database read and a decryption.
-        # A set is used from here only while it is not due for refresh; a 401 (`stale`) always re-reads the
-        # database, where another process may have stored a refreshed set.
+        # A set is used from here only while it is not due for refresh; a refresh (due, or a 401 on the cached
+        # token) reads the database again under the grant's lock, where another process may have stored one.
         self._tokens: dict[str, TokenSet] = {}
         # Grant lookups: (issuer, subject, provider) -> {scopes asked: grant}, newest use last.
         self._grants: OrderedDict[tuple[str, str, str], dict[frozenset[str], GrantRecord]] = OrderedDict()
@@ -115,67 +115,90 @@ class TokenAccess:
     def _due(self, tokens: TokenSet) -> bool:
         return tokens.expires_within(refresh_margin(tokens), now=self.now().timestamp())
 
+    def _must_refresh(self, tokens: TokenSet, stale: str | None) -> bool:
+        """Whether `tokens` must be refreshed before use: due, or its access token is the one just rejected."""
+        return (stale is not None and tokens.access_token == stale) or self._due(tokens)
+
     async def access_token(self, grant_id: str, provider: ResolvedProvider, *, stale: str | None = None) -> str:
         """A usable access token; refreshes when due, or when the caller saw `stale` rejected."""
         cached = self._tokens.get(grant_id)
-        if stale is None and cached is not None and not self._due(cached):
+        if cached is not None and not self._must_refresh(cached, stale):
             return cached.access_token
-        lock = self._locks.setdefault(grant_id, asyncio.Lock())
-        async with lock:
-            grant = await self.store.grants.get(grant_id)
-            if grant is None:
+        async with self._locks.setdefault(grant_id, asyncio.Lock()):
+            cached = self._tokens.get(grant_id)  # another task here may have refreshed it meanwhile
+            if cached is not None and not self._must_refresh(cached, stale):
+                return cached.access_token
+            if cached is None:  # the first use in this process (or since the grant changed): the stored set may do
+                grant = await self.store.grants.get(grant_id)
+                if grant is None:
+                    raise NotAuthorized("the grant was disconnected")
+                cached = self._tokens[grant_id] = self.decrypt(grant)
+                if not self._must_refresh(cached, stale):
+                    return cached.access_token
+            return await self._refresh(grant_id, provider, stale)
+
+    async def _refresh(self, grant_id: str, provider: ResolvedProvider, stale: str | None) -> str:
+        """Refresh under the grant's lock (one replica at a time), unless what is stored by then will do.
+
+        The set read once the lock is held is the newest: a replica that refreshed first stored its result (with
+        a rotated refresh token) before it released the lock, and so does this one. A failed or timed-out
+        provider call changes nothing stored (README, Operations: Replicas).
+        """
+        failure: ProviderError | None = None
+        async with self.store.grants.locked_for_refresh(grant_id) as locked:
+            if locked is None:
                 self._tokens.pop(grant_id, None)
                 raise NotAuthorized("the grant was disconnected")
-            tokens = self.decrypt(grant)
-            self._tokens[grant_id] = tokens
-            must_refresh = (stale is not None and tokens.access_token == stale) or self._due(tokens)
-            if not must_refresh:
+            grant, tokens = locked.grant, self.decrypt(locked.grant)
+            if not self._must_refresh(tokens, stale):
+                self.metrics.refresh(grant.provider, RefreshResult.REUSED)  # another replica refreshed first
+                self._tokens[grant_id] = tokens
                 return tokens.access_token
             if tokens.refresh_token is None:
+                self._tokens[grant_id] = tokens
                 if stale is not None:
                     raise NotAuthorized(f"the {provider.display_name} token was rejected and cannot be refreshed")
                 return tokens.access_token
-            fresh = await self._refresh(grant, provider, tokens)
-            self._tokens[grant_id] = fresh
-            return fresh.access_token
-
-    async def _refresh(self, grant: GrantRecord, provider: ResolvedProvider, tokens: TokenSet) -> TokenSet:
-        try:
-            fresh = await self.providers.refresh(provider, tokens, account_id=grant.provider_account_id, now=self.now())
-        except ProviderError as exc:
-            self.metrics.refresh(grant.provider, RefreshResult.FAILED)
-            check = exc.check if isinstance(exc, IdTokenError) else None
-            if check is not None:
-                log.warning("refused a refresh of grant %s: %s", grant.id, exc)
-            await self.store.audit.record(
-                "refresh_failed",
-                identity=grant.identity,
-                provider=grant.provider,
-                detail={"grant_id": grant.id, "reason": exc.code, **({"check": check} if check else {})},
-                now=self.now(),
-            )
-            raise NotAuthorized(f"the {provider.display_name} grant needs to be authorized again ({exc})") from None
-        key_id, blob = self.vault.encrypt_json(fresh.to_json(), aad=_aad(grant))
-        expires = datetime.fromtimestamp(fresh.expires_at, UTC) if fresh.expires_at is not None else None
-        # The provider may have rotated the refresh token: store the new set before anyone can use the old one.
-        await self.store.grants.update_tokens(
-            grant.id,
-            token_key_id=key_id,
-            token_ciphertext=blob,
-            token_expires_at=expires,
-            scopes=fresh.scopes if fresh.scopes is not None else grant.scopes,
-            now=self.now(),
-        )
+            try:
+                fresh = await self.providers.refresh(
+                    provider, tokens, account_id=grant.provider_account_id, now=self.now()
+                )
+            except ProviderError as exc:
+                failure = exc
+            else:
+                key_id, blob = self.vault.encrypt_json(fresh.to_json(), aad=_aad(grant))
+                await locked.update_tokens(
+                    token_key_id=key_id,
+                    token_ciphertext=blob,
+                    token_expires_at=None
+                    if fresh.expires_at is None
+                    else datetime.fromtimestamp(fresh.expires_at, UTC),
+                    scopes=fresh.scopes if fresh.scopes is not None else grant.scopes,
+                    now=self.now(),
+                )
+        if failure is not None:
+            await self._refresh_failed(grant, failure)
+            raise NotAuthorized(f"the {provider.display_name} grant needs to be authorized again ({failure})")
         self.metrics.refresh(grant.provider, RefreshResult.REFRESHED)
+        self._tokens[grant_id] = fresh
         await self.store.audit.record(
-            "refreshed",
-            identity=grant.identity,
-            provider=grant.provider,
-            detail={"grant_id": grant.id},
-            now=self.now(),
+            "refreshed", identity=grant.identity, provider=grant.provider, detail={"grant_id": grant.id}, now=self.now()
         )
         self._changed(grant, GrantChange.REFRESHED)
-        return fresh
+        return fresh.access_token
+
+    async def _refresh_failed(self, grant: GrantRecord, exc: ProviderError) -> None:
+        self.metrics.refresh(grant.provider, RefreshResult.FAILED)
+        check = exc.check if isinstance(exc, IdTokenError) else None
+        if check is not None:
+            log.warning("refused a refresh of grant %s: %s", grant.id, exc)
+        await self.store.audit.record(
+            "refresh_failed",
+            identity=grant.identity,
+            provider=grant.provider,
+            detail={"grant_id": grant.id, "reason": exc.code, **({"check": check} if check else {})},
+            now=self.now(),
+        )
 
     # -- disconnecting -------------------------------------------------------------------------------------
     async def disconnect(self, user: Identity, provider: str) -> int:

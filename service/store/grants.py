@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import RowMapping, delete, select, update
+from sqlalchemy import RowMapping, delete, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from service.core.errors import ConnectorError
 from service.core.identity import Identity
 from service.core.records import GrantRecord
 
 from .engine import connection_scope, dump_json, load_json
 from .tables import grants
+
+# How long a replica waits for another one's refresh of the same grant (longer than a provider call may take).
+REFRESH_LOCK_TIMEOUT = "30s"
+LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL's SQLSTATE when lock_timeout ran out
 
 _ACCOUNT_KEY = ("identity_issuer", "identity_subject", "provider", "provider_account_id")
 _REPLACED_ON_CONFLICT = ("scopes", "token_key_id", "token_ciphertext", "token_expires_at", "updated_at")
@@ -67,6 +76,32 @@ class GrantRepository:
             row = (await c.execute(select(grants).where(grants.c.id == id))).mappings().first()
         return None if row is None else _from_row(row)
 
+    @asynccontextmanager
+    async def locked_for_refresh(self, id: str) -> AsyncIterator[LockedGrant | None]:
+        """The grant as stored once no other replica is refreshing it, held until the block ends; None if gone.
+
+        On PostgreSQL the row is locked (`SELECT … FOR UPDATE`) in a transaction that lasts the block: another
+        replica refreshing the same grant waits, then reads what this one stored. `LockedGrant.update_tokens`
+        writes in that transaction, so the new set is committed before the lock is released. SQLite serves one
+        process, whose own lock (tokens.py) is the single flight: nothing is held open across the provider call.
+        """
+        if self._engine.dialect.name != "postgresql":
+            found = await self.get(id)
+            yield None if found is None else LockedGrant(found, self, None)
+            return
+        async with self._engine.begin() as conn:
+            await conn.execute(text(f"SET LOCAL lock_timeout = '{REFRESH_LOCK_TIMEOUT}'"))
+            statement = select(grants).where(grants.c.id == id).with_for_update()
+            try:
+                row = (await conn.execute(statement)).mappings().first()
+            except DBAPIError as exc:
+                if getattr(exc.orig, "sqlstate", None) != LOCK_NOT_AVAILABLE:
+                    raise
+                raise ConnectorError(
+                    "another replica's refresh of this grant is taking too long; try again", code="refresh_busy"
+                ) from None
+            yield None if row is None else LockedGrant(_from_row(row), self, conn)
+
     async def update_tokens(
         self,
         id: str,
@@ -98,6 +133,34 @@ class GrantRepository:
         async with connection_scope(self._engine, conn) as c:
             result = await c.execute(delete(grants).where(grants.c.id == id))
         return result.rowcount > 0
+
+
+@dataclass
+class LockedGrant:
+    """A grant read under its refresh lock; `update_tokens` stores a refreshed set before the lock is released."""
+
+    grant: GrantRecord
+    _repo: GrantRepository
+    _conn: AsyncConnection | None
+
+    async def update_tokens(
+        self,
+        *,
+        token_key_id: str,
+        token_ciphertext: bytes,
+        token_expires_at: datetime | None,
+        scopes: tuple[str, ...],
+        now: datetime,
+    ) -> None:
+        await self._repo.update_tokens(
+            self.grant.id,
+            token_key_id=token_key_id,
+            token_ciphertext=token_ciphertext,
+            token_expires_at=token_expires_at,
+            scopes=scopes,
+            now=now,
+            conn=self._conn,
+        )
 
 
 def _to_row(rec: GrantRecord) -> dict[str, Any]:

@@ -96,6 +96,11 @@ class MockOAuthProvider:
     issue_refresh_token: bool = True
     comma_scopes: bool = True  # answer `scope` GitHub-style, comma-separated
     deny_next: str | None = None  # e.g. "access_denied": the next authorize answers with this error
+    # Over HTTP: seconds a refresh answer takes to leave, after the refresh token was already rotated.
+    refresh_delay: float = 0.0
+    # Refreshes whose answer is lost after the rotation: the client's call times out (respx: at once; over
+    # HTTP: after the client's own timeout), and the refresh token it sent is dead.
+    lose_refresh_answers: int = 0
     issued_access_tokens: list[str] = field(default_factory=list)
     issued_refresh_tokens: list[str] = field(default_factory=list)
     issued_codes: list[str] = field(default_factory=list)
@@ -157,6 +162,15 @@ class MockOAuthProvider:
             return MockResponse.json(404, {"error": "not_found"})
         return endpoint(request)
 
+    def _answer_lost(self, request: MockRequest, answer: MockResponse) -> bool:
+        """Whether to drop this answer (a successful refresh, while `lose_refresh_answers` lasts)."""
+        if self.lose_refresh_answers <= 0 or request.path != "/token" or answer.status != 200:
+            return False
+        if request.form().get("grant_type") != "refresh_token":
+            return False
+        self.lose_refresh_answers -= 1
+        return True
+
     def _relative_path(self, path: str) -> str:
         prefix = urlsplit(self.base_url).path.rstrip("/")
         return path[len(prefix) :] if prefix and path.startswith(prefix) else path
@@ -168,15 +182,16 @@ class MockOAuthProvider:
             router.request(method, f"{self.base_url}{path}").mock(side_effect=self._respx)
 
     def _respx(self, request: httpx.Request) -> httpx.Response:
-        answer = self.handle(
-            MockRequest(
-                method=request.method,
-                path=self._relative_path(request.url.path),
-                query=_first_values(request.url.query.decode()),
-                headers={k.lower(): v for k, v in request.headers.items()},
-                body=request.content,
-            )
+        mock_request = MockRequest(
+            method=request.method,
+            path=self._relative_path(request.url.path),
+            query=_first_values(request.url.query.decode()),
+            headers={k.lower(): v for k, v in request.headers.items()},
+            body=request.content,
         )
+        answer = self.handle(mock_request)
+        if self._answer_lost(mock_request, answer):
+            raise httpx.ReadTimeout("the provider's answer was lost", request=request)
         return httpx.Response(answer.status, headers=dict(answer.headers), content=answer.body)
 
     # -- ASGI adapter (another process can reach it) -----------------------------------------------------
@@ -187,15 +202,19 @@ class MockOAuthProvider:
         from starlette.routing import Route
 
         async def endpoint(request: Request) -> Response:
-            answer = self.handle(
-                MockRequest(
-                    method=request.method,
-                    path=self._relative_path(request.url.path),
-                    query=dict(request.query_params),
-                    headers={k.lower(): v for k, v in request.headers.items()},
-                    body=await request.body(),
-                )
+            mock_request = MockRequest(
+                method=request.method,
+                path=self._relative_path(request.url.path),
+                query=dict(request.query_params),
+                headers={k.lower(): v for k, v in request.headers.items()},
+                body=await request.body(),
             )
+            answer = self.handle(mock_request)
+            if self._answer_lost(mock_request, answer):
+                await asyncio.Event().wait()  # never answer: the client's timeout ends the call
+            if self.refresh_delay and mock_request.path == "/token":
+                if mock_request.form().get("grant_type") == "refresh_token":
+                    await asyncio.sleep(self.refresh_delay)
             return Response(answer.body, status_code=answer.status, headers=dict(answer.headers))
 
         return Starlette(routes=[Route("/{path:path}", endpoint, methods=["GET", "POST"])])
