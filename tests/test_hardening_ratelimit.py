@@ -36,6 +36,7 @@ def connector_env(connector_env: dict[str, str], proxied: bool, monkeypatch: pyt
     env = {**connector_env, **{f"CONNECTOR_RATE_LIMIT__{k}": v for k, v in LIMITS.items()}}
     if proxied:
         env["CONNECTOR_SERVER__TRUSTED_PROXIES"] = "127.0.0.1/32"  # the test client's peer is the proxy
+        env["CONNECTOR_IDENTITY__LOCAL__UNSAFE_ALLOW_REMOTE"] = "true"  # `local` refuses a proxy otherwise
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     return env

@@ -39,13 +39,46 @@ async def test_phishing_a_link_bound_to_bob_is_refused_in_alices_local_browser(d
         assert event.detail["identity_verifier"] == "local" and event.detail["browser_subject"] == "alice"
 
 
-def test_local_refuses_a_non_loopback_bind(tmp_path: Path, connector_env: dict[str, str]) -> None:
+@pytest.mark.parametrize(
+    ("setting", "value", "key"),
+    [
+        ("CONNECTOR_SERVER__HOST", "0.0.0.0", "server.host"),  # noqa: S104 - the value under test
+        ("CONNECTOR_PUBLIC_BASE_URL", "https://connector.example.com", "public_base_url"),
+        ("CONNECTOR_SERVER__TRUSTED_PROXIES", "10.0.0.0/8", "server.trusted_proxies"),
+    ],
+)
+def test_local_refuses_to_start_where_others_can_reach_it(
+    tmp_path: Path, connector_env: dict[str, str], setting: str, value: str, key: str
+) -> None:
+    """Finding 2 of the security review: a public URL or a trusted proxy once started `local` without a word."""
     config_file = tmp_path / "connector.toml"
     config_file.write_text("")
-    settings = load_settings(config_file, env={**connector_env, "CONNECTOR_SERVER__HOST": "0.0.0.0"})  # noqa: S104
+    settings = load_settings(config_file, env={**connector_env, setting: value})
     with pytest.raises(ConfigError) as caught:
         Connector.from_settings(settings)
-    assert caught.value.key == "identity.verifier"
+    assert caught.value.key == key
+    assert "identity.local.unsafe_allow_remote" in caught.value.problem and setting in caught.value.problem
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        ("CONNECTOR_PUBLIC_BASE_URL", "https://connector.example.com"),
+        ("CONNECTOR_SERVER__TRUSTED_PROXIES", "10.0.0.1/32"),
+    ],
+)
+def test_the_override_starts_local_anyway_and_says_so_loudly(
+    tmp_path: Path, connector_env: dict[str, str], caplog: pytest.LogCaptureFixture, setting: tuple[str, str]
+) -> None:
+    config_file = tmp_path / "connector.toml"
+    config_file.write_text("")
+    env = {**connector_env, setting[0]: setting[1], "CONNECTOR_IDENTITY__LOCAL__UNSAFE_ALLOW_REMOTE": "true"}
+    with caplog.at_level("WARNING", logger="service.identity.local"):
+        connector = Connector.from_settings(load_settings(config_file, env=env))
+    assert connector.verifier.user() == ALICE
+    [line] = [r for r in caplog.records if r.name == "service.identity.local"]
+    assert line.levelname == "WARNING" and line.getMessage().startswith("UNSAFE:")
+    assert "unsafe_allow_remote" in line.getMessage()
 
 
 def test_serve_refuses_local_on_a_non_loopback_bind(
@@ -57,7 +90,7 @@ def test_serve_refuses_local_on_a_non_loopback_bind(
     with logging_restored():
         assert main(["--config", str(config_file), "serve"]) == 2
     err = capsys.readouterr().err
-    assert "config error" in err and "identity.verifier" in err and "loopback" in err
+    assert "config error" in err and "server.host" in err and "loopback" in err
 
 
 # -- the verification store --------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from .handles import binding_hash, flow_aad, grant_aad, new_id, state_hash
 from .identity import Identity
 from .lifecycle import Elicitations
 from .ports import Provider, ProviderGateway, Store, Vault
-from .records import ElicitationRecord, FlowRecord, GrantRecord, TokenSet
+from .records import ElicitationRecord, FlowRecord, GrantRecord, Intent, TokenSet
 from .states import ElicitationStatus
 
 log = logging.getLogger("service.flow")
@@ -85,8 +85,10 @@ class BrowserFlow:
         await self.elicitations.audit(record, "opened")
         return ConsentView(record, provider, self.settings.agent_name)
 
-    async def decline(self, elicitation_id: str) -> None:
+    async def decline(self, elicitation_id: str, browser_user: Identity) -> None:
+        """The browser's verified user declines: only the bound user can (FlowRefused `not_your_link` otherwise)."""
         record = await self.open_elicitation(elicitation_id)
+        await self.check_identity(record, browser_user, Intent.DECLINE)
         await self.elicitations.finish(
             record, ElicitationStatus.DECLINED, "declined", reason="declined on the consent page"
         )
@@ -130,13 +132,30 @@ class BrowserFlow:
             await self.elicitations.audit(record, "verified", now=now, conn=tx)
         return request.url
 
-    async def check_identity(self, record: ElicitationRecord, browser_user: Identity) -> None:
+    async def check_identity(
+        self, record: ElicitationRecord, browser_user: Identity, intent: Intent = Intent.CONTINUE
+    ) -> None:
         """The browser's verified user must be the bound user. A mismatch is counted and audited (the page
         says nothing about whom), the elicitation stays open for the rightful user, and the mismatch that
-        reaches `max_mismatches` fails it as locked. Raises FlowRefused `identity_mismatch` on any mismatch."""
+        reaches `max_mismatches` fails it as locked. Raises FlowRefused `identity_mismatch` on any mismatch.
+
+        For a Decline a mismatch is audited (`decline_refused`) but not counted: someone else's attempt to
+        decline never ends the elicitation. Raises FlowRefused `not_your_link` then."""
         if browser_user == record.identity:
             return
         store, now = self.store, self.now()
+        if intent is Intent.DECLINE:
+            await self.elicitations.audit(
+                record,
+                "decline_refused",
+                detail={
+                    "identity_verifier": self.settings.verifier_name,
+                    "browser_issuer": browser_user.issuer,
+                    "browser_subject": browser_user.subject,
+                },
+                now=now,
+            )
+            raise FlowRefused("not_your_link")
         limit = self.settings.max_mismatches
         async with store.transaction() as tx:
             count = await store.elicitations.add_identity_mismatch(record.id, now=now, conn=tx)

@@ -6,6 +6,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from enum import StrEnum
 from typing import Any, Literal
 
 from .identity import Identity
@@ -54,6 +55,13 @@ class FlowRecord:
     used_at: datetime | None
 
 
+class Intent(StrEnum):
+    """Which button of the consent page the browser pressed; either takes effect only after the identity step."""
+
+    CONTINUE = "continue"
+    DECLINE = "decline"
+
+
 @dataclass(frozen=True, slots=True)
 class VerificationRecord:
     """One identity-verification attempt that left the server (OIDC sign-in or confirm hand-off).
@@ -76,6 +84,7 @@ class VerificationRecord:
     expires_at: datetime
     confirmed_at: datetime | None
     used_at: datetime | None
+    intent: Intent = Intent.CONTINUE  # what to do once the browser's identity is known
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,6 +4,10 @@ A verifier (see `service.identity`) either knows the browser's identity at once 
 away first (`RedirectFirst`) and finishes on a route of its own (`Returned`). Either way the identity is compared
 with the bound one by `BrowserFlow.check_identity`, and only then does the browser go on to the provider. A
 verifier never decides that comparison itself.
+
+Both buttons of the consent page pass this step: Continue goes on to the provider, Decline ends the elicitation,
+each only once the browser is known to be the bound user. A browser that is not gets "this link is not for you"
+for a Decline, which is audited and changes nothing.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from typing import Protocol
 from .browser import BrowserFlow
 from .errors import FlowRefused
 from .identity import Identity
-from .records import ElicitationRecord
+from .records import ElicitationRecord, Intent
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,11 +38,16 @@ class BrowserFacts:
 
 @dataclass(frozen=True, slots=True)
 class VerificationAttempt:
-    """The browser pressed Continue (or Decline) on an open elicitation."""
+    """The browser pressed Continue or Decline (`intent`) on an open elicitation.
+
+    A verifier that sends the browser away keeps `intent` with its state (`insert_verification` does) and hands it
+    back in `Returned`.
+    """
 
     elicitation: ElicitationRecord
     browser_binding: str
     browser: BrowserFacts
+    intent: Intent = Intent.CONTINUE
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +74,7 @@ class Returned:
     verification_id: str
     # The mismatch was already recorded (confirm: when the operator named someone else).
     mismatch_recorded: bool = False
+    intent: Intent = Intent.CONTINUE  # the attempt's, from the verifier's stored state
 
 
 class Verifier(Protocol):
@@ -90,28 +100,58 @@ class IdentityStep:
 
     async def begin(self, elicitation_id: str, browser_binding: str, browser: BrowserFacts) -> str:
         """Continue was pressed: the URL to send the browser to (the provider, or the verifier first)."""
-        record = await self.flow.open_elicitation(elicitation_id)
-        async with self.refusals():
-            step = await self.verifier.begin(VerificationAttempt(record, browser_binding, browser))
-        if isinstance(step, Verified):
-            return await self.flow.start_authorization(record.id, step.identity, browser_binding)
-        await self.elicitations.audit(
-            record,
-            "identity_challenge",
-            detail={"identity_verifier": self.verifier.name, "verification_id": step.verification_id},
-        )
-        return step.url
+        step = await self._verify(elicitation_id, browser_binding, browser, Intent.CONTINUE)
+        if isinstance(step, str):
+            return step
+        return await self.flow.start_authorization(elicitation_id, step, browser_binding)
+
+    async def decline(self, elicitation_id: str, browser_binding: str, browser: BrowserFacts) -> str | None:
+        """Decline was pressed: None once declined, or the URL of the verifier's sign-in to send the browser to
+        first. FlowRefused `not_your_link` when the browser is not the bound user (nothing changes then)."""
+        step = await self._verify(elicitation_id, browser_binding, browser, Intent.DECLINE)
+        if isinstance(step, str):
+            return step
+        await self.flow.decline(elicitation_id, step)
+        return None
 
     async def continue_after(self, returned: Returned, browser_binding: str) -> str:
-        """A redirecting verifier finished: the provider URL to send the browser to."""
+        """A redirecting verifier finished: the URL to send the browser to. For a Continue, the provider; for a
+        Decline, the connect page, which now says the request was declined."""
+        if returned.intent is Intent.DECLINE:
+            if returned.mismatch_recorded:
+                raise FlowRefused("not_your_link")
+            await self.flow.decline(returned.elicitation_id, returned.identity)
+            return self.flow.settings.connect_url(returned.elicitation_id)
         if returned.mismatch_recorded:
             raise FlowRefused("identity_mismatch")
         return await self.flow.start_authorization(returned.elicitation_id, returned.identity, browser_binding)
 
-    async def check_identity(self, elicitation_id: str, identity: Identity) -> ElicitationRecord:
+    async def _verify(
+        self, elicitation_id: str, browser_binding: str, browser: BrowserFacts, intent: Intent
+    ) -> Identity | str:
+        """The browser's identity when the verifier knows it at once, else the URL it sends the browser to."""
+        record = await self.flow.open_elicitation(elicitation_id)
+        async with self.refusals():
+            step = await self.verifier.begin(VerificationAttempt(record, browser_binding, browser, intent))
+        if isinstance(step, Verified):
+            return step.identity
+        await self.elicitations.audit(
+            record,
+            "identity_challenge",
+            detail={
+                "identity_verifier": self.verifier.name,
+                "verification_id": step.verification_id,
+                "intent": intent.value,
+            },
+        )
+        return step.url
+
+    async def check_identity(
+        self, elicitation_id: str, identity: Identity, intent: Intent = Intent.CONTINUE
+    ) -> ElicitationRecord:
         """Compare an identity a verifier learned out of band with the bound one (FlowRefused on mismatch)."""
         record = await self.flow.open_elicitation(elicitation_id)
-        await self.flow.check_identity(record, identity)
+        await self.flow.check_identity(record, identity, intent)
         return record
 
     @asynccontextmanager

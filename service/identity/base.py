@@ -173,6 +173,7 @@ async def insert_verification(
             expires_at=min(attempt.elicitation.expires_at, now + VERIFICATION_TTL),
             confirmed_at=None,
             used_at=None,
+            intent=attempt.intent,
         )
     )
 

@@ -180,7 +180,11 @@ class ConfirmVerifier:
         record = await claim_for_browser(self.ctx, record, browser_binding, verifier=self.name)
         assert record.identity is not None
         return Returned(
-            record.elicitation_id, record.identity, record.id, mismatch_recorded=record.outcome == "mismatch"
+            record.elicitation_id,
+            record.identity,
+            record.id,
+            mismatch_recorded=record.outcome == "mismatch",
+            intent=record.intent,
         )
 
     # -- routes ---------------------------------------------------------------------------------------------
@@ -217,7 +221,7 @@ class ConfirmVerifier:
                 return kit.json({"status": "confirmed", "next_uri": next_uri})
             # The browser's next stop shows the refusal page; this answer says nothing about whom.
             try:
-                await kit.step.flow.check_identity(elicitation, identity)
+                await kit.step.flow.check_identity(elicitation, identity, record.intent)
             except FlowRefused as exc:
                 return kit.api_error(exc, next_uri=next_uri)
             raise AssertionError("check_identity accepted a mismatched identity")  # pragma: no cover

@@ -161,7 +161,7 @@ class OidcVerifier:
         except VaultError:  # its key was removed from the ring meanwhile: the user must start again
             raise self._refused("verification_expired", "verification_expired", record, {}) from None
         claims = await self._signed_in(provider, code, code_verifier, record)
-        return Returned(record.elicitation_id, Identity(claims["iss"], claims["sub"]), record.id)
+        return Returned(record.elicitation_id, Identity(claims["iss"], claims["sub"]), record.id, intent=record.intent)
 
     async def form_targets(self) -> list[str]:
         try:

@@ -130,6 +130,8 @@ identity_verifications = Table(
     Column("expires_at", UTCDateTime, nullable=False),
     Column("confirmed_at", UTCDateTime, nullable=True),
     Column("used_at", UTCDateTime, nullable=True),
+    # The consent page's button: "continue" or "decline" (NULL, from before 0004: continue).
+    Column("intent", String(16), nullable=True),
     UniqueConstraint("handle_hash"),
     UniqueConstraint("return_hash"),
     Index(None, "elicitation_id"),

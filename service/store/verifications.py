@@ -14,7 +14,7 @@ from sqlalchemy import RowMapping, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from service.core.identity import Identity
-from service.core.records import VerificationRecord
+from service.core.records import Intent, VerificationRecord
 
 from .engine import connection_scope
 from .tables import identity_verifications as table
@@ -111,6 +111,7 @@ def _to_row(rec: VerificationRecord) -> dict[str, Any]:
         "expires_at": rec.expires_at,
         "confirmed_at": rec.confirmed_at,
         "used_at": rec.used_at,
+        "intent": rec.intent.value,
     }
 
 
@@ -132,4 +133,5 @@ def _from_row(row: RowMapping) -> VerificationRecord:
         expires_at=row["expires_at"],
         confirmed_at=row["confirmed_at"],
         used_at=row["used_at"],
+        intent=Intent(row["intent"] or Intent.CONTINUE),
     )

@@ -86,14 +86,18 @@ class BrowserRoutes:
             raise FlowRefused("csrf_failed")
         assert binding is not None
         action = form.get("action")
+        browser = browser_facts(request, self.trusted_proxies)
         if action == "decline":
-            await self.flow.decline(elicitation_id)
+            # Like Continue, only once the identity step knows the browser is the bound user.
+            first = await self.identity.decline(elicitation_id, binding, browser)
+            if first is not None:
+                return RedirectResponse(first, status_code=303)
             return self.pages.message(
                 request, 200, "Declined", "You declined. Nothing was shared and you can close this tab."
             )
         if action != "continue":
             raise FlowRefused("bad_action")
-        url = await self.identity.begin(elicitation_id, binding, browser_facts(request, self.trusted_proxies))
+        url = await self.identity.begin(elicitation_id, binding, browser)
         return RedirectResponse(url, status_code=303)
 
     async def callback(self, request: Request) -> Response:

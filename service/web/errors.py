@@ -49,6 +49,12 @@ REFUSALS: dict[str, Refusal] = {
         "This link was started by a different account. Sign in as the user who asked the agent, "
         "or ask the agent to start again as yourself.",
     ),
+    "not_your_link": Refusal(
+        403,
+        "This link is not for you",
+        "This link is not for you: it was started for a different account, so it cannot be declined from here. "
+        "Nothing was changed. You can close this tab.",
+    ),
     "browser_mismatch": Refusal(
         403, "Different browser", "This must be finished in the browser where the link was opened."
     ),
