@@ -1,10 +1,15 @@
 """How much the connector adds to a provider API call: grant lookup, decryption and token injection.
 
-Runs three loops against the same in-memory API (httpx.MockTransport, no network) and prints each one's rate and
-its ratio to the baseline, side by side:
-  baseline     a plain httpx client with a static bearer header
+Runs the loops below against the mock provider's API, first in memory (httpx.MockTransport, no network), then
+served by uvicorn on loopback (`MockOAuthProvider.serve_http()`, real sockets), and prints each loop's rate and
+its ratio to that transport's baseline:
+  baseline     a plain httpx client with a static bearer header, reusing its connection
+  reconnect    (loopback only) the baseline client without keep-alive: a new TCP connection per call
   connector    one `connector.http(user, provider)` client reused for every call (decrypt per request)
   per-call     a new `connector.http(...)` per call (adds the grant lookup in the database)
+
+On loopback, `reconnect` must stay slower than `baseline`: if reusing a connection is slower than opening a new
+one, the server is stalling keep-alive responses (no TCP_NODELAY; Nagle meets delayed ACK).
 
     .venv/bin/python bench/token_use.py [--calls 2000]
 """
@@ -13,12 +18,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
+import base64
+import hashlib
 import secrets
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 
@@ -37,16 +46,41 @@ def api(request: httpx.Request) -> httpx.Response:
     return httpx.Response(200, json={"id": 1})
 
 
-async def timed(label: str, calls: int, body) -> float:  # type: ignore[no-untyped-def]
+async def timed(calls: int, body: Callable[[], Awaitable[None]]) -> float:
     start = time.perf_counter()
     await body()
     elapsed = time.perf_counter() - start
     return calls / elapsed
 
 
-async def main(calls: int) -> None:
+async def provider_token(provider: MockOAuthProvider) -> str:
+    """An access token the served provider really issued (code flow with PKCE over HTTP)."""
+    verifier = secrets.token_urlsafe(48)
+    challenge = base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
+    redirect = "http://127.0.0.1:9/callback/github"
+    async with httpx.AsyncClient(base_url=provider.base_url) as http:
+        authorized = await http.get(
+            "/authorize",
+            params={
+                "client_id": provider.client_id,
+                "redirect_uri": redirect,
+                "response_type": "code",
+                "scope": "read:user",
+                "code_challenge": challenge,
+                "code_challenge_method": "S256",
+            },
+        )
+        code = parse_qs(urlsplit(authorized.headers["location"]).query)["code"][0]
+        form = {"grant_type": "authorization_code", "code": code, "redirect_uri": redirect, "code_verifier": verifier}
+        answer = await http.post("/token", data=form, auth=(provider.client_id, provider.client_secret))
+        return str(answer.json()["access_token"])
+
+
+async def measure(
+    provider: MockOAuthProvider, token: str, calls: int, transport: httpx.AsyncBaseTransport | None
+) -> list[tuple[str, float]]:
+    """The loops against `provider` (its API in memory through `transport`, or over its socket when None)."""
     with tempfile.TemporaryDirectory() as tmp:
-        provider = MockOAuthProvider()
         catalog = Path(tmp) / "providers.toml"
         entry = provider.catalog_entry()
         catalog.write_text("[github]\n" + "\n".join(f"{k} = {_toml(v)}" for k, v in entry.items()) + "\n")
@@ -57,14 +91,12 @@ async def main(calls: int) -> None:
             "CONNECTOR_PROVIDER_GITHUB_CLIENT_ID": provider.client_id,
             "CONNECTOR_PROVIDER_GITHUB_CLIENT_SECRET": provider.client_secret,
         }
-        os.environ.update(env)
         config = Path(tmp) / "connector.toml"
         config.write_text("")
         settings = load_settings(config, env=env)
         migrate(settings.database.url)
         connector = Connector.from_settings(settings)
         await connector.start()
-        token = "bench_at_" + secrets.token_urlsafe(24)
         now = datetime.now(UTC)
         tokens = TokenSet(token, "bearer", None, None, ("read:user",))
         key_id, blob = connector.runtime.vault.encrypt_json(
@@ -73,34 +105,55 @@ async def main(calls: int) -> None:
         await connector.runtime.store.grants.upsert(
             GrantRecord(secrets.token_urlsafe(16), USER, "github", "1", ("read:user",), key_id, blob, None, now, now)
         )
-        transport = httpx.MockTransport(api)
         base = entry["api_base_url"]
+        headers = {"Authorization": f"Bearer {token}"}
+        options: dict[str, Any] = {} if transport is None else {"transport": transport}
 
         async def baseline() -> None:
-            headers = {"Authorization": f"Bearer {token}"}
-            async with httpx.AsyncClient(base_url=base, transport=transport, headers=headers) as client:
+            async with httpx.AsyncClient(base_url=base, headers=headers, **options) as client:
                 for _ in range(calls):
-                    await client.get("user")
+                    (await client.get("user")).raise_for_status()
+
+        async def reconnect() -> None:
+            no_keepalive = httpx.Limits(max_keepalive_connections=0)
+            async with httpx.AsyncClient(base_url=base, headers=headers, limits=no_keepalive) as client:
+                for _ in range(calls):
+                    (await client.get("user")).raise_for_status()
 
         async def reused() -> None:
-            async with connector.http(USER, "github", transport=transport) as client:
+            async with connector.http(USER, "github", **options) as client:
                 for _ in range(calls):
-                    await client.get("user")
+                    (await client.get("user")).raise_for_status()
 
         async def per_call() -> None:
             for _ in range(calls):
-                async with connector.http(USER, "github", transport=transport) as client:
-                    await client.get("user")
+                async with connector.http(USER, "github", **options) as client:
+                    (await client.get("user")).raise_for_status()
 
+        loops = [("baseline", baseline), ("connector", reused), ("per-call", per_call)]
+        if transport is None:
+            loops.insert(1, ("reconnect", reconnect))
         results = []
-        for label, body in (("baseline", baseline), ("connector", reused), ("per-call", per_call)):
-            await body()  # warm-up
-            results.append((label, await timed(label, calls, body)))
-        await connector.close()
-    base_rate = results[0][1]
-    print(f"{'loop':<10} {'calls/s':>10} {'vs baseline':>12}")
-    for label, rate in results:
-        print(f"{label:<10} {rate:>10.0f} {rate / base_rate:>11.2f}x")
+        try:
+            for label, body in loops:
+                await body()  # warm-up
+                results.append((label, await timed(calls, body)))
+        finally:
+            await connector.close()
+        return results
+
+
+async def main(calls: int) -> None:
+    in_memory = MockOAuthProvider()
+    runs = [("in memory", await measure(in_memory, "bench_at_static", calls, httpx.MockTransport(api)))]
+    served = MockOAuthProvider()
+    async with served.serve_http():
+        runs.append(("loopback", await measure(served, await provider_token(served), calls, None)))
+    print(f"{'transport':<10} {'loop':<10} {'calls/s':>10} {'vs baseline':>12}")
+    for name, results in runs:
+        base_rate = results[0][1]
+        for label, rate in results:
+            print(f"{name:<10} {label:<10} {rate:>10.0f} {rate / base_rate:>11.2f}x")
 
 
 def _toml(value: object) -> str:

@@ -6,7 +6,6 @@ Also `deploy` / the `deploy_with` fixture (a connector with chosen settings and 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import socket
@@ -26,7 +25,7 @@ from service import Connector, Identity, load_settings
 from service.store import migrate
 from service.testing import MockOAuthProvider
 from service.vault import generate_key
-from service.web.server import make_server
+from service.web.server import listening_socket, serving
 
 ALICE = Identity("https://login.example.com", "alice")
 BOB = Identity("https://login.example.com", "bob")
@@ -96,11 +95,9 @@ def respx_router(mock_provider: MockOAuthProvider) -> Iterator[respx.MockRouter]
 
 @pytest.fixture
 def loopback_socket() -> Iterator[socket.socket]:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    yield sock
-    sock.close()
+    """A bound loopback socket the test's connector will serve on (TCP_NODELAY on its accepted connections)."""
+    with listening_socket("127.0.0.1", 0) as sock:
+        yield sock
 
 
 @pytest.fixture
@@ -150,16 +147,11 @@ async def deploy(
     migrate(settings.database.url, schema_revision)
     connector = Connector.from_settings(settings)
     await connector.start()
-    server = make_server(connector.asgi_app(), "127.0.0.1", 0)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started:  # noqa: ASYNC110 - uvicorn offers a flag, not an event
-        await asyncio.sleep(0.01)
     try:
-        bound = user if user is not None else connector.verifier.user()
-        yield Deployment(connector, provider, settings.public_base_url, bound)
+        async with serving(connector.asgi_app(), sock):
+            bound = user if user is not None else connector.verifier.user()
+            yield Deployment(connector, provider, settings.public_base_url, bound)
     finally:
-        server.should_exit = True
-        await task
         await connector.close()
 
 

@@ -16,7 +16,6 @@ import hashlib
 import json
 import logging
 import secrets
-import socket
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -34,7 +33,7 @@ from starlette.routing import Route
 
 from service import ElicitationStatus, Identity
 from service.store.tables import identity_verifications, oauth_flows
-from service.web.server import make_server
+from service.web.server import listening_socket, serving
 
 from .acp_peers import RecordingClient, Wire, connect, prompt_text
 from .conftest import Deployment
@@ -199,20 +198,10 @@ class LoopbackIdP:
 @asynccontextmanager
 async def serve_idp(idp: LoopbackIdP) -> AsyncIterator[LoopbackIdP]:
     """Serve the IdP on its own loopback port until the block ends."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    idp.base_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    server = make_server(idp.app(), "127.0.0.1", 0)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started:  # noqa: ASYNC110 - uvicorn offers a flag, not an event
-        await asyncio.sleep(0.01)
-    try:
-        yield idp
-    finally:
-        server.should_exit = True
-        await task
-        sock.close()
+    with listening_socket("127.0.0.1", 0) as sock:
+        idp.base_url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        async with serving(idp.app(), sock):
+            yield idp
 
 
 @dataclass

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
+import os
+import socket
+import stat
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from urllib.parse import parse_qs, urlsplit
@@ -123,3 +127,44 @@ def test_cli_mock_provider_needs_the_client_credentials(
     assert main(["mock-provider", "--host", "192.0.2.1", "--port", "0"]) == 2
     err = capsys.readouterr().err
     assert "loopback" in err and "a-secret-value" not in err
+
+
+def _accepted_socket_nodelay(server_address: tuple[str, int], client: socket.socket) -> int:
+    """TCP_NODELAY of the server's end of `client`'s connection, read from the kernel through this process's fds.
+
+    The server runs in this process, so its accepted socket is one of our file descriptors: the one whose local
+    address is the server's and whose peer is `client`. Socket options belong to the socket, not the descriptor,
+    so a duplicate descriptor reads the server's setting.
+    """
+    peer = client.getsockname()
+    for fd in sorted(int(name) for name in os.listdir("/proc/self/fd")):
+        try:
+            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+                continue
+            candidate = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue
+        with candidate:
+            try:
+                if candidate.getsockname()[:2] == server_address and candidate.getpeername()[:2] == peer[:2]:
+                    return candidate.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+            except OSError:
+                continue
+    raise AssertionError(f"no accepted connection from {peer} to {server_address} in this process")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads this process's descriptors from /proc")
+async def test_served_provider_sets_tcp_nodelay_on_accepted_connections() -> None:
+    """Without TCP_NODELAY every keep-alive request stalls ~40 ms (Nagle meets delayed ACK): check the option."""
+    provider = MockOAuthProvider()
+    async with provider.serve_http() as base_url:
+        address = (urlsplit(base_url).hostname or "", urlsplit(base_url).port or 0)
+        reader, writer = await asyncio.open_connection(*address)
+        try:
+            writer.write(f"GET /nowhere HTTP/1.1\r\nHost: {address[0]}\r\n\r\n".encode())
+            await writer.drain()
+            assert (await reader.readline()).startswith(b"HTTP/1.1 404")  # accepted and answered
+            assert _accepted_socket_nodelay(address, writer.get_extra_info("socket")) != 0
+        finally:
+            writer.close()
+            await writer.wait_closed()

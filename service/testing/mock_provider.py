@@ -11,7 +11,6 @@ userinfo, revocation and a small API (`/api/user`, `/api/user/repos`). The endpo
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import json
@@ -27,7 +26,6 @@ import httpx
 
 if TYPE_CHECKING:
     import respx
-    import uvicorn
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import Response
@@ -219,57 +217,40 @@ class MockOAuthProvider:
 
         return Starlette(routes=[Route("/{path:path}", endpoint, methods=["GET", "POST"])])
 
-    async def _start(self, host: str, port: int) -> tuple[uvicorn.Server, asyncio.Task[None], socket.socket]:
-        from service.core.urls import is_loopback_host
-        from service.web.server import make_server
-
-        if not is_loopback_host(host):
-            raise ValueError(f"the mock provider serves on loopback only, not on {host!r}")
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            sock.close()
-            raise
-        bound_port = sock.getsockname()[1]
-        self.base_url = f"http://{f'[{host}]' if family == socket.AF_INET6 else host}:{bound_port}"
-        server = make_server(self.asgi_app(), host, bound_port)
-        task = asyncio.create_task(server.serve(sockets=[sock]))
-        while not server.started:  # uvicorn offers a flag, not an event
-            if task.done():
-                sock.close()
-                task.result()
-                raise RuntimeError("the mock provider's server stopped while starting")
-            await asyncio.sleep(0.01)
-        return server, task, sock
-
     @asynccontextmanager
     async def serve_http(self, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[str]:
         """Serve over HTTP on loopback (port 0: any free port) while the block runs; yields the new `base_url`.
 
         `base_url` (and so `catalog_entry()`) points at the server from then on, e.g. http://127.0.0.1:54321.
+        Accepted connections have TCP_NODELAY set, so a client reusing its connection is not slowed down.
         """
-        server, task, sock = await self._start(host, port)
-        try:
-            yield self.base_url
-        finally:
-            server.should_exit = True
-            await task
-            sock.close()
+        from service.web.server import serving
+
+        with self._listening_socket(host, port) as sock:
+            async with serving(self.asgi_app(), sock):
+                yield self.base_url
+
+    def _listening_socket(self, host: str, port: int) -> socket.socket:
+        """Bind on loopback (refusing any other address) and point `base_url` at it."""
+        from service.core.urls import is_loopback_host
+        from service.web.server import listening_socket
+
+        if not is_loopback_host(host):
+            raise ValueError(f"the mock provider serves on loopback only, not on {host!r}")
+        sock = listening_socket(host, port)
+        bound_port = sock.getsockname()[1]
+        self.base_url = f"http://{f'[{host}]' if sock.family == socket.AF_INET6 else host}:{bound_port}"
+        return sock
 
     async def serve_forever(self, host: str = "127.0.0.1", port: int = 0, *, on_ready: Callable[[str], None]) -> None:
         """Serve until the server stops (Ctrl-C) or the task is cancelled; `on_ready(base_url)` once listening."""
-        server, task, sock = await self._start(host, port)
-        on_ready(self.base_url)
-        try:
-            await task
-        finally:
-            server.should_exit = True
-            if not task.done():
-                await asyncio.shield(task)
-            sock.close()
+        from service.web.server import serving
+
+        sock = self._listening_socket(host, port)
+        with sock:
+            async with serving(self.asgi_app(), sock) as running:
+                on_ready(self.base_url)
+                await running.stopped()
 
     # -- endpoints -------------------------------------------------------------------------------------
     def _authorize(self, request: MockRequest) -> MockResponse:
