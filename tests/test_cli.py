@@ -103,11 +103,11 @@ def test_migrate_then_serve_on_loopback_creates_a_dev_key_and_serves(tmp_path: P
         _, stderr = server.communicate(timeout=20)
     key_file = tmp_path / "var" / "vault.keys"
     assert key_file.is_file() and stat.S_IMODE(key_file.stat().st_mode) == 0o600
-    assert "created a development key file at var/vault.keys" in stderr
-    # With --log-format json every log line is one JSON object (the two "acp-connector:" lines are plain notices).
-    log_lines = [line for line in stderr.splitlines() if line and not line.startswith("acp-connector:")]
-    records = [json.loads(line) for line in log_lines]
-    assert any(r["logger"] == "service.web" and r["message"].startswith("GET /readyz 200") for r in records)
+    # With --log-format json every line is one JSON object: the CLI's notices, uvicorn's lines, the access log.
+    records = [json.loads(line) for line in stderr.splitlines() if line]
+    assert any("created a development key file at var/vault.keys" in r["message"] for r in records)
+    access = [r for r in records if r["logger"] == "uvicorn.access" and r["path"] == "/readyz"]
+    assert access and access[0]["status"] == 200 and access[0]["request_id"] == ready.headers["x-request-id"]
     assert key_file.read_text().split(":", 1)[1].strip()[:16] not in stderr  # the key itself is never printed
     no_traceback(migrated.stderr, stderr)
 

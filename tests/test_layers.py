@@ -46,6 +46,7 @@ CONFINED = {
     "starlette": {"service.web", "service.identity", "service.testing", "service.app", "service.connector"},
     "uvicorn": {"service.web", "service.testing"},
     "prometheus_client": {"service.metrics"},
+    "structlog": {"service.logs"},
 }
 CORE_FORBIDDEN = {"starlette", "acp", "httpx", "sqlalchemy", "authlib", "uvicorn", "jinja2"}
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import logging
 import os
 import re
 import sys
@@ -21,6 +22,7 @@ from ..config import Settings, load_settings
 from ..logs import configure
 
 PROG = "acp-connector"
+log = logging.getLogger("service.cli")
 
 EXIT_OK = 0
 EXIT_RUNTIME = 1  # the command was right, the world was not: a database, a port, a provider
@@ -57,6 +59,11 @@ class Invocation:
     stdout: TextIO = field(default_factory=lambda: sys.stdout)
     stderr: TextIO = field(default_factory=lambda: sys.stderr)
     _settings: Settings | None = None
+    log_format: str | None = None  # as configured; None until logging is set up
+
+    @property
+    def logs_json(self) -> bool:
+        return self.log_format == "json"
 
     @property
     def debug(self) -> bool:
@@ -71,15 +78,28 @@ class Invocation:
 
     def configure_logging(self, configured: str = "text") -> None:
         """`--log-format` wins over the configured format."""
-        configure(getattr(self.args, "log_format", None) or configured, debug=self.debug, stream=self.stderr)
+        self.log_format = getattr(self.args, "log_format", None) or configured
+        configure(self.log_format, debug=self.debug, stream=self.stderr)
 
     def out(self, text: str) -> None:
         """Output of the command (stdout), e.g. a table or a key."""
         print(text, file=self.stdout, flush=True)
 
     def note(self, text: str) -> None:
-        """A notice for the operator (stderr), prefixed like every message of this program."""
-        print(f"{PROG}: {text}", file=self.stderr, flush=True)
+        """A notice for the operator on stderr: a log record in JSON mode (every line JSON), else a plain line."""
+        if self.logs_json:
+            log.info(text)
+        else:
+            print(f"{PROG}: {text}", file=self.stderr, flush=True)
+
+    def report(self, line: str, exit_code: int, **fields: object) -> int:
+        """The one line a failed command ends with (a JSON record in JSON mode); returns `exit_code`."""
+        line = " ".join(line.split())  # a library's message spanning lines still makes one line
+        if self.logs_json:
+            log.error(line, extra={"exit_code": exit_code, **fields})
+        else:
+            print(f"{PROG}: {line}", file=self.stderr, flush=True)
+        return exit_code
 
 
 Handler = Callable[[Invocation], int | None]

@@ -14,7 +14,7 @@ from contextlib import redirect_stderr, redirect_stdout
 from types import ModuleType
 from typing import TextIO
 
-from ..core.errors import ConfigError, ConnectorError, DatabaseUnavailable, SchemaNotCurrent, VaultError
+from ..core.errors import ConfigError, ConnectorError, VaultError
 from ..version import __version__
 from . import keys, migrate, mock_provider, providers, serve
 from .framework import (
@@ -27,6 +27,7 @@ from .framework import (
     Commands,
     Invocation,
     Parser,
+    log,
     new_root_parser,
 )
 
@@ -67,30 +68,29 @@ def main(
         invocation.configure_logging()
         return invocation.args._run(invocation) or EXIT_OK
     except CliError as exc:
-        return _report(err, exc.line(), exc.exit_code)
+        return invocation.report(exc.line(), exc.exit_code)
     except ConfigError as exc:
-        return _report(err, f"config error: {exc}", EXIT_USAGE)
+        return invocation.report(f"config error: {exc}", EXIT_USAGE, code=exc.code)
     except VaultError as exc:
-        return _report(err, f"{exc.code}: {exc}", EXIT_USAGE)
-    except (SchemaNotCurrent, DatabaseUnavailable) as exc:
-        return _report(err, f"{exc.code}: {exc}", EXIT_RUNTIME)
-    except ConnectorError as exc:
-        return _report(err, f"{exc.code}: {exc}", EXIT_RUNTIME)
+        return invocation.report(f"{exc.code}: {exc}", EXIT_USAGE, code=exc.code)
+    except ConnectorError as exc:  # SchemaNotCurrent, DatabaseUnavailable, ...: the world, not the command line
+        return invocation.report(f"{exc.code}: {exc}", EXIT_RUNTIME, code=exc.code)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except Exception as exc:
+        if invocation.debug and invocation.logs_json:
+            log.error("unexpected error: %s", type(exc).__name__, exc_info=exc, extra={"exit_code": EXIT_RUNTIME})
+            return EXIT_RUNTIME
         if invocation.debug:
             traceback.print_exc(file=err)
             return EXIT_RUNTIME
-        return _report(
-            err,
+        return invocation.report(
             f"unexpected error: {type(exc).__name__}: {exc} (run again with --debug to see where it happened)",
             EXIT_RUNTIME,
         )
 
 
 def _report(err: TextIO, line: str, code: int) -> int:
-    # One line: a message that spans lines (e.g. from a library) is joined so log scrapers see one record.
     print(f"{PROG}: {' '.join(line.split())}", file=err, flush=True)
     return code
 

@@ -35,6 +35,7 @@ from .kit import Kit, api_error
 from .metrics import metrics_route, on_public_listener
 from .pages import Pages
 from .ratelimit import RateLimit, RateLimiter, RateLimitGuard
+from .request_context import RequestContext
 from .security import BrowserBinding, SecurityHeaders
 
 log = logging.getLogger("service.web")
@@ -150,14 +151,15 @@ def create_app(parts: WebParts) -> Starlette:
 
 
 class _ConnectorApp(Starlette):
-    """Starlette with `SecurityHeaders` outside its whole stack, so that a 500 page carries them too."""
+    """Starlette with `RequestContext` and `SecurityHeaders` outside its whole stack, so that a 500 page carries
+    the headers too and every line logged for a request, the unhandled-error line included, has its id."""
 
     def __init__(self, *, https: bool, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._https = https
 
     def build_middleware_stack(self) -> ASGIApp:
-        return SecurityHeaders(super().build_middleware_stack(), https=self._https)
+        return RequestContext(SecurityHeaders(super().build_middleware_stack(), https=self._https))
 
 
 def _mounted(prefix: str, routes: Sequence[VerifierRoute]) -> list[BaseRoute]:

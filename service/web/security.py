@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import logging
 import secrets
-import time
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..vault import Vault
-
-log = logging.getLogger("service.web")
 
 BINDING_COOKIE_SECURE = "__Host-connector-browser"
 BINDING_COOKIE_DEV = "connector-browser"
@@ -39,13 +35,9 @@ class SecurityHeaders:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        started = time.perf_counter()
-        status = 0
 
         async def send_with_headers(message: Message) -> None:
-            nonlocal status
             if message["type"] == "http.response.start":
-                status = message["status"]
                 headers = list(message.get("headers", []))
                 present = {name.lower() for name, _ in headers}
                 defaults = {
@@ -62,17 +54,7 @@ class SecurityHeaders:
                 message["headers"] = headers
             await send(message)
 
-        try:
-            await self.app(scope, receive, send_with_headers)
-        finally:
-            # Our own access log: method, path and status only. Never the query string.
-            log.info(
-                "%s %s %s %.1fms",
-                scope.get("method"),
-                scope.get("path"),
-                status,
-                (time.perf_counter() - started) * 1000,
-            )
+        await self.app(scope, receive, send_with_headers)
 
 
 class BrowserBinding:

@@ -1,7 +1,7 @@
-"""Running the ASGI app under uvicorn. Its access log is off: query strings carry codes and state.
+"""Running the ASGI app under uvicorn, whose access log is the connector's access log.
 
-Our own middleware logs method, path and status instead. In case some logging setup turns uvicorn's
-access log back on, a filter on its logger strips query strings from every line it would write.
+Query strings carry authorization codes and state: a filter on uvicorn's access logger strips them from every
+line before any handler sees it. `service.logs` renders the line (text or JSON, with the request id).
 """
 
 from __future__ import annotations
@@ -25,11 +25,10 @@ class _StripQuery(logging.Filter):
         return True
 
 
-def _quiet_access_log() -> None:
+def _access_log_without_queries() -> None:
     access = logging.getLogger("uvicorn.access")
     if not any(isinstance(f, _StripQuery) for f in access.filters):
         access.addFilter(_StripQuery())
-    access.disabled = True
 
 
 def make_server(app: Any, host: str, port: int) -> uvicorn.Server:
@@ -37,13 +36,13 @@ def make_server(app: Any, host: str, port: int) -> uvicorn.Server:
         app,
         host=host,
         port=port,
-        access_log=False,
+        access_log=True,
         log_config=None,  # keep the process's logging setup
         proxy_headers=False,
         server_header=False,
         lifespan="off",
     )
-    _quiet_access_log()
+    _access_log_without_queries()
     return uvicorn.Server(config)
 
 
