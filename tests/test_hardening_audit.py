@@ -101,13 +101,13 @@ async def test_each_ending_and_attack_is_audited_and_logged(
 
 
 async def test_log_lines_carry_structured_fields(deployment: Deployment, caplog: pytest.LogCaptureFixture) -> None:
-    from service.logs import JsonFormatter
+    from service.logs import formatter
 
     async with asking(deployment) as ask:
         pending = await ask(answer="decline")
         await pending.outcome()
     record = next(r for r in caplog.records if r.name == "service.audit" and r.__dict__["audit_event"] == "declined")
-    line = json.loads(JsonFormatter().format(record))
+    line = json.loads(formatter("json").format(record))
     assert line["logger"] == "service.audit"
     assert line["audit_event"] == "declined"
     assert line["elicitation_id"] == pending.elicitation_id
