@@ -13,9 +13,19 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 
 from .acp import AcpAuthorizer
-from .config import Settings
+from .config import (
+    CONFIG_ENV_VAR,
+    ENV_NESTED_DELIMITER,
+    ENV_PREFIX,
+    Settings,
+    nearest,
+    setting_env_var,
+    setting_paths,
+    unknown_key_problem,
+)
 from .core.browser import BrowserFlow
 from .core.clock import Clock
+from .core.errors import ConnectorError
 from .core.lifecycle import Elicitations
 from .core.settings import FlowSettings
 from .core.verification import IdentityStep
@@ -24,13 +34,16 @@ from .identity import IdentityVerifier, VerifierContext
 from .identity import registry as verifiers
 from .metrics import Metrics
 from .oauth import HttpSettings, ProviderGateway, ProviderHttp
-from .providers import ProviderCatalog, load_catalog
+from .providers import PROVIDER_ENV_SUFFIXES, ProviderCatalog, load_catalog, provider_env_var
 from .store import Store
 from .tokens import TokenAccess
 from .vault import Vault, load_key_ring
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
+
+TEST_ENV_PREFIX = "CONNECTOR_TEST_"  # reserved for test suites' own variables (e.g. CONNECTOR_TEST_POSTGRES_URL)
+PROVIDER_ENV_PREFIX = "CONNECTOR_PROVIDER_"
 
 
 @dataclass
@@ -106,8 +119,66 @@ def build_verifier(ctx: VerifierContext) -> IdentityVerifier:
     try:
         section = plugin.settings_model.model_validate(identity.section(plugin.name))
     except ValidationError as exc:
-        raise ctx.settings.section_error(("identity", plugin.name), exc) from None
+        raise ctx.settings.section_error(("identity", plugin.name), exc, plugin.settings_model) from None
     return plugin.build(ctx, section)
+
+
+def configuration_warnings(settings: Settings, catalog: ProviderCatalog | None = None) -> list[tuple[str, str]]:
+    """(key, sentence) for each thing in the configuration that nothing reads, with the nearest valid name:
+    CONNECTOR_* variables that are no setting, `[identity.<name>]` tables of no verifier, unknown keys in the
+    table of a verifier that is not the chosen one (the chosen one's are errors). `CONNECTOR_TEST_*` is left to
+    test suites. Without `catalog`, reads it if it can (else provider variables are not checked)."""
+    if catalog is None:
+        try:
+            catalog = load_catalog(settings.providers.catalog, env=settings.environment())
+        except ConnectorError:
+            catalog = None
+    found: list[tuple[str, str]] = []
+    plugins = verifiers.plugins()
+    known = {CONFIG_ENV_VAR}
+    for path in setting_paths():
+        known.update(setting_env_var(path[:depth]) for depth in range(1, len(path) + 1))
+    for name, each in plugins.items():
+        known.add(setting_env_var(("identity", name)))
+        known.update(setting_env_var(("identity", name, field)) for field in each.settings_model.model_fields)
+    if catalog is not None:
+        known.update(
+            provider_env_var(entry.name, suffix) for entry in catalog.entries() for suffix in PROVIDER_ENV_SUFFIXES
+        )
+    identity_prefix = setting_env_var(("identity",)) + ENV_NESTED_DELIMITER
+    for variable in sorted(settings.environment()):
+        name = variable.upper()
+        if name in known or name.startswith(TEST_ENV_PREFIX) or name.startswith(identity_prefix):
+            continue  # identity tables are checked below, by table
+        if catalog is None and name.startswith(PROVIDER_ENV_PREFIX):
+            continue  # without a catalog, provider names cannot be checked
+        # Compared without the common prefix, which would make every name look alike.
+        close = nearest(name.removeprefix(ENV_PREFIX), [k.removeprefix(ENV_PREFIX) for k in known])
+        hint = f": did you mean {ENV_PREFIX}{close}?" if close else " (see docs/reference.md)"
+        found.append((variable, f"environment variable {variable} is not a setting and is ignored{hint}"))
+    for name, table in settings.identity.model_extra.items() if settings.identity.model_extra else ():
+        if not isinstance(table, dict):
+            continue
+        plugin = plugins.get(name)
+        if plugin is None:
+            origin = settings.origin(("identity", name))
+            close = nearest(name, plugins)
+            hint = f": did you mean [identity.{close}]?" if close else f" (verifiers: {', '.join(sorted(plugins))})"
+            found.append((f"identity.{name}", f"{origin}: identity.{name}: no verifier has this name, ignored{hint}"))
+        elif name != settings.identity.verifier:
+            fields = plugin.settings_model.model_fields
+            for key in (key for key in table if key not in fields):
+                origin = settings.origin(("identity", name, key))
+                found.append(
+                    (f"identity.{name}.{key}", f"{origin}: identity.{name}.{key}: {unknown_key_problem(key, fields)}")
+                )
+    return found
+
+
+def report_configuration_warnings(settings: Settings, catalog: ProviderCatalog | None = None) -> None:
+    """Log `configuration_warnings` (once per settings)."""
+    for key, message in configuration_warnings(settings, catalog):
+        settings.warn(key, message)
 
 
 def build_runtime(settings: Settings) -> Runtime:
@@ -116,6 +187,7 @@ def build_runtime(settings: Settings) -> Runtime:
     vault = build_vault(settings)
     store = Store.from_url(settings.database.url)
     catalog = load_catalog(settings.providers.catalog, env=settings.environment())
+    report_configuration_warnings(settings, catalog)
     metrics = build_metrics(store, (entry.name for entry in catalog.entries()))
     providers = build_gateway(settings, catalog, metrics)
     bus = LocalBus()

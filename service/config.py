@@ -7,12 +7,14 @@ the value.
 
 from __future__ import annotations
 
+import difflib
 import ipaddress
 import json
+import logging
 import os
 import re
 import tomllib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
@@ -28,6 +30,7 @@ from pydantic import (
     ValidationError,
     field_validator,
 )
+from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
 from pydantic_settings import (
     BaseSettings,
@@ -45,6 +48,7 @@ from service.core.urls import is_loopback_host, url_problem
 __all__ = [
     "CONFIG_ENV_VAR",
     "DEFAULT_CONFIG_PATH",
+    "ENV_NESTED_DELIMITER",
     "ENV_PREFIX",
     "DatabaseSettings",
     "ElicitationSettings",
@@ -56,9 +60,16 @@ __all__ = [
     "Settings",
     "VaultSettings",
     "load_settings",
+    "nearest",
     "optional_str",
+    "setting_env_var",
+    "setting_field",
+    "setting_paths",
     "split_list",
+    "unknown_key_problem",
 ]
+
+log = logging.getLogger("service.config")
 
 ENV_PREFIX = "CONNECTOR_"
 ENV_NESTED_DELIMITER = "__"
@@ -85,6 +96,12 @@ _FORBIDDEN_TOML_KEYS: dict[tuple[str, ...], str] = {
         "client secrets do not belong in the config file: set CONNECTOR_IDENTITY__OIDC__CLIENT_SECRET"
     ),
 }
+
+
+def nearest(name: str, candidates: Iterable[str]) -> str | None:
+    """The candidate closest to `name` (a likely typo), or None when none is close."""
+    matches = difflib.get_close_matches(name, list(candidates), n=1, cutoff=0.6)
+    return matches[0] if matches else None
 
 
 def optional_str(value: Any) -> Any:
@@ -309,9 +326,22 @@ class Settings(BaseSettings):
         default_factory=lambda: {k: v for k, v in os.environ.items() if v != "" and k.upper().startswith(ENV_PREFIX)}
     )
 
+    _warned: set[tuple[str, str]] = PrivateAttr(default_factory=set)
+
     def environment(self) -> Mapping[str, str]:
         """The CONNECTOR_* environment these settings were loaded with."""
         return dict(self._env)
+
+    def origin(self, loc: tuple[str, ...]) -> str:
+        """Where the setting at `loc` came from: the CONNECTOR_* variable that set it, else the file."""
+        env_var = _env_var_for(loc, self._env)
+        if env_var is not None:
+            return env_var
+        nested = setting_env_var(loc) + ENV_NESTED_DELIMITER  # a table set key by key from the environment
+        setters = sorted(name for name in self._env if name.upper().startswith(nested))
+        if setters:
+            return setters[0]
+        return str(self.config_file) if self.config_file is not None else ENVIRONMENT
 
     def config_error(self, loc: tuple[str, ...], problem: str) -> ConfigError:
         """A ConfigError about the setting at `loc`, naming the environment variable or the file that set it."""
@@ -322,11 +352,22 @@ class Settings(BaseSettings):
             str(self.config_file) if self.config_file is not None else ENVIRONMENT, _dotted(loc), problem
         )
 
-    def section_error(self, prefix: tuple[str, ...], exc: ValidationError) -> ConfigError:
-        """A ConfigError for the first problem pydantic found in the section at `prefix`."""
+    def section_error(
+        self, prefix: tuple[str, ...], exc: ValidationError, model: type[BaseModel] | None = None
+    ) -> ConfigError:
+        """A ConfigError for the first problem pydantic found in the section at `prefix` (validated by `model`,
+        whose fields an unknown key is compared with)."""
         error = exc.errors(include_url=False, include_input=False)[0]
         loc = (*prefix, *(str(part) for part in error["loc"]))
-        return self.config_error(loc, _problem(error))
+        valid = list(model.model_fields) if model is not None and len(error["loc"]) == 1 else []
+        return self.config_error(loc, _problem(error, lambda _: valid))
+
+    def warn(self, key: str, message: str) -> None:
+        """Log a configuration warning about `key` on `service.config`, once for these settings (and copies)."""
+        if (key, message) in self._warned:
+            return
+        self._warned.add((key, message))
+        log.warning(message, extra={"config_key": key})
 
     @property
     def public_host(self) -> str:
@@ -353,6 +394,56 @@ class Settings(BaseSettings):
         if toml_file is None:
             return init_settings, env_source
         return init_settings, env_source, TomlConfigSettingsSource(settings_cls, toml_file=toml_file)
+
+
+def setting_paths(model: type[BaseModel] | None = None, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every setting as its path of keys, e.g. `("server", "port")`, in declaration order.
+
+    The `[identity.<name>]` tables are not included: each verifier plugin declares its own (`settings_model`).
+    """
+    paths: list[tuple[str, ...]] = []
+    for name, field in (model or Settings).model_fields.items():
+        if name == "config_file":
+            continue
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            paths.extend(setting_paths(annotation, (*prefix, name)))
+        else:
+            paths.append((*prefix, name))
+    return paths
+
+
+def setting_env_var(path: Sequence[str]) -> str:
+    """The environment variable of a setting or section: `("server", "port")` -> `CONNECTOR_SERVER__PORT`."""
+    return (ENV_PREFIX + ENV_NESTED_DELIMITER.join(path)).upper()
+
+
+def setting_field(path: Sequence[str]) -> FieldInfo:
+    """The pydantic field of a setting path (for its type, default and description)."""
+    model: type[BaseModel] = Settings
+    for part in path[:-1]:
+        annotation = model.model_fields[part].annotation
+        assert isinstance(annotation, type) and issubclass(annotation, BaseModel)
+        model = annotation
+    return model.model_fields[path[-1]]
+
+
+def _keys_at(loc: Sequence[str | int]) -> list[str]:
+    """The valid keys of the section at `loc` (the top level for `()`), empty when `loc` is not a section."""
+    model: type[BaseModel] = Settings
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        annotation = field.annotation if field is not None else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return []
+        model = annotation
+    return [name for name in model.model_fields if name != "config_file"]
+
+
+def unknown_key_problem(key: str, valid: Iterable[str]) -> str:
+    """ "unknown key", with the nearest valid key when one is close."""
+    close = nearest(key, valid)
+    return f"unknown key: did you mean '{close}'?" if close else "unknown key"
 
 
 class _MappingEnvSource(EnvSettingsSource):
@@ -398,22 +489,26 @@ def _dotted(loc: tuple[str | int, ...]) -> str:
     return key or "<settings>"
 
 
-def _problem(error: ErrorDetails) -> str:
+def _problem(error: ErrorDetails, valid_keys: Callable[[tuple[str | int, ...]], Iterable[str]] = _keys_at) -> str:
     if error["type"] == "extra_forbidden":
-        return "unknown key"
+        loc = tuple(error["loc"])
+        return unknown_key_problem(str(loc[-1]), valid_keys(loc[:-1]) if loc else ())
     message = error["msg"]
     return message.removeprefix("Value error, ")
 
 
 def _config_error_from_validation(exc: ValidationError, file: Path | None, environ: Mapping[str, str]) -> ConfigError:
     error = exc.errors(include_url=False, include_input=False)[0]
-    loc = tuple(error["loc"])
-    key = _dotted(loc)
-    problem = _problem(error)
+    return _config_error_at(tuple(error["loc"]), _problem(error), file, environ)
+
+
+def _config_error_at(
+    loc: tuple[str | int, ...], problem: str, file: Path | None, environ: Mapping[str, str]
+) -> ConfigError:
     env_var = _env_var_for(loc, environ)
     if env_var is not None:
-        return ConfigError(ENVIRONMENT, key, f"{problem} (set by {env_var})")
-    return ConfigError(str(file) if file is not None else ENVIRONMENT, key, problem)
+        return ConfigError(ENVIRONMENT, _dotted(loc), f"{problem} (set by {env_var})")
+    return ConfigError(str(file) if file is not None else ENVIRONMENT, _dotted(loc), problem)
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -488,6 +583,11 @@ def load_settings(path: str | Path | None = None, env: Mapping[str, str] | None 
         key = match.group(1) if match else "<environment>"
         env_var = (ENV_PREFIX + key).upper() if match else "a CONNECTOR_* variable"
         raise ConfigError(ENVIRONMENT, key, f"{env_var} (or one of its {env_var}__* parts) cannot be parsed") from None
+
+    for key, value in (settings.identity.model_extra or {}).items():
+        if not isinstance(value, dict):  # only [identity.<name>] tables are free-form; any other key is a typo
+            problem = unknown_key_problem(key, _keys_at(("identity",)))
+            raise _config_error_at(("identity", key), problem, config_file, environ)
 
     base = config_file.resolve().parent if config_file is not None else None
     key_file = settings.vault.key_file

@@ -25,6 +25,7 @@ from service.core.urls import host_of, url_problem
 
 __all__ = [
     "ENDPOINT_FIELDS",
+    "PROVIDER_ENV_SUFFIXES",
     "ProviderCatalog",
     "ProviderEntry",
     "TokenEndpointAuthMethod",
@@ -57,6 +58,10 @@ _DEFAULT_TENANT = "common"
 # In `issuer` only: a multi-tenant provider (Microsoft Entra ID) puts the user's tenant id here; an ID token's
 # `iss` must then carry the same id as its `tid` claim. Microsoft's discovery documents use the same notation.
 TENANT_ID_PLACEHOLDER = "{tenantid}"
+
+
+# The CONNECTOR_PROVIDER_<NAME>_<SUFFIX> variables a catalog entry reads.
+PROVIDER_ENV_SUFFIXES = ("CLIENT_ID", "CLIENT_SECRET", "DISCOVERY_URL", "TENANT")
 
 
 def provider_env_var(name: str, suffix: str) -> str:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import io
+import json
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-from service import Connector
+from service import Connector, Identity, ProviderNotConfigured, SessionScope
+from service.app import configuration_warnings
+from service.cli import main
 from service.config import (
     DatabaseSettings,
     ServerSettings,
@@ -17,6 +21,8 @@ from service.config import (
 from service.core.errors import ConfigError
 from service.core.urls import is_loopback_host
 from service.vault import generate_key
+
+from .identity_support import logging_restored
 
 REPO = Path(__file__).resolve().parent.parent
 SECRET_KEY = "k1:c2VjcmV0LWtleS1tYXRlcmlhbC0zMi1ieXRlcy1sb25nISE"
@@ -216,19 +222,104 @@ def test_invalid_values_are_refused(tmp_path: Path, text: str, key: str) -> None
 
 
 @pytest.mark.parametrize(
-    ("text", "key"),
+    ("text", "key", "problem"),
     [
-        ("servr = 1\n", "servr"),
-        ("[server]\nprot = 8000\n", "server.prot"),
-        ("[vault]\nkeyfile = 'x'\n", "vault.keyfile"),
+        ("servr = 1\n", "servr", "unknown key: did you mean 'server'?"),
+        ("[server]\nprot = 8000\n", "server.prot", "unknown key: did you mean 'port'?"),
+        ("[vault]\nkeyfile = 'x'\n", "vault.keyfile", "unknown key: did you mean 'key_file'?"),
+        ("[identity]\nverifer = 'oidc'\n", "identity.verifer", "unknown key: did you mean 'verifier'?"),
+        ("[database]\nxyzzy = 1\n", "database.xyzzy", "unknown key"),
     ],
 )
-def test_unknown_keys_are_refused(tmp_path: Path, text: str, key: str) -> None:
+def test_unknown_keys_are_refused_naming_the_nearest_valid_key(
+    tmp_path: Path, text: str, key: str, problem: str
+) -> None:
     path = write(tmp_path / "c.toml", text)
     with pytest.raises(ConfigError) as caught:
         load_settings(path, env={})
+    assert caught.value.file == str(path)
     assert caught.value.key == key
-    assert caught.value.problem == "unknown key"
+    assert caught.value.problem == problem
+
+
+def test_a_misspelt_identity_key_from_env_is_refused_naming_the_variable(empty_cwd: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings(env={"CONNECTOR_IDENTITY__VERIFER": "oidc"})
+    assert caught.value.key == "identity.verifer"
+    assert caught.value.problem == "unknown key: did you mean 'verifier'? (set by CONNECTOR_IDENTITY__VERIFER)"
+
+
+def test_unknown_environment_variables_are_reported_with_the_nearest_setting(empty_cwd: Path) -> None:
+    catalog = write(empty_cwd / "providers.toml", "[github]\nauthorization_endpoint = 'https://github.com/a'\n")
+    env = {
+        "CONNECTOR_PUBLIC_URL": "https://connector.example.com",  # a typo of CONNECTOR_PUBLIC_BASE_URL
+        "CONNECTOR_PROVIDER_GITHUB_CLIENTID": "x",  # of CONNECTOR_PROVIDER_GITHUB_CLIENT_ID
+        "CONNECTOR_PROVIDER_GITHUB_CLIENT_SECRET": "s",  # known: a catalog entry's credential
+        "CONNECTOR_IDENTITY__OIDCC__ISSUER": "https://idp.example.com",  # no verifier "oidcc"
+        "CONNECTOR_IDENTITY__OIDC__DISCOVERY_ULR": "https://idp.example.com",  # oidc has discovery_url
+        "CONNECTOR_PROVIDERS__CATALOG": str(catalog),
+        "CONNECTOR_SERVER__PORT": "8700",
+        "CONNECTOR_VAULT__KEYS": SECRET_KEY,
+        "CONNECTOR_CONFIG": "",
+        "CONNECTOR_TEST_ANYTHING": "test suites keep their own variables",
+        "CONNECTOR_WHOLLY_UNRELATED": "1",
+    }
+    warnings = dict(configuration_warnings(load_settings(env=env)))
+    assert warnings == {
+        "CONNECTOR_PUBLIC_URL": "environment variable CONNECTOR_PUBLIC_URL is not a setting and is ignored: "
+        "did you mean CONNECTOR_PUBLIC_BASE_URL?",
+        "CONNECTOR_PROVIDER_GITHUB_CLIENTID": "environment variable CONNECTOR_PROVIDER_GITHUB_CLIENTID is not a "
+        "setting and is ignored: did you mean CONNECTOR_PROVIDER_GITHUB_CLIENT_ID?",
+        "CONNECTOR_WHOLLY_UNRELATED": "environment variable CONNECTOR_WHOLLY_UNRELATED is not a setting and is "
+        "ignored (see docs/reference.md)",
+        "identity.oidcc": "CONNECTOR_IDENTITY__OIDCC__ISSUER: identity.oidcc: no verifier has this name, ignored: "
+        "did you mean [identity.oidc]?",
+        "identity.oidc.discovery_ulr": "CONNECTOR_IDENTITY__OIDC__DISCOVERY_ULR: identity.oidc.discovery_ulr: "
+        "unknown key: did you mean 'discovery_url'?",
+    }
+
+
+def test_the_cli_warns_about_unknown_variables_once(empty_cwd: Path) -> None:
+    out, err = io.StringIO(), io.StringIO()
+    with logging_restored():
+        code = main(["migrate", "--log-format", "json"], env={"CONNECTOR_PUBLIC_URL": "x"}, stdout=out, stderr=err)
+    assert code == 0, err.getvalue()
+    records = [json.loads(line) for line in err.getvalue().splitlines()]
+    (warning,) = [r for r in records if r["level"] == "warning"]
+    assert warning["logger"] == "service.config" and warning["config_key"] == "CONNECTOR_PUBLIC_URL"
+    assert "did you mean CONNECTOR_PUBLIC_BASE_URL?" in warning["message"]
+
+
+async def test_the_given_environment_governs_provider_credentials(
+    empty_cwd: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Credentials in the process environment do not count when `load_settings(env=...)` is given, and vice versa."""
+    catalog = write(
+        empty_cwd / "providers.toml",
+        "[github]\nauthorization_endpoint = 'https://github.com/a'\ntoken_endpoint = 'https://github.com/t'\n",
+    )
+    monkeypatch.setenv("CONNECTOR_PROVIDER_GITHUB_CLIENT_ID", "from-process")
+    monkeypatch.setenv("CONNECTOR_PROVIDER_GITHUB_CLIENT_SECRET", "from-process")
+    base = {"CONNECTOR_PROVIDERS__CATALOG": str(catalog), "CONNECTOR_VAULT__KEYS": generate_key("k1")}
+    without = Connector.from_settings(load_settings(env=base))
+    try:
+        with pytest.raises(ProviderNotConfigured):
+            await without.request_authorization(
+                None, user=Identity("i", "s"), provider="github", scope=SessionScope("x")
+            )
+    finally:
+        await without.close()
+    out = io.StringIO()
+    with logging_restored():
+        assert main(["providers", "list"], env=base, stdout=out, stderr=io.StringIO()) == 0
+    assert "unconfigured: set CONNECTOR_PROVIDER_GITHUB_CLIENT_ID" in out.getvalue()
+    given = {**base, "CONNECTOR_PROVIDER_GITHUB_CLIENT_ID": "id", "CONNECTOR_PROVIDER_GITHUB_CLIENT_SECRET": "s"}
+    monkeypatch.delenv("CONNECTOR_PROVIDER_GITHUB_CLIENT_ID")
+    monkeypatch.delenv("CONNECTOR_PROVIDER_GITHUB_CLIENT_SECRET")
+    out = io.StringIO()
+    with logging_restored():
+        assert main(["providers", "list"], env=given, stdout=out, stderr=io.StringIO()) == 0
+    assert "github" in out.getvalue() and " configured" in out.getvalue()
 
 
 def test_unknown_nested_key_from_env_is_refused(empty_cwd: Path) -> None:

@@ -72,8 +72,11 @@ class Invocation:
     def settings(self) -> Settings:
         """The settings from `--config` (or CONNECTOR_CONFIG) and the environment; logging follows them."""
         if self._settings is None:
+            from ..app import report_configuration_warnings
+
             self._settings = load_settings(getattr(self.args, "config", None), env=self.env)
             self.configure_logging(self._settings.log_format)
+            report_configuration_warnings(self._settings)
         return self._settings
 
     def configure_logging(self, configured: str = "text") -> None:

@@ -77,6 +77,9 @@ def main(
         return invocation.report(f"{exc.code}: {exc}", EXIT_RUNTIME, code=exc.code)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # the reader went away (`... | head`): nothing to say, and nowhere to say it
+        _silence(out)
+        return EXIT_RUNTIME
     except Exception as exc:
         if invocation.debug and invocation.logs_json:
             log.error("unexpected error: %s", type(exc).__name__, exc_info=exc, extra={"exit_code": EXIT_RUNTIME})
@@ -88,6 +91,15 @@ def main(
             f"unexpected error: {type(exc).__name__}: {exc} (run again with --debug to see where it happened)",
             EXIT_RUNTIME,
         )
+
+
+def _silence(stream: TextIO) -> None:
+    """Point a broken stream at /dev/null, so flushing it at exit raises nothing more."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+    except (OSError, ValueError):  # not a real file (a test's StringIO)
+        pass
 
 
 def _report(err: TextIO, line: str, code: int) -> int:
