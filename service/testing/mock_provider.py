@@ -11,6 +11,7 @@ userinfo, revocation and a small API (`/api/user`, `/api/user/repos`). The endpo
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import json
