@@ -35,7 +35,7 @@ from .identity import registry as verifiers
 from .metrics import Metrics
 from .oauth import HttpSettings, ProviderGateway, ProviderHttp
 from .providers import PROVIDER_ENV_SUFFIXES, ProviderCatalog, load_catalog, provider_env_var
-from .store import Store
+from .store import PoolSettings, Store
 from .tokens import TokenAccess
 from .vault import Vault, load_key_ring
 
@@ -82,6 +82,11 @@ def flow_settings(settings: Settings) -> FlowSettings:
         max_mismatches=settings.identity.max_mismatches,
         verifier_name=settings.identity.verifier,
     )
+
+
+def pool_settings(settings: Settings) -> PoolSettings:
+    database = settings.database
+    return PoolSettings(size=database.pool_size, overflow=database.max_overflow, timeout=database.pool_timeout_seconds)
 
 
 def build_vault(settings: Settings) -> Vault:
@@ -185,7 +190,7 @@ def build_runtime(settings: Settings) -> Runtime:
     """Wire one connector from its settings. Raises ConfigError when the settings cannot work."""
     clock = Clock()
     vault = build_vault(settings)
-    store = Store.from_url(settings.database.url)
+    store = Store.from_url(settings.database.url, pool_settings(settings))
     catalog = load_catalog(settings.providers.catalog, env=settings.environment())
     report_configuration_warnings(settings, catalog)
     metrics = build_metrics(store, (entry.name for entry in catalog.entries()))

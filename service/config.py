@@ -145,6 +145,11 @@ DATABASE_SCHEMES = ("sqlite+aiosqlite", "postgresql+asyncpg")
 
 class DatabaseSettings(_Section):
     url: str = Field(default="sqlite+aiosqlite:///./var/connector.db", min_length=1)
+    # PostgreSQL: connections in the pool (reads and writes). SQLite: reading connections (writes use one).
+    pool_size: int = Field(default=10, gt=0, le=1000)
+    max_overflow: int = Field(default=10, ge=0, le=1000)
+    # How long a request waits for a free connection (SQLite: for the one writing connection) before it fails.
+    pool_timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
 
     @field_validator("url")
     @classmethod

@@ -7,11 +7,11 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .audit import PENDING_AUDIT_LOG, AuditRepository, log_audit_event
 from .elicitations import ElicitationRepository
-from .engine import connected, create_engine, display_url
+from .engine import Database, PoolSettings, connected, create_engine, display_url
 from .flows import FlowRepository
 from .grants import GrantRepository
 from .schema import alembic_config, head_revision, migrate
@@ -20,9 +20,11 @@ from .verifications import VerificationRepository
 
 __all__ = [
     "AuditRepository",
+    "Database",
     "ElicitationRepository",
     "FlowRepository",
     "GrantRepository",
+    "PoolSettings",
     "Store",
     "VerificationRepository",
     "alembic_config",
@@ -34,19 +36,23 @@ __all__ = [
 
 
 class Store:
-    """The engine and the repositories. Repository methods take `conn=` to join a `transaction()`."""
+    """The database and the repositories. Repository methods take `conn=` to join a `transaction()`.
 
-    def __init__(self, engine: AsyncEngine) -> None:
-        self.engine = engine
-        self.elicitations = ElicitationRepository(engine)
-        self.flows = FlowRepository(engine)
-        self.grants = GrantRepository(engine)
-        self.audit = AuditRepository(engine)
-        self.verifications = VerificationRepository(engine)
+    `engine` is the write engine (transactions, migrations); reads outside a transaction use `db.reader`.
+    """
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self.engine = db.writer
+        self.elicitations = ElicitationRepository(db)
+        self.flows = FlowRepository(db)
+        self.grants = GrantRepository(db)
+        self.audit = AuditRepository(db)
+        self.verifications = VerificationRepository(db)
 
     @classmethod
-    def from_url(cls, url: str) -> Store:
-        return cls(create_engine(url))
+    def from_url(cls, url: str, pool: PoolSettings | None = None) -> Store:
+        return cls(Database.from_url(url, pool))
 
     def __repr__(self) -> str:
         return f"Store({display_url(self.engine.url)!r})"
@@ -73,19 +79,23 @@ class Store:
 
     async def ping(self) -> None:
         """Raise DatabaseUnavailable if the database cannot be reached."""
-        async with connected(self.engine) as conn:
+        async with connected(self.db.reader) as conn:
             await conn.execute(text("SELECT 1"))
 
     def pool_in_use(self) -> int:
-        """Connections of this process's pool that are checked out now (0 for pools that do not count)."""
-        checkedout = getattr(self.engine.pool, "checkedout", None)
-        return int(checkedout()) if callable(checkedout) else 0
+        """Connections of this process's pools that are checked out now (0 for pools that do not count)."""
+        pools = {id(engine.pool): engine.pool for engine in (self.db.writer, self.db.reader)}
+        total = 0
+        for pool in pools.values():
+            checkedout = getattr(pool, "checkedout", None)
+            total += int(checkedout()) if callable(checkedout) else 0
+        return total
 
     async def check_schema(self) -> None:
-        """Raise SchemaNotCurrent unless the database is migrated to exactly this version's schema
+        """Raise SchemaNotCurrent unless this code may run on the database's schema
         (DatabaseUnavailable if it cannot be reached)."""
-        async with connected(self.engine) as conn:
+        async with connected(self.db.reader) as conn:
             await _check_schema(conn)
 
     async def close(self) -> None:
-        await self.engine.dispose()
+        await self.db.dispose()

@@ -21,12 +21,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import RowMapping, insert, select
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.core.identity import Identity
 from service.core.records import AuditRecord
 
-from .engine import connection_scope, dump_json, load_json
+from .engine import Database, dump_json, load_json
 from .tables import audit_events
 
 log = logging.getLogger("service.audit")
@@ -118,8 +118,8 @@ def log_audit_event(values: Mapping[str, Any]) -> None:
 
 
 class AuditRepository:
-    def __init__(self, engine: AsyncEngine) -> None:
-        self._engine = engine
+    def __init__(self, db: Database) -> None:
+        self._db = db
 
     async def record(
         self,
@@ -142,7 +142,7 @@ class AuditRepository:
             "provider": _bounded_field("provider", provider),
             "detail": dump_json(_bounded_detail(_redact(detail or {}))),
         }
-        async with connection_scope(self._engine, conn) as c:
+        async with self._db.write(conn) as c:
             await c.execute(insert(audit_events).values(values))
         pending = conn.info.get(PENDING_AUDIT_LOG) if conn is not None else None
         if isinstance(pending, builtins.list):
@@ -163,7 +163,7 @@ class AuditRepository:
             statement = statement.where(audit_events.c.elicitation_id == elicitation_id)
         if event is not None:
             statement = statement.where(audit_events.c.event == event)
-        async with connection_scope(self._engine, conn) as c:
+        async with self._db.read(conn) as c:
             rows = (await c.execute(statement)).mappings().all()
         return [_from_row(row) for row in rows]
 

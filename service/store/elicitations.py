@@ -6,13 +6,13 @@ from datetime import datetime
 from typing import Any, cast
 
 from sqlalchemy import RowMapping, func, insert, select, update
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.core.identity import Identity
 from service.core.records import ElicitationRecord, ScopeKind
 from service.core.states import ALLOWED, ElicitationStatus
 
-from .engine import connection_scope, dump_json, load_json
+from .engine import Database, dump_json, load_json
 from .tables import elicitations
 
 
@@ -22,15 +22,15 @@ def predecessors(target: ElicitationStatus) -> frozenset[ElicitationStatus]:
 
 
 class ElicitationRepository:
-    def __init__(self, engine: AsyncEngine) -> None:
-        self._engine = engine
+    def __init__(self, db: Database) -> None:
+        self._db = db
 
     async def insert(self, rec: ElicitationRecord, conn: AsyncConnection | None = None) -> None:
-        async with connection_scope(self._engine, conn) as c:
+        async with self._db.write(conn) as c:
             await c.execute(insert(elicitations).values(_to_row(rec)))
 
     async def get(self, id: str, conn: AsyncConnection | None = None) -> ElicitationRecord | None:
-        async with connection_scope(self._engine, conn) as c:
+        async with self._db.read(conn) as c:
             row = (await c.execute(select(elicitations).where(elicitations.c.id == id))).mappings().first()
         return None if row is None else _from_row(row)
 
@@ -60,7 +60,7 @@ class ElicitationRepository:
             .values(values)
             .returning(*elicitations.c)
         )
-        async with connection_scope(self._engine, conn) as c:
+        async with self._db.write(conn) as c:
             row = (await c.execute(statement)).mappings().first()
         return None if row is None else _from_row(row)
 
@@ -72,7 +72,7 @@ class ElicitationRepository:
             .values(identity_mismatches=elicitations.c.identity_mismatches + 1, updated_at=now)
             .returning(elicitations.c.identity_mismatches)
         )
-        async with connection_scope(self._engine, conn) as c:
+        async with self._db.write(conn) as c:
             count = (await c.execute(statement)).scalar()
         return int(count or 0)
 
@@ -84,7 +84,7 @@ class ElicitationRepository:
             .where(elicitations.c.status.in_([s.value for s in open_statuses]))
             .group_by(elicitations.c.status)
         )
-        async with connection_scope(self._engine, conn) as c:
+        async with self._db.read(conn) as c:
             counts = {ElicitationStatus(status): int(n) for status, n in (await c.execute(statement)).all()}
         return {status: counts.get(status, 0) for status in open_statuses}
 
@@ -99,7 +99,7 @@ class ElicitationRepository:
             .values(status=ElicitationStatus.EXPIRED.value, updated_at=now)
             .returning(elicitations.c.id)
         )
-        async with connection_scope(self._engine, conn) as c:
+        async with self._db.write(conn) as c:
             ids = (await c.execute(statement)).scalars().all()
         return sorted(ids)
 

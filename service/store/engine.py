@@ -1,10 +1,20 @@
-"""The async engine: URL handling, SQLite pragmas, and the connection scope repository methods run in."""
+"""The engines: URL handling, SQLite pragmas, and the read and write scopes repository methods run in.
+
+Reads and writes go different ways (`Database`):
+- **reads** run outside any transaction, one statement each (SQLite: autocommit connections; PostgreSQL: the pool in
+  AUTOCOMMIT), so a lookup costs one round trip and never holds a lock;
+- **writes** run in a transaction. On SQLite every write transaction goes through *one* connection per process and
+  starts with `BEGIN IMMEDIATE`: writers queue for that connection (bounded by `pool_timeout`) instead of meeting
+  "database is locked", and the write lock is taken up front, where `busy_timeout` can wait for another process, never
+  half way through. On PostgreSQL writes share the pool with reads.
+"""
 
 from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,32 +25,112 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 
 from service.core.errors import DatabaseUnavailable
 
+SQLITE_BUSY_TIMEOUT_MS = 5000
 SQLITE_PRAGMAS = (
     "PRAGMA journal_mode=WAL",
     "PRAGMA foreign_keys=ON",
-    "PRAGMA busy_timeout=5000",
+    f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}",
+    # WAL keeps the database consistent on a crash with NORMAL; a power loss may drop the last commits.
+    "PRAGMA synchronous=NORMAL",
 )
 
 
-def create_engine(url: str) -> AsyncEngine:
-    """Create the async engine for `url` (sqlite+aiosqlite or postgresql+asyncpg).
+@dataclass(frozen=True, slots=True)
+class PoolSettings:
+    """How many connections, and how long a request waits for one before it fails (bounded, never forever)."""
 
-    For SQLite every new connection gets WAL journaling, foreign keys and a 5 s busy timeout, and the parent
-    directory of a file database is created.
+    size: int = 10  # PostgreSQL: pooled connections (reads and writes); SQLite: reading connections
+    overflow: int = 10  # connections opened beyond `size` under load, closed again when returned
+    timeout: float = 30.0  # seconds to wait for a free connection (SQLite: for the one writer)
+
+
+def create_engine(url: str, pool: PoolSettings | None = None) -> AsyncEngine:
+    """The write engine for `url` (sqlite+aiosqlite or postgresql+asyncpg), as migrations and writes use it.
+
+    For SQLite: every connection gets WAL journaling, foreign keys and a busy timeout; the pool holds one connection
+    and each transaction begins with `BEGIN IMMEDIATE`; the parent directory of a file database is created.
     """
+    pool = pool or PoolSettings()
     parsed = make_url(url)
     if parsed.get_backend_name() != "sqlite":
-        return create_async_engine(parsed, pool_pre_ping=True)
-
+        return create_async_engine(
+            parsed,
+            pool_size=pool.size,
+            max_overflow=pool.overflow,
+            pool_timeout=pool.timeout,
+            pool_pre_ping=True,
+        )
     path = _sqlite_file(parsed)
     if path is not None:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise unavailable(url, exc) from exc
-    engine = create_async_engine(parsed)
+        engine = create_async_engine(parsed, pool_size=1, max_overflow=0, pool_timeout=pool.timeout)
+    else:
+        engine = create_async_engine(parsed)  # in memory: SQLAlchemy's single shared connection
     event.listen(engine.sync_engine, "connect", _sqlite_on_connect)
+    event.listen(engine.sync_engine, "begin", _sqlite_begin_immediate)
     return engine
+
+
+def create_read_engine(url: str, writer: AsyncEngine, pool: PoolSettings | None = None) -> AsyncEngine:
+    """The engine reads use: no transaction around a read. Shares the writer's pool where that is right."""
+    pool = pool or PoolSettings()
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite":
+        return writer.execution_options(isolation_level="AUTOCOMMIT")
+    if _sqlite_file(parsed) is None:
+        return writer  # an in-memory database exists only on the writer's connection
+    reader = create_async_engine(parsed, pool_size=pool.size, max_overflow=pool.overflow, pool_timeout=pool.timeout)
+    event.listen(reader.sync_engine, "connect", _sqlite_on_connect)
+    return reader
+
+
+class Database:
+    """The two ways into the database: `read()` outside transactions, `write()` in one.
+
+    Both join the caller's connection when one is given (`conn=` of a repository method), so reads inside a
+    `Store.transaction()` see its writes.
+    """
+
+    def __init__(self, writer: AsyncEngine, reader: AsyncEngine) -> None:
+        self.writer = writer
+        self.reader = reader
+
+    @classmethod
+    def from_url(cls, url: str, pool: PoolSettings | None = None) -> Database:
+        writer = create_engine(url, pool)
+        return cls(writer, create_read_engine(url, writer, pool))
+
+    @property
+    def url(self) -> URL:
+        return self.writer.url
+
+    @property
+    def dialect(self) -> str:
+        return self.writer.dialect.name
+
+    @asynccontextmanager
+    async def read(self, conn: AsyncConnection | None = None) -> AsyncIterator[AsyncConnection]:
+        if conn is not None:
+            yield conn
+            return
+        async with self.reader.connect() as own:
+            yield own
+
+    @asynccontextmanager
+    async def write(self, conn: AsyncConnection | None = None) -> AsyncIterator[AsyncConnection]:
+        if conn is not None:
+            yield conn
+            return
+        async with self.writer.begin() as own:
+            yield own
+
+    async def dispose(self) -> None:
+        if self.reader is not self.writer:
+            await self.reader.dispose()
+        await self.writer.dispose()
 
 
 def _sqlite_file(url: URL) -> Path | None:
@@ -51,12 +141,19 @@ def _sqlite_file(url: URL) -> Path | None:
 
 
 def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
+    # The driver's own transaction handling is off: reads run in autocommit, and a write transaction is begun
+    # explicitly (`_sqlite_begin_immediate`) instead of lazily before the first write.
+    dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
     try:
         for pragma in SQLITE_PRAGMAS:
             cursor.execute(pragma)
     finally:
         cursor.close()
+
+
+def _sqlite_begin_immediate(conn: Any) -> None:
+    conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def display_url(url: str | URL) -> str:
@@ -109,16 +206,6 @@ async def probe(url: str) -> None:
             pass
     finally:
         await engine.dispose()
-
-
-@asynccontextmanager
-async def connection_scope(engine: AsyncEngine, conn: AsyncConnection | None) -> AsyncIterator[AsyncConnection]:
-    """Join the caller's transaction when `conn` is given, else run in a new one that commits on success."""
-    if conn is not None:
-        yield conn
-        return
-    async with engine.begin() as own:
-        yield own
 
 
 def dump_json(value: Any) -> str:

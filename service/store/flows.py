@@ -6,24 +6,24 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import RowMapping, insert, select, update
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.core.records import FlowRecord
 
-from .engine import connection_scope
+from .engine import Database
 from .tables import oauth_flows
 
 
 class FlowRepository:
-    def __init__(self, engine: AsyncEngine) -> None:
-        self._engine = engine
+    def __init__(self, db: Database) -> None:
+        self._db = db
 
     async def insert(self, rec: FlowRecord, conn: AsyncConnection | None = None) -> None:
-        async with connection_scope(self._engine, conn) as c:
+        async with self._db.write(conn) as c:
             await c.execute(insert(oauth_flows).values(_to_row(rec)))
 
     async def get_by_state_hash(self, state_hash: str, conn: AsyncConnection | None = None) -> FlowRecord | None:
-        async with connection_scope(self._engine, conn) as c:
+        async with self._db.read(conn) as c:
             statement = select(oauth_flows).where(oauth_flows.c.state_hash == state_hash)
             row = (await c.execute(statement)).mappings().first()
         return None if row is None else _from_row(row)
@@ -44,7 +44,7 @@ class FlowRepository:
             .values(used_at=now)
             .returning(*oauth_flows.c)
         )
-        async with connection_scope(self._engine, conn) as c:
+        async with self._db.write(conn) as c:
             row = (await c.execute(statement)).mappings().first()
         return None if row is None else _from_row(row)
 
@@ -55,7 +55,7 @@ class FlowRepository:
             .where(oauth_flows.c.elicitation_id == elicitation_id, oauth_flows.c.used_at.is_(None))
             .values(used_at=now)
         )
-        async with connection_scope(self._engine, conn) as c:
+        async with self._db.write(conn) as c:
             result = await c.execute(statement)
         return result.rowcount
 

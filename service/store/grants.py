@@ -11,13 +11,13 @@ from typing import Any
 from sqlalchemy import RowMapping, delete, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.core.errors import ConnectorError
 from service.core.identity import Identity
 from service.core.records import GrantRecord
 
-from .engine import connection_scope, dump_json, load_json
+from .engine import Database, dump_json, load_json
 from .tables import grants
 
 # How long a replica waits for another one's refresh of the same grant (longer than a provider call may take).
@@ -29,15 +29,15 @@ _REPLACED_ON_CONFLICT = ("scopes", "token_key_id", "token_ciphertext", "token_ex
 
 
 class GrantRepository:
-    def __init__(self, engine: AsyncEngine) -> None:
-        self._engine = engine
+    def __init__(self, db: Database) -> None:
+        self._db = db
 
     async def upsert(self, rec: GrantRecord, conn: AsyncConnection | None = None) -> GrantRecord:
         """Insert the grant, or when the account has one, replace its scopes, tokens, expiry and key id.
 
         An existing grant keeps its id and created_at; the stored record is returned.
         """
-        async with connection_scope(self._engine, conn) as c:
+        async with self._db.write(conn) as c:
             dialect = c.dialect.name
             if dialect == "postgresql":
                 pg_insert = postgresql.insert(grants).values(_to_row(rec))
@@ -67,12 +67,12 @@ class GrantRepository:
             )
             .order_by(grants.c.updated_at.desc(), grants.c.id)
         )
-        async with connection_scope(self._engine, conn) as c:
+        async with self._db.read(conn) as c:
             rows = (await c.execute(statement)).mappings().all()
         return [_from_row(row) for row in rows]
 
     async def get(self, id: str, conn: AsyncConnection | None = None) -> GrantRecord | None:
-        async with connection_scope(self._engine, conn) as c:
+        async with self._db.read(conn) as c:
             row = (await c.execute(select(grants).where(grants.c.id == id))).mappings().first()
         return None if row is None else _from_row(row)
 
@@ -85,11 +85,11 @@ class GrantRepository:
         writes in that transaction, so the new set is committed before the lock is released. SQLite serves one
         process, whose own lock (tokens.py) is the single flight: nothing is held open across the provider call.
         """
-        if self._engine.dialect.name != "postgresql":
+        if self._db.dialect != "postgresql":
             found = await self.get(id)
             yield None if found is None else LockedGrant(found, self, None)
             return
-        async with self._engine.begin() as conn:
+        async with self._db.writer.begin() as conn:
             await conn.execute(text(f"SET LOCAL lock_timeout = '{REFRESH_LOCK_TIMEOUT}'"))
             statement = select(grants).where(grants.c.id == id).with_for_update()
             try:
@@ -125,12 +125,12 @@ class GrantRepository:
                 updated_at=now,
             )
         )
-        async with connection_scope(self._engine, conn) as c:
+        async with self._db.write(conn) as c:
             await c.execute(statement)
 
     async def delete(self, id: str, conn: AsyncConnection | None = None) -> bool:
         """Delete the grant; True when it existed."""
-        async with connection_scope(self._engine, conn) as c:
+        async with self._db.write(conn) as c:
             result = await c.execute(delete(grants).where(grants.c.id == id))
         return result.rowcount > 0
 

@@ -11,21 +11,21 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import RowMapping, insert, select, update
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.core.identity import Identity
 from service.core.records import Intent, VerificationRecord
 
-from .engine import connection_scope
+from .engine import Database
 from .tables import identity_verifications as table
 
 
 class VerificationRepository:
-    def __init__(self, engine: AsyncEngine) -> None:
-        self._engine = engine
+    def __init__(self, db: Database) -> None:
+        self._db = db
 
     async def insert(self, rec: VerificationRecord, conn: AsyncConnection | None = None) -> None:
-        async with connection_scope(self._engine, conn) as c:
+        async with self._db.write(conn) as c:
             await c.execute(insert(table).values(_to_row(rec)))
 
     async def get_by_handle(self, handle_hash: str, conn: AsyncConnection | None = None) -> VerificationRecord | None:
@@ -83,12 +83,12 @@ class VerificationRepository:
         return await self._one(statement, conn)
 
     async def _get(self, condition: Any, conn: AsyncConnection | None) -> VerificationRecord | None:
-        async with connection_scope(self._engine, conn) as c:
+        async with self._db.read(conn) as c:
             row = (await c.execute(select(table).where(condition))).mappings().first()
         return None if row is None else _from_row(row)
 
     async def _one(self, statement: Any, conn: AsyncConnection | None) -> VerificationRecord | None:
-        async with connection_scope(self._engine, conn) as c:
+        async with self._db.write(conn) as c:
             row = (await c.execute(statement)).mappings().first()
         return None if row is None else _from_row(row)
 
