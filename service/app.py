@@ -27,9 +27,11 @@ from .core.browser import BrowserFlow
 from .core.clock import Clock
 from .core.errors import ConnectorError
 from .core.lifecycle import Elicitations
+from .core.retention import RetentionPolicy
 from .core.settings import FlowSettings
+from .core.sweeper import Sweeper
 from .core.verification import IdentityStep
-from .events import LocalBus
+from .events import LocalBus, OutboxFeed
 from .identity import IdentityVerifier, VerifierContext
 from .identity import registry as verifiers
 from .metrics import Metrics
@@ -63,12 +65,18 @@ class Runtime:
     tokens: TokenAccess
     acp: AcpAuthorizer
     metrics: Metrics
+    feed: OutboxFeed
+    sweeper: Sweeper
 
     async def start(self) -> None:
-        """Refuse to run on an unmigrated or newer-schema database."""
+        """Refuse to run on an unmigrated or newer-schema database; start the feed and the sweeper."""
         await self.store.check_schema()
+        await self.feed.start()
+        self.sweeper.start()
 
     async def close(self) -> None:
+        await self.sweeper.close()
+        await self.feed.close()
         await self.acp.close()
         await self.providers.aclose()
         await self.store.close()
@@ -87,6 +95,17 @@ def flow_settings(settings: Settings) -> FlowSettings:
 def pool_settings(settings: Settings) -> PoolSettings:
     database = settings.database
     return PoolSettings(size=database.pool_size, overflow=database.max_overflow, timeout=database.pool_timeout_seconds)
+
+
+def retention_policy(settings: Settings) -> RetentionPolicy:
+    retention = settings.retention
+    return RetentionPolicy(
+        elicitation_days=retention.elicitation_days,
+        verification_days=retention.verification_days,
+        audit_days=retention.audit_days,
+        event_days=retention.event_days,
+        batch_size=retention.batch_size,
+    )
 
 
 def build_vault(settings: Settings) -> Vault:
@@ -214,6 +233,13 @@ def build_runtime(settings: Settings) -> Runtime:
         tokens=TokenAccess(store, vault, providers, bus, clock, metrics),
         acp=AcpAuthorizer(elicitations, bus, metrics),
         metrics=metrics,
+        feed=OutboxFeed(store.outbox, bus, interval=settings.events.poll_interval_seconds),
+        sweeper=Sweeper(
+            elicitations,
+            retention_policy(settings),
+            interval=settings.elicitation.sweep_interval_seconds,
+            retention_interval=settings.retention.interval_seconds,
+        ),
     )
 
 

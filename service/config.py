@@ -52,10 +52,12 @@ __all__ = [
     "ENV_PREFIX",
     "DatabaseSettings",
     "ElicitationSettings",
+    "EventsSettings",
     "IdentitySettings",
     "MetricsSettings",
     "ProvidersSettings",
     "RateLimitSettings",
+    "RetentionSettings",
     "ServerSettings",
     "Settings",
     "VaultSettings",
@@ -166,6 +168,24 @@ class DatabaseSettings(_Section):
 
 class ElicitationSettings(_Section):
     ttl_seconds: int = Field(default=600, gt=0)
+    # How often the sweeper expires elicitations whose time is up (their waiters then get `expired`).
+    sweep_interval_seconds: float = Field(default=5.0, gt=0, le=3600)
+
+
+class EventsSettings(_Section):
+    # While anything in this process waits, how often it reads changes other processes logged (one query each time).
+    poll_interval_seconds: float = Field(default=1.0, gt=0, le=60)
+
+
+class RetentionSettings(_Section):
+    """Days to keep rows that are no longer needed (0: keep forever). Grants are never deleted by retention."""
+
+    elicitation_days: int = Field(default=30, ge=0)  # ended elicitations, with their OAuth flows and verifications
+    verification_days: int = Field(default=7, ge=0)  # identity-verification rows, after they expired
+    audit_days: int = Field(default=365, ge=0)
+    event_days: int = Field(default=7, ge=0)  # the event log (how far back an event stream can resume)
+    batch_size: int = Field(default=500, gt=0, le=100_000)  # rows per delete transaction
+    interval_seconds: float = Field(default=300.0, gt=0)  # how often the sweeper applies retention
 
 
 def split_list(value: Any) -> Any:
@@ -309,6 +329,8 @@ class Settings(BaseSettings):
     server: ServerSettings = Field(default_factory=ServerSettings)
     database: DatabaseSettings = Field(default_factory=DatabaseSettings)
     elicitation: ElicitationSettings = Field(default_factory=ElicitationSettings)
+    events: EventsSettings = Field(default_factory=EventsSettings)
+    retention: RetentionSettings = Field(default_factory=RetentionSettings)
     identity: IdentitySettings = Field(default_factory=IdentitySettings)
     vault: VaultSettings = Field(default_factory=VaultSettings)
     providers: ProvidersSettings = Field(default_factory=ProvidersSettings)

@@ -136,7 +136,7 @@ async def test_datetimes_are_stored_as_utc_and_read_back_aware(store: Store) -> 
     assert got.expires_at.utcoffset() == timedelta(0)
     # Comparisons in SQL use the UTC value: due one minute after NOW, whatever offset it was written with.
     assert await store.elicitations.expire_due(NOW) == []
-    assert await store.elicitations.expire_due(NOW + timedelta(minutes=1)) == [rec.id]
+    assert [r.id for r in await store.elicitations.expire_due(NOW + timedelta(minutes=1))] == [rec.id]
 
 
 async def test_naive_datetimes_are_refused(store: Store) -> None:
@@ -203,9 +203,10 @@ async def test_expire_due_expires_only_open_elicitations_that_are_due(store: Sto
     for rec in (due_pending, due_at_now, not_due, finished, cancelled):
         await store.elicitations.insert(rec)
 
-    expired = await store.elicitations.expire_due(NOW)
+    expired = await store.elicitations.expire_due(NOW, reason="expired before completion")
 
-    assert expired == sorted([due_pending.id, due_at_now.id])
+    assert [r.id for r in expired] == sorted([due_pending.id, due_at_now.id])
+    assert {(r.status, r.failure_reason) for r in expired} == {(ElicitationStatus.EXPIRED, "expired before completion")}
     statuses = {}
     for rec in (due_pending, due_at_now, not_due, finished, cancelled):
         stored = await store.elicitations.get(rec.id)

@@ -53,8 +53,8 @@ from .wire import serving
 
 log = logging.getLogger("service.acp")
 
-# While waiting for the browser, re-read the database this often: the bus is a wake-up call, not the truth.
-POLL_SECONDS = 2.0
+Waiter = asyncio.Future[ElicitationEvent | None]
+
 # How long `request_authorization` waits for the client's `initialize` on a connection attached (in `on_connect`)
 # before the client's first message.
 INITIALIZE_WAIT_SECONDS = 10.0
@@ -161,13 +161,14 @@ class AcpAuthorizer:
             await self.foreground.block(link, session_id)
         resumes = True
         try:
-            async with self.events.subscribe(record.id) as events:
-                answer = await self._ask(link, record, scope, events)
+            # Registered before elicitation/create goes out: nothing can end the elicitation before this.
+            with self.events.waiter(record.id) as ended:
+                answer = await self._ask(link, record, scope, ended)
                 if isinstance(answer, AuthorizationOutcome):
                     return await self._delivered(answer)
                 if answer.kind is AnswerKind.ACCEPT:
                     await self.elicitations.consented(record)
-                    return await self._await_browser(link, record, events)
+                    return await self._await_browser(link, record, ended)
                 outcome = await self.elicitations.answered(record, answer)
                 assert outcome is not None
                 resumes = outcome.status is not AuthorizationStatus.DISCONNECTED
@@ -194,11 +195,7 @@ class AcpAuthorizer:
         return StopCause.AGENT
 
     async def _ask(
-        self,
-        link: AcpLink,
-        record: ElicitationRecord,
-        scope: ElicitationScope,
-        events: asyncio.Queue[ElicitationEvent],
+        self, link: AcpLink, record: ElicitationRecord, scope: ElicitationScope, ended: Waiter
     ) -> ClientAnswer | AuthorizationOutcome:
         """Send `elicitation/create` and wait for the client's answer, or for the elicitation to end meanwhile."""
         ask = asyncio.ensure_future(
@@ -212,22 +209,16 @@ class AcpAuthorizer:
         )
         ask.add_done_callback(_retrieve)
         try:
-            while True:
-                remaining = (record.expires_at - self.now()).total_seconds()
-                woke = asyncio.ensure_future(events.get())
-                try:
-                    await asyncio.wait({ask, woke}, timeout=max(remaining, 0), return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    woke.cancel()
-                if ask.done():
-                    return ask.result()
-                current = await self.elicitations.get(record.id) or record
-                current = await self.elicitations.expire_if_due(current)
-                if current.status.terminal:
-                    # It ended before the client answered (its time ran out, or the browser was faster): the
-                    # question is no longer relevant to the client.
-                    await link.withdraw(record.id)
-                    return await self.elicitations.outcome(current)
+            either: set[asyncio.Future[Any]] = {ask, ended}
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+            if ask.done():
+                return ask.result()
+            # It ended before the client answered (its time ran out, or the browser was faster): the question is
+            # no longer relevant to the client.
+            await link.withdraw(record.id)
+            event = ended.result()
+            assert event is not None  # only the bus resolves the waiter while the create is outstanding
+            return await self.elicitations.outcome_of_event(record, event)
         finally:
             ask.cancel()
 
@@ -247,44 +238,29 @@ class AcpAuthorizer:
             close_flows=False,
         )
 
-    async def _await_browser(
-        self, link: AcpLink, record: ElicitationRecord, events: asyncio.Queue[ElicitationEvent]
-    ) -> AuthorizationOutcome:
-        closed = asyncio.ensure_future(link.wait_closed())
-        try:
-            while True:
-                current = await self.elicitations.get(record.id)
-                if current is None:  # pragma: no cover - rows are never deleted while waited on
-                    return self.elicitations.outcome_of(record, AuthorizationStatus.FAILED, reason="lost")
-                if current.status.terminal:
-                    return await self._delivered(await self.elicitations.outcome(current))
-                remaining = (current.expires_at - self.now()).total_seconds()
-                if remaining <= 0:
-                    await self.elicitations.finish(
-                        current, ElicitationStatus.EXPIRED, "expired", reason="expired while waiting"
-                    )
-                    continue
-                if link.closed:
-                    # Nobody waits for it any more. A flow the user already took to the provider still stores
-                    # its grant (close_flows=False); nothing is sent.
-                    await self.elicitations.finish(
-                        current,
-                        ElicitationStatus.CANCELLED,
-                        CLIENT_DISCONNECTED,
-                        reason=CLIENT_DISCONNECTED,
-                        detail={"cause": StopCause.CLIENT_DISCONNECTED.value},
-                        close_flows=False,
-                    )
-                    continue
-                woke = asyncio.ensure_future(events.get())
-                try:
-                    await asyncio.wait(
-                        {woke, closed}, timeout=min(POLL_SECONDS, remaining), return_when=asyncio.FIRST_COMPLETED
-                    )
-                finally:
-                    woke.cancel()
-        finally:
-            closed.cancel()
+    async def _await_browser(self, link: AcpLink, record: ElicitationRecord, ended: Waiter) -> AuthorizationOutcome:
+        """Wait for the elicitation's terminal event, or for the connection to end; nothing polls."""
+        if not ended.done():
+            forget = link.on_close(lambda: _wake(ended))
+            try:
+                await ended
+            finally:
+                forget()
+        event = ended.result()
+        if event is not None:
+            return await self._delivered(await self.elicitations.outcome_of_event(record, event))
+        # The connection ended: nobody waits for the elicitation any more. A flow the user already took to the
+        # provider still stores its grant (close_flows=False); nothing is sent.
+        if await self.elicitations.finish(
+            record,
+            ElicitationStatus.CANCELLED,
+            CLIENT_DISCONNECTED,
+            reason=CLIENT_DISCONNECTED,
+            detail={"cause": StopCause.CLIENT_DISCONNECTED.value},
+            close_flows=False,
+        ):
+            return self.elicitations.outcome_of(record, AuthorizationStatus.DISCONNECTED, reason=CLIENT_DISCONNECTED)
+        return await self.elicitations.outcome(await self.elicitations.get(record.id) or record)
 
     async def _delivered(self, outcome: AuthorizationOutcome) -> AuthorizationOutcome:
         """Let `elicitation/complete` reach the client before the waiting work resumes."""
@@ -299,28 +275,32 @@ class AcpAuthorizer:
             return
         link = self._links.get(event.connection_key)
         if link is None:
-            log.info(
-                "originating connection is gone; elicitation/complete not sent",
-                extra={"elicitation_id": event.elicitation_id},
-            )
+            if event.origin == self.elicitations.store.origin:  # another process's connection is not ours to serve
+                log.info(
+                    "originating connection is gone; elicitation/complete not sent",
+                    extra={"elicitation_id": event.elicitation_id},
+                )
             return
         # Exactly once: only the single winning transition to COMPLETED publishes this event.
-        task = asyncio.get_running_loop().create_task(self._deliver(link, event.elicitation_id))
+        task = asyncio.get_running_loop().create_task(self._deliver(link, event))
         self._deliveries[event.elicitation_id] = task
         task.add_done_callback(lambda _t: self._deliveries.pop(event.elicitation_id, None))
 
-    async def _deliver(self, link: AcpLink, elicitation_id: str) -> None:
-        sent = await send_completion(link, elicitation_id)
-        record = await self.elicitations.get(elicitation_id)
-        since = (self.now() - record.updated_at).total_seconds() if record is not None else None
-        self.metrics.completion(
-            CompletionResult.SENT if sent else CompletionResult.UNDELIVERABLE, since if sent else None
-        )
+    async def _deliver(self, link: AcpLink, event: ElicitationEvent) -> None:
+        sent = await send_completion(link, event.elicitation_id)
+        since = (self.now() - event.at).total_seconds() if sent and event.at is not None else None
+        self.metrics.completion(CompletionResult.SENT if sent else CompletionResult.UNDELIVERABLE, since)
         await self.elicitations.store.audit.record(
             "completion_sent" if sent else "completion_undeliverable",
-            elicitation_id=elicitation_id,
+            elicitation_id=event.elicitation_id,
             now=self.now(),
         )
+
+
+def _wake(waiter: Waiter) -> None:
+    """Wake a waiter without an event (its connection ended)."""
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:

@@ -53,6 +53,7 @@ class AcpLink:
         self._initialized = asyncio.Event()
         self._pending_creates: dict[str, RequestId] = {}  # elicitationId -> JSON-RPC id of our request
         self._cancelled_sessions: set[str] = set()  # session/cancel seen, no new prompt since
+        self._close_callbacks: set[Callable[[], None]] = set()
         self._sdk = SdkConnection.install(conn, self)
         self._connection = weakref.ref(conn)
 
@@ -110,6 +111,17 @@ class AcpLink:
 
     async def wait_closed(self) -> None:
         await self._sdk.transport.wait_closed()
+
+    def on_close(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call `callback` when the connection ends (at once if it has); returns a function that unregisters it.
+
+        For the many waiters of one connection: each costs one callback entry, not a task.
+        """
+        if self.closed:
+            callback()
+            return _nothing
+        self._close_callbacks.add(callback)
+        return lambda: self._close_callbacks.discard(callback)
 
     def session_cancelled(self, session_id: str) -> bool:
         """Whether the client sent `session/cancel` for `session_id` since its last prompt there."""
@@ -183,6 +195,12 @@ class AcpLink:
     def on_closed(self) -> None:
         self._pending_creates.clear()
         self._cancelled_sessions.clear()
+        callbacks, self._close_callbacks = self._close_callbacks, set()
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:
+                log.exception("connection-closed callback failed")
         if self._on_closed is not None:
             with contextlib.suppress(Exception):
                 self._on_closed(self)
@@ -191,3 +209,7 @@ class AcpLink:
         for elicitation_id, pending in list(self._pending_creates.items()):
             if pending == request_id and type(pending) is type(request_id):
                 del self._pending_creates[elicitation_id]
+
+
+def _nothing() -> None:
+    pass

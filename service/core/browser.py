@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from .errors import ConnectorError, FlowRefused, ProviderError
-from .events import GrantChange, GrantChanged
+from .events import ElicitationEvent, GrantChange, GrantChanged
 from .handles import binding_hash, flow_aad, grant_aad, new_id, state_hash
 from .identity import Identity
 from .lifecycle import Elicitations
+from .outcomes import GrantInfo
 from .ports import Provider, ProviderGateway, Store, Vault
 from .records import ElicitationRecord, FlowRecord, GrantRecord, Intent, TokenSet
 from .states import ElicitationStatus
@@ -331,10 +332,15 @@ class BrowserFlow:
                 now=now,
                 conn=tx,
             )
+            if not late:
+                event = ElicitationEvent(
+                    record.id, ElicitationStatus.COMPLETED, record.connection_key, grant=GrantInfo.of(stored)
+                )
+                logged = await store.outbox.append([event], at=now, conn=tx)
         self.elicitations.events.publish(GrantChanged(stored.id, record.identity, provider.name, GrantChange.STORED))
         if completed is None:
             return await self.elicitations.get(record.id) or record
-        self.elicitations.ended(record, ElicitationStatus.COMPLETED)
+        self.elicitations.ended(record, logged[0])
         return completed
 
 

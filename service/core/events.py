@@ -8,19 +8,32 @@ others sharing the database, drop what they hold for it).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 
 from .identity import Identity
+from .outcomes import GrantInfo
 from .states import ElicitationStatus
 
 
 @dataclass(frozen=True, slots=True)
 class ElicitationEvent:
-    """`elicitation_id` reached `status`; `connection_key` names the client connection that asked for it."""
+    """`elicitation_id` reached `status`; `connection_key` names the client connection that asked for it.
+
+    `id`, `at` and `origin` are the event's place and time in the durable event log (`elicitation_events`), where
+    every terminal change is written in its own transaction, and the process that wrote it. `reason` and `grant`
+    travel only inside the process that made the change (the log holds ids and statuses, nothing else): a waiter
+    elsewhere reads them from the store.
+    """
 
     elicitation_id: str
     status: ElicitationStatus
     connection_key: str
+    id: int | None = None
+    at: datetime | None = None
+    origin: str | None = None
+    reason: str | None = None
+    grant: GrantInfo | None = None
 
 
 class GrantChange(StrEnum):

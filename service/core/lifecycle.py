@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import unicodedata
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from enum import StrEnum
 
@@ -70,6 +70,9 @@ def client_text(value: object, limit: int = CLIENT_TEXT_LIMIT) -> str | None:
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
+EXPIRED_REASON = "expired before completion"
+
+
 def covers(granted: Sequence[str], wanted: Sequence[str]) -> bool:
     """Whether a grant with `granted` scopes covers every scope in `wanted`."""
     return set(wanted) <= set(granted)
@@ -113,6 +116,22 @@ class Elicitations:
             grant=grant,
             reason=record.failure_reason,
             client_message=refusal_message(record.failure_reason) if status is AuthorizationStatus.REFUSED else None,
+        )
+
+    async def outcome_of_event(self, record: ElicitationRecord, event: ElicitationEvent) -> AuthorizationOutcome:
+        """The outcome an ended elicitation's terminal event tells. An event from this process carries the grant
+        or the reason; one from another process (the event log holds ids and statuses only) is completed from the
+        store."""
+        if event.grant is None and event.reason is None:
+            return await self.outcome(await self.get(record.id) or record)
+        ended = replace(record, status=event.status, failure_reason=event.reason)
+        status = terminal_status(ended)
+        return self.outcome_of(
+            ended,
+            status,
+            grant=event.grant,
+            reason=event.reason,
+            client_message=refusal_message(event.reason) if status is AuthorizationStatus.REFUSED else None,
         )
 
     def outcome_of(
@@ -255,20 +274,41 @@ class Elicitations:
             if close_flows:
                 await self.store.flows.invalidate_open(record.id, now, conn=tx)
             await self.audit(record, event, detail={"reason": reason, **(detail or {})}, now=now, conn=tx)
-        self.ended(record, status)
+            logged = await self.store.outbox.append(
+                [ElicitationEvent(record.id, status, record.connection_key, reason=reason)], at=now, conn=tx
+            )
+        self.ended(record, logged[0])
         return True
 
-    def ended(self, record: ElicitationRecord, status: ElicitationStatus) -> None:
+    async def expire_due(self, *, limit: int) -> int:
+        """Expire up to `limit` open elicitations whose time is up (audited, logged, waiters told); how many."""
+        now = self.now()
+        async with self.store.transaction() as tx:
+            expired = await self.store.elicitations.expire_due(now, limit=limit, reason=EXPIRED_REASON, conn=tx)
+            await self.store.audit.record_many("expired", expired, detail={"reason": EXPIRED_REASON}, now=now, conn=tx)
+            logged = await self.store.outbox.append(
+                [
+                    ElicitationEvent(r.id, ElicitationStatus.EXPIRED, r.connection_key, reason=EXPIRED_REASON)
+                    for r in expired
+                ],
+                at=now,
+                conn=tx,
+            )
+        for rec, event in zip(expired, logged, strict=True):
+            self.ended(rec, event)
+        return len(logged)
+
+    def ended(self, record: ElicitationRecord, event: ElicitationEvent) -> None:
         """After the commit of `record`'s terminal transition: count it and publish its event."""
         if self.metrics is not None:
-            self.metrics.flow_ended(record.provider, status)
-        self.events.publish(ElicitationEvent(record.id, status, record.connection_key))
+            self.metrics.flow_ended(record.provider, event.status)
+        self.events.publish(event)
 
     async def expire_if_due(self, record: ElicitationRecord) -> ElicitationRecord:
-        """End an open elicitation whose time is up; the current record either way."""
+        """End an open elicitation whose time is up (before the sweeper gets to it); the current record either way."""
         if record.status.terminal or record.expires_at > self.now():
             return record
-        await self.finish(record, ElicitationStatus.EXPIRED, "expired", reason="expired before completion")
+        await self.finish(record, ElicitationStatus.EXPIRED, "expired", reason=EXPIRED_REASON)
         return await self.get(record.id) or record
 
     async def audit(

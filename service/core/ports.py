@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from .events import ElicitationEvent, Event
 from .identity import Identity
 from .records import AuditRecord, ElicitationRecord, FlowRecord, GrantRecord, TokenSet, VerificationRecord
+from .retention import RetentionRepo
 from .states import ElicitationStatus
 
 Tx = Any  # an open transaction of the store, passed through unchanged
@@ -30,6 +31,9 @@ class ElicitationRepo(Protocol):
         self, id: str, target: ElicitationStatus, *, reason: str | None = None, now: datetime, conn: Tx = None
     ) -> ElicitationRecord | None: ...
     async def add_identity_mismatch(self, id: str, *, now: datetime, conn: Tx = None) -> int: ...
+    async def expire_due(
+        self, now: datetime, *, limit: int = ..., reason: str | None = None, conn: Tx = None
+    ) -> list[ElicitationRecord]: ...
 
 
 class FlowRepo(Protocol):
@@ -59,9 +63,27 @@ class AuditRepo(Protocol):
         conn: Tx = None,
     ) -> None: ...
 
+    async def record_many(
+        self,
+        event: str,
+        records: Sequence[ElicitationRecord],
+        *,
+        detail: Mapping[str, Any] | None = None,
+        now: datetime,
+        conn: Tx,
+    ) -> None: ...
+
     async def list(
         self, *, elicitation_id: str | None = None, event: str | None = None, conn: Tx = None
     ) -> list[AuditRecord]: ...
+
+
+class OutboxRepo(Protocol):
+    """The durable, ordered event log of terminal changes (see `service.store.outbox`)."""
+
+    async def append(self, events: Sequence[ElicitationEvent], *, at: datetime, conn: Tx) -> list[ElicitationEvent]: ...
+    async def after(self, last_id: int, *, limit: int = ..., conn: Tx = None) -> list[ElicitationEvent]: ...
+    async def last_id(self, conn: Tx = None) -> int: ...
 
 
 class VerificationRepo(Protocol):
@@ -71,6 +93,11 @@ class VerificationRepo(Protocol):
 
 class Store(Protocol):
     @property
+    def origin(self) -> str:
+        """This process's name in the event log (events it wrote are published here at their commit)."""
+        ...
+
+    @property
     def elicitations(self) -> ElicitationRepo: ...
     @property
     def flows(self) -> FlowRepo: ...
@@ -78,6 +105,10 @@ class Store(Protocol):
     def grants(self) -> GrantRepo: ...
     @property
     def audit(self) -> AuditRepo: ...
+    @property
+    def outbox(self) -> OutboxRepo: ...
+    @property
+    def retention(self) -> RetentionRepo: ...
     def transaction(self) -> AbstractAsyncContextManager[Tx]: ...
 
 
@@ -100,11 +131,12 @@ class FlowMetrics(Protocol):
 
 
 class EventSource(Protocol):
-    """Where waiters learn that an elicitation or a grant changed (a wake-up call: the store stays the truth)."""
+    """Where waiters learn that an elicitation ended (one future per waiter, resolved with the terminal event, or
+    with None by whoever else may wake the waiter, e.g. a closed connection), and listeners hear every event."""
 
     def add_listener(self, listener: Callable[[Event], None]) -> None: ...
 
-    def subscribe(self, elicitation_id: str) -> AbstractAsyncContextManager[asyncio.Queue[ElicitationEvent]]: ...
+    def waiter(self, elicitation_id: str) -> AbstractContextManager[asyncio.Future[ElicitationEvent | None]]: ...
 
 
 class Provider(Protocol):

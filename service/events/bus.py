@@ -1,27 +1,33 @@
-"""The event bus: tells whoever waits on an elicitation that it reached a terminal state, and every listener
-about every event (`ElicitationEvent`, `GrantChanged`).
+"""The event bus of one process: tells whoever waits on an elicitation that it reached a terminal state, and
+every listener about every event (`ElicitationEvent`, `GrantChanged`).
 
-In one process this is an in-memory fan-out. Waiters must also re-read the database (the bus is a
-wake-up call, not the source of truth), so a missed event costs latency, never correctness.
+A waiter is one future, registered before the elicitation can change (`waiter()`), resolved by `publish` with the
+event, or by its owner with None (e.g. the client connection closed). Changes made in this process are published
+right after their commit; changes made by other processes arrive through `OutboxFeed`, one query per interval for
+all waiters. Listeners hear every event (e.g. to send `elicitation/complete`).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from service.core.events import ElicitationEvent, Event
 
+log = logging.getLogger("service.events")
+
 Listener = Callable[[Event], None]
+Waiter = asyncio.Future[ElicitationEvent | None]
 
 
 class LocalBus:
-    """In-process fan-out: per-elicitation queues for elicitation events, and listeners for every event."""
+    """In-process fan-out: one future per waiter on an elicitation, and listeners for every event."""
 
     def __init__(self) -> None:
-        self._waiters: defaultdict[str, set[asyncio.Queue[ElicitationEvent]]] = defaultdict(set)
+        # One future, or a list when several wait on the same elicitation: most elicitations have one waiter.
+        self._waiters: dict[str, Waiter | list[Waiter]] = {}
         self._listeners: list[Listener] = []
 
     def add_listener(self, listener: Listener) -> None:
@@ -32,22 +38,45 @@ class LocalBus:
         if listener in self._listeners:
             self._listeners.remove(listener)
 
+    def waiting(self) -> int:
+        """How many elicitations someone in this process waits on."""
+        return len(self._waiters)
+
     def publish(self, event: Event) -> None:
         if isinstance(event, ElicitationEvent):
-            for queue in list(self._waiters.get(event.elicitation_id, ())):
-                queue.put_nowait(event)
+            entry = self._waiters.pop(event.elicitation_id, None)
+            for future in entry if isinstance(entry, list) else (entry,) if entry is not None else ():
+                if not future.done():
+                    future.set_result(event)
         for listener in list(self._listeners):
-            listener(event)
+            try:
+                listener(event)
+            except Exception:
+                log.exception("event listener failed")
 
-    @asynccontextmanager
-    async def subscribe(self, elicitation_id: str) -> AsyncIterator[asyncio.Queue[ElicitationEvent]]:
-        queue: asyncio.Queue[ElicitationEvent] = asyncio.Queue()
-        self._waiters[elicitation_id].add(queue)
+    @contextmanager
+    def waiter(self, elicitation_id: str) -> Iterator[Waiter]:
+        """A future resolved with the elicitation's terminal event. Register it before the change can happen."""
+        future: Waiter = asyncio.get_running_loop().create_future()
+        entry = self._waiters.get(elicitation_id)
+        if entry is None:
+            self._waiters[elicitation_id] = future
+        elif isinstance(entry, list):
+            entry.append(future)
+        else:
+            self._waiters[elicitation_id] = [entry, future]
         try:
-            yield queue
+            yield future
         finally:
-            waiters = self._waiters.get(elicitation_id)
-            if waiters is not None:
-                waiters.discard(queue)
-                if not waiters:
-                    del self._waiters[elicitation_id]
+            self._forget(elicitation_id, future)
+
+    def _forget(self, elicitation_id: str, future: Waiter) -> None:
+        entry = self._waiters.get(elicitation_id)
+        if entry is future:
+            del self._waiters[elicitation_id]
+        elif isinstance(entry, list) and future in entry:
+            entry.remove(future)
+            if not entry:
+                del self._waiters[elicitation_id]
+        if not future.done():
+            future.cancel()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -14,6 +15,8 @@ from .elicitations import ElicitationRepository
 from .engine import Database, PoolSettings, connected, create_engine, display_url
 from .flows import FlowRepository
 from .grants import GrantRepository
+from .outbox import OutboxRepository
+from .retention import RetentionRepository
 from .schema import alembic_config, head_revision, migrate
 from .schema import check_schema as _check_schema
 from .verifications import VerificationRepository
@@ -24,7 +27,9 @@ __all__ = [
     "ElicitationRepository",
     "FlowRepository",
     "GrantRepository",
+    "OutboxRepository",
     "PoolSettings",
+    "RetentionRepository",
     "Store",
     "VerificationRepository",
     "alembic_config",
@@ -39,11 +44,15 @@ class Store:
     """The database and the repositories. Repository methods take `conn=` to join a `transaction()`.
 
     `engine` is the write engine (transactions, migrations); reads outside a transaction use `db.reader`.
+    `origin` names this store's process in the event log (random per instance).
     """
 
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, origin: str | None = None) -> None:
         self.db = db
         self.engine = db.writer
+        self.origin = origin or secrets.token_hex(8)
+        self.outbox = OutboxRepository(db, self.origin)
+        self.retention = RetentionRepository(db)
         self.elicitations = ElicitationRepository(db)
         self.flows = FlowRepository(db)
         self.grants = GrantRepository(db)

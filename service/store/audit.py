@@ -16,7 +16,7 @@ from __future__ import annotations
 import builtins
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,7 +24,7 @@ from sqlalchemy import RowMapping, insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.core.identity import Identity
-from service.core.records import AuditRecord
+from service.core.records import AuditRecord, ElicitationRecord
 
 from .engine import Database, dump_json, load_json
 from .tables import audit_events
@@ -149,6 +149,39 @@ class AuditRepository:
             pending.append(values)  # logged by Store.transaction() after the commit
         else:
             log_audit_event(values)
+
+    async def record_many(
+        self,
+        event: str,
+        records: Sequence[ElicitationRecord],
+        *,
+        detail: Mapping[str, Any] | None = None,
+        now: datetime,
+        conn: AsyncConnection,
+    ) -> None:
+        """Append the same event about each of `records` (one statement), in the caller's transaction."""
+        if not records:
+            return
+        text = dump_json(_redact(detail or {}))
+        rows = [
+            {
+                "at": now,
+                "event": event,
+                "elicitation_id": rec.id,
+                "identity_issuer": rec.identity.issuer,
+                "identity_subject": rec.identity.subject,
+                "provider": rec.provider,
+                "detail": text,
+            }
+            for rec in records
+        ]
+        await conn.execute(insert(audit_events), rows)
+        pending = conn.info.get(PENDING_AUDIT_LOG)
+        for values in rows:
+            if isinstance(pending, builtins.list):
+                pending.append(values)
+            else:
+                log_audit_event(values)
 
     async def list(
         self,

@@ -88,20 +88,33 @@ class ElicitationRepository:
             counts = {ElicitationStatus(status): int(n) for status, n in (await c.execute(statement)).all()}
         return {status: counts.get(status, 0) for status in open_statuses}
 
-    async def expire_due(self, now: datetime, conn: AsyncConnection | None = None) -> list[str]:
-        """Mark every open elicitation with `expires_at` at or before `now` as EXPIRED; return their ids."""
+    async def expire_due(
+        self, now: datetime, *, limit: int = 500, reason: str | None = None, conn: AsyncConnection | None = None
+    ) -> list[ElicitationRecord]:
+        """Mark up to `limit` open elicitations with `expires_at` at or before `now` as EXPIRED, soonest due first.
+
+        Returns the expired records. Of two concurrent callers each elicitation is expired by exactly one (the
+        status condition is checked again on the row being updated).
+        """
+        open_statuses = sorted(s.value for s in predecessors(ElicitationStatus.EXPIRED))
+        due = (
+            select(elicitations.c.id)
+            .where(elicitations.c.status.in_(open_statuses), elicitations.c.expires_at <= now)
+            .order_by(elicitations.c.expires_at)
+            .limit(limit)
+        )
+        values: dict[str, Any] = {"status": ElicitationStatus.EXPIRED.value, "updated_at": now}
+        if reason is not None:
+            values["failure_reason"] = reason
         statement = (
             update(elicitations)
-            .where(
-                elicitations.c.status.in_(sorted(s.value for s in predecessors(ElicitationStatus.EXPIRED))),
-                elicitations.c.expires_at <= now,
-            )
-            .values(status=ElicitationStatus.EXPIRED.value, updated_at=now)
-            .returning(elicitations.c.id)
+            .where(elicitations.c.id.in_(due.scalar_subquery()), elicitations.c.status.in_(open_statuses))
+            .values(values)
+            .returning(*elicitations.c)
         )
         async with self._db.write(conn) as c:
-            ids = (await c.execute(statement)).scalars().all()
-        return sorted(ids)
+            rows = (await c.execute(statement)).mappings().all()
+        return sorted((_from_row(row) for row in rows), key=lambda r: r.id)
 
 
 def _to_row(rec: ElicitationRecord) -> dict[str, Any]:

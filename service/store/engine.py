@@ -1,5 +1,7 @@
 """The engines: URL handling, SQLite pragmas, and the read and write scopes repository methods run in.
 
+Bound parameters are never part of an error message (`hide_parameters`): they may hold ciphertexts or hashes.
+
 Reads and writes go different ways (`Database`):
 - **reads** run outside any transaction, one statement each (SQLite: autocommit connections; PostgreSQL: the pool in
   AUTOCOMMIT), so a lookup costs one round trip and never holds a lock;
@@ -59,6 +61,7 @@ def create_engine(url: str, pool: PoolSettings | None = None) -> AsyncEngine:
             max_overflow=pool.overflow,
             pool_timeout=pool.timeout,
             pool_pre_ping=True,
+            hide_parameters=True,
         )
     path = _sqlite_file(parsed)
     if path is not None:
@@ -66,9 +69,11 @@ def create_engine(url: str, pool: PoolSettings | None = None) -> AsyncEngine:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise unavailable(url, exc) from exc
-        engine = create_async_engine(parsed, pool_size=1, max_overflow=0, pool_timeout=pool.timeout)
+        engine = create_async_engine(
+            parsed, pool_size=1, max_overflow=0, pool_timeout=pool.timeout, hide_parameters=True
+        )
     else:
-        engine = create_async_engine(parsed)  # in memory: SQLAlchemy's single shared connection
+        engine = create_async_engine(parsed, hide_parameters=True)  # in memory: one shared connection
     event.listen(engine.sync_engine, "connect", _sqlite_on_connect)
     event.listen(engine.sync_engine, "begin", _sqlite_begin_immediate)
     return engine
@@ -82,7 +87,9 @@ def create_read_engine(url: str, writer: AsyncEngine, pool: PoolSettings | None 
         return writer.execution_options(isolation_level="AUTOCOMMIT")
     if _sqlite_file(parsed) is None:
         return writer  # an in-memory database exists only on the writer's connection
-    reader = create_async_engine(parsed, pool_size=pool.size, max_overflow=pool.overflow, pool_timeout=pool.timeout)
+    reader = create_async_engine(
+        parsed, pool_size=pool.size, max_overflow=pool.overflow, pool_timeout=pool.timeout, hide_parameters=True
+    )
     event.listen(reader.sync_engine, "connect", _sqlite_on_connect)
     return reader
 

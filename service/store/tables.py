@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     Column,
     DateTime,
     Dialect,
@@ -180,4 +181,22 @@ schema_compatibility = Table(
     metadata,
     Column("id", Integer, primary_key=True, autoincrement=False),
     Column("oldest_code_revision", String(32), nullable=False),
+)
+
+# The durable, ordered log of terminal changes (the outbox): written in the transaction of each change, read by
+# "id > last seen" (the shared poll here; LISTEN/NOTIFY catch-up and SSE resumption build on the same query).
+# Ids only, never a secret. Ids grow in commit order: SQLite has one writer at a time, and on PostgreSQL each
+# insert takes a transaction-level advisory lock first (see store/outbox.py). AUTOINCREMENT: SQLite never
+# hands out an id again after the newest rows were purged.
+elicitation_events = Table(
+    "elicitation_events",
+    metadata,
+    Column("id", BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True),
+    Column("elicitation_id", ID, nullable=False),  # no foreign key: events outlive purged elicitations
+    Column("connection_key", String(255), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("at", UTCDateTime, nullable=False),
+    Column("origin", String(32), nullable=False),  # the writing process (`Store.origin`): it skips its own events
+    Index(None, "at"),
+    sqlite_autoincrement=True,
 )

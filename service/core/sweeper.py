@@ -1,0 +1,96 @@
+"""The sweeper: one background task per process that expires due elicitations and applies retention.
+
+Every `interval` it expires open elicitations whose time is up (in batches: each is audited, logged in the event
+log and its waiters are told `expired`), and every `retention_interval` it deletes what is past its retention
+window. Several processes may sweep the same database: each elicitation is expired exactly once. When the
+database is unreachable the sweeper logs it, backs off and tries again; it never stops on an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from .lifecycle import Elicitations
+from .retention import PurgeKind, RetentionPolicy, purge_due
+
+log = logging.getLogger("service.sweeper")
+
+EXPIRE_BATCH = 200
+MAX_EXPIRE_BATCHES = 10  # per sweep: a backlog is worked off over several sweeps, the writer stays available
+MAX_PURGE_BATCHES = 20  # per kind and pass
+MAX_BACKOFF_SECONDS = 60.0
+
+
+@dataclass
+class SweepResult:
+    expired: int = 0
+    purged: dict[PurgeKind, int] = field(default_factory=dict)
+
+
+class Sweeper:
+    def __init__(
+        self,
+        elicitations: Elicitations,
+        retention: RetentionPolicy,
+        *,
+        interval: float,
+        retention_interval: float,
+    ) -> None:
+        self.elicitations = elicitations
+        self.retention = retention
+        self.interval = interval
+        self.retention_interval = retention_interval
+        self._last_purge: datetime | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def running(self) -> bool:
+        """Whether the background task is alive (it stops only when closed)."""
+        return self._task is not None and not self._task.done()
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="connector-sweeper")
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def sweep(self) -> SweepResult:
+        """One pass: expire what is due, and apply retention when it is time. Raises on database errors."""
+        result = SweepResult()
+        for _ in range(MAX_EXPIRE_BATCHES):
+            expired = await self.elicitations.expire_due(limit=EXPIRE_BATCH)
+            result.expired += expired
+            if expired < EXPIRE_BATCH:
+                break
+        now = self.elicitations.now()
+        if self._last_purge is None or (now - self._last_purge).total_seconds() >= self.retention_interval:
+            store = self.elicitations.store
+            result.purged = await purge_due(store.retention, self.retention, now, max_batches=MAX_PURGE_BATCHES)
+            self._last_purge = now
+            if any(result.purged.values()):
+                log.info("retention: deleted %s", ", ".join(f"{n} {k}" for k, n in result.purged.items() if n))
+        return result
+
+    async def _run(self) -> None:
+        failures = 0
+        while True:
+            delay = self.interval if failures == 0 else min(self.interval * 2 ** min(failures, 10), MAX_BACKOFF_SECONDS)
+            await asyncio.sleep(delay)
+            try:
+                await self.sweep()
+            except Exception:
+                failures += 1
+                log.warning("sweep failed (%d in a row); retrying in a moment", failures, exc_info=True)
+            else:
+                if failures:
+                    log.info("sweeping works again after %d failed attempts", failures)
+                failures = 0

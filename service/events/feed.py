@@ -1,0 +1,96 @@
+"""Events written by other processes, brought into this one: one shared poll of the event log for all waiters.
+
+Every terminal change is logged in `elicitation_events` in its own transaction, with the writing process as
+`origin`. This process publishes its own changes on its bus right after their commit; `OutboxFeed` brings the
+others' changes: while anyone here waits, it asks the log for "id > last seen, not written by me" once per
+interval (one query, however many waiters), and publishes what it finds. A database outage is logged and retried
+with backoff; waiters keep waiting meanwhile.
+
+The seam for cross-process notification: a LISTEN/NOTIFY listener calls `catch_up()` when notified and after
+every reconnect, and the interval poll becomes a safety net. A Server-Sent-Events stream keeps its own cursor
+(Last-Event-ID) and reads the same log with `OutboxRepository.after`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Protocol
+
+from service.core.events import ElicitationEvent
+
+from .bus import LocalBus
+
+log = logging.getLogger("service.events")
+
+BATCH = 500
+MAX_BACKOFF_SECONDS = 30.0
+
+
+class EventLog(Protocol):
+    origin: str
+
+    async def after(self, last_id: int, *, limit: int = ...) -> list[ElicitationEvent]: ...
+
+    async def last_id(self) -> int: ...
+
+
+class OutboxFeed:
+    """The one background task per process that covers changes made elsewhere."""
+
+    def __init__(self, log_: EventLog, bus: LocalBus, *, interval: float) -> None:
+        self._log = log_
+        self._bus = bus
+        self.interval = interval
+        self.cursor: int | None = None  # the last event id seen; None until the first successful read
+        self._task: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        """Start at the newest logged event (older ones ended before anyone here could wait on them)."""
+        if self.cursor is None:
+            self.cursor = await self._log.last_id()
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="connector-outbox-feed")
+
+    async def close(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def catch_up(self) -> int:
+        """Publish every event logged by another process since the cursor; how many. Raises on database errors."""
+        async with self._lock:
+            if self.cursor is None:
+                self.cursor = await self._log.last_id()
+                return 0
+            published = 0
+            while True:
+                events = await self._log.after(self.cursor, limit=BATCH)
+                for event in events:
+                    self.cursor = max(self.cursor, event.id or 0)
+                    if event.origin != self._log.origin:  # our own were published at their commit
+                        self._bus.publish(event)
+                        published += 1
+                if len(events) < BATCH:
+                    return published
+
+    async def _run(self) -> None:
+        failures = 0
+        while True:
+            delay = self.interval if failures == 0 else min(self.interval * 2 ** min(failures, 10), MAX_BACKOFF_SECONDS)
+            await asyncio.sleep(delay)
+            if self.cursor is not None and not self._bus.waiting():
+                continue  # nobody here waits: nothing to read (the cursor catches up when someone does)
+            try:
+                await self.catch_up()
+            except Exception:
+                failures += 1
+                log.warning("reading the event log failed; retrying in a moment", exc_info=True)
+            else:
+                if failures:
+                    log.info("reading the event log works again")
+                failures = 0

@@ -1,0 +1,87 @@
+"""The event log and the shared feed, on SQLite and PostgreSQL.
+
+The log is read by "id > last seen", so ids must become visible in increasing order even when writers commit
+out of step; the feed brings other processes' events to this process's waiters (and never re-publishes its own).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from datetime import UTC, datetime
+
+from service.core.events import ElicitationEvent
+from service.core.states import ElicitationStatus
+from service.events import LocalBus, OutboxFeed
+from service.store import Store
+
+from .test_store import store  # noqa: F401 - the fixture
+
+WRITERS = 60
+
+
+def completed(elicitation_id: str) -> ElicitationEvent:
+    return ElicitationEvent(elicitation_id, ElicitationStatus.COMPLETED, "conn-1")
+
+
+async def test_a_reader_by_last_seen_id_misses_no_event_of_concurrent_writers(store: Store) -> None:  # noqa: F811
+    """Writers hold their transaction open for a random while after appending; a reader (another process, with
+    its own connections) that only asks for "id > the last id it saw" still sees every event exactly once."""
+    elsewhere = Store.from_url(store.db.url.render_as_string(hide_password=False))
+    seen: list[int] = []
+    done = asyncio.Event()
+
+    async def writer(n: int) -> None:
+        await asyncio.sleep(random.random() * 0.05)
+        async with store.transaction() as tx:
+            await store.outbox.append([completed(f"e{n}")], at=datetime.now(UTC), conn=tx)
+            await asyncio.sleep(random.random() * 0.05)  # commit later, while others append and commit
+
+    async def reader() -> None:
+        last = 0
+        while True:
+            finished = done.is_set()
+            for event in await elsewhere.outbox.after(last):
+                assert event.id is not None and event.id > last
+                seen.append(event.id)
+                last = event.id
+            if finished:
+                return
+            await asyncio.sleep(0.002)
+
+    reading = asyncio.create_task(reader())
+    try:
+        await asyncio.gather(*(writer(n) for n in range(WRITERS)))
+        done.set()
+        await reading
+    finally:
+        await elsewhere.close()
+
+    logged = [e.id for e in await store.outbox.after(0)]
+    assert len(logged) == WRITERS
+    assert seen == logged  # every event, once, in id order
+
+
+async def test_the_feed_brings_other_processes_events_to_waiters_here(store: Store) -> None:  # noqa: F811
+    other = Store(store.db, origin="other-process")  # another process writing to the same database
+    bus = LocalBus()
+    heard: list[ElicitationEvent] = []
+    bus.add_listener(lambda e: heard.append(e) if isinstance(e, ElicitationEvent) else None)
+    feed = OutboxFeed(store.outbox, bus, interval=60)
+    await feed.start()  # from the newest event on; the interval is long: the test calls catch_up itself
+    try:
+        async with store.transaction() as tx:  # an event this process wrote (and published at its commit)
+            await store.outbox.append([completed("mine")], at=datetime.now(UTC), conn=tx)
+        with bus.waiter("theirs") as waiter:
+            async with other.transaction() as tx:
+                await other.outbox.append([completed("theirs")], at=datetime.now(UTC), conn=tx)
+            assert not waiter.done()
+
+            assert await feed.catch_up() == 1
+
+            event = waiter.result()
+            assert event is not None and event.elicitation_id == "theirs" and event.origin == "other-process"
+        assert [e.elicitation_id for e in heard] == ["theirs"]  # our own event is not published twice
+        assert await feed.catch_up() == 0
+    finally:
+        await feed.close()

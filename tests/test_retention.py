@@ -1,0 +1,166 @@
+"""Retention on SQLite and PostgreSQL: only what is past its window goes, in batches; grants never go."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from sqlalchemy import func, select
+
+from service.core.events import ElicitationEvent
+from service.core.records import VerificationRecord
+from service.core.retention import PurgeKind, RetentionPolicy, count_due, purge_due
+from service.core.states import ElicitationStatus
+from service.store import Store, migrate
+from service.store.tables import audit_events, elicitation_events, identity_verifications, oauth_flows
+
+from .test_cli import cli
+from .test_store import ALICE, NOW, elicitation, flow, grant, store  # noqa: F401 - `store` is the fixture
+
+DAY = timedelta(days=1)
+POLICY = RetentionPolicy(elicitation_days=30, verification_days=7, audit_days=365, event_days=7, batch_size=2)
+
+
+def verification(elicitation_id: str, expires_at: datetime) -> VerificationRecord:
+    return VerificationRecord(
+        id=uuid.uuid4().hex,
+        elicitation_id=elicitation_id,
+        verifier="oidc",
+        handle_hash=uuid.uuid4().hex,
+        return_hash=None,
+        browser_binding_hash="binding",
+        nonce=None,
+        pkce_key_id=None,
+        pkce_ciphertext=None,
+        outcome=None,
+        identity=None,
+        created_at=expires_at - timedelta(minutes=10),
+        expires_at=expires_at,
+        confirmed_at=None,
+        used_at=None,
+    )
+
+
+async def test_retention_deletes_only_what_is_past_its_window(store: Store) -> None:  # noqa: F811
+    # Elicitations: ended more than 30 days ago go (with their flows and verifications); ended recently or still
+    # open (however old) stay. Three old ones with batches of two: the purge takes two batches.
+    old_ended = [
+        elicitation(status=status, updated_at=NOW - 31 * DAY)
+        for status in (ElicitationStatus.COMPLETED, ElicitationStatus.EXPIRED, ElicitationStatus.FAILED)
+    ]
+    recent_ended = elicitation(status=ElicitationStatus.DECLINED, updated_at=NOW - 29 * DAY)
+    old_open = elicitation(status=ElicitationStatus.AUTHORIZING, updated_at=NOW - 100 * DAY)
+    for rec in [*old_ended, recent_ended, old_open]:
+        await store.elicitations.insert(rec)
+    await store.flows.insert(flow(old_ended[0].id))
+    kept_flow = flow(recent_ended.id)
+    await store.flows.insert(kept_flow)
+    await store.verifications.insert(verification(old_ended[0].id, NOW - 40 * DAY))
+    # Verifications: expired more than 7 days ago go, even when their elicitation stays.
+    await store.verifications.insert(verification(recent_ended.id, NOW - 8 * DAY))
+    kept_verification = verification(recent_ended.id, NOW - 6 * DAY)
+    await store.verifications.insert(kept_verification)
+    # Audit: a year; the event log: a week.
+    await store.audit.record("old", now=NOW - 366 * DAY)
+    await store.audit.record("recent", now=NOW - 364 * DAY)
+    async with store.transaction() as tx:
+        await store.outbox.append([_event("old-event")], at=NOW - 8 * DAY, conn=tx)
+        await store.outbox.append([_event("recent-event")], at=NOW - 6 * DAY, conn=tx)
+    # Grants are never purged, however old.
+    ancient = grant(created_at=NOW - 1000 * DAY, updated_at=NOW - 1000 * DAY)
+    await store.grants.upsert(ancient)
+
+    expected = {
+        PurgeKind.ELICITATIONS: 3,
+        PurgeKind.VERIFICATIONS: 2,  # the 40-day-old one (also cascaded) and the 8-day-old one
+        PurgeKind.AUDIT: 1,
+        PurgeKind.EVENTS: 1,
+    }
+    assert await count_due(store.retention, POLICY, NOW) == expected  # a dry run deletes nothing
+    assert await count_due(store.retention, POLICY, NOW) == expected
+
+    deleted = await purge_due(store.retention, POLICY, NOW)
+
+    assert deleted[PurgeKind.ELICITATIONS] == 3 and deleted[PurgeKind.AUDIT] == 1 and deleted[PurgeKind.EVENTS] == 1
+    for rec in old_ended:
+        assert await store.elicitations.get(rec.id) is None
+    assert await store.elicitations.get(recent_ended.id) is not None
+    assert await store.elicitations.get(old_open.id) is not None
+    assert await _ids(store, oauth_flows) == {kept_flow.id}
+    assert await _ids(store, identity_verifications) == {kept_verification.id}
+    assert [e.event for e in await store.audit.list()] == ["recent"]
+    assert [e.elicitation_id for e in await store.outbox.after(0)] == ["recent-event"]
+    assert [g.id for g in await store.grants.find(ALICE, "github")] == [ancient.id]
+    assert await count_due(store.retention, POLICY, NOW) == dict.fromkeys(expected, 0)
+
+
+async def test_a_window_of_zero_days_keeps_everything(store: Store) -> None:  # noqa: F811
+    await store.elicitations.insert(elicitation(status=ElicitationStatus.COMPLETED, updated_at=NOW - 3000 * DAY))
+    await store.audit.record("old", now=NOW - 3000 * DAY)
+    keep_all = replace(POLICY, elicitation_days=0, verification_days=0, audit_days=0, event_days=0)
+
+    assert await purge_due(store.retention, keep_all, NOW) == {}
+    assert await _count(store, audit_events) == 1 and await _count(store, elicitation_events) == 0
+
+
+async def test_purge_batches_are_bounded(store: Store) -> None:  # noqa: F811
+    for n in range(5):
+        await store.audit.record(f"old-{n}", now=NOW - 400 * DAY)
+
+    deleted = await purge_due(store.retention, POLICY, NOW, max_batches=2)
+
+    assert deleted[PurgeKind.AUDIT] == 4  # two batches of two; the rest waits for the next pass
+    assert [e.event for e in await store.audit.list()] == ["old-4"]
+
+
+def _event(elicitation_id: str) -> ElicitationEvent:
+    return ElicitationEvent(elicitation_id, ElicitationStatus.COMPLETED, "conn-1")
+
+
+async def _ids(on: Store, table) -> set[str]:  # type: ignore[no-untyped-def]
+    async with on.db.reader.connect() as conn:
+        return set((await conn.execute(select(table.c.id))).scalars())
+
+
+async def _count(on: Store, table) -> int:  # type: ignore[no-untyped-def]
+    async with on.db.reader.connect() as conn:
+        return int((await conn.execute(select(func.count()).select_from(table))).scalar_one())
+
+
+def test_purge_command_counts_with_dry_run_then_deletes(tmp_path: Path) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'connector.db'}"
+    migrate(url)
+    now = datetime.now(UTC)
+
+    async def seed() -> None:
+        seeded = Store.from_url(url)
+        try:
+            await seeded.audit.record("old", now=now - 400 * DAY)
+            await seeded.audit.record("recent", now=now - DAY)
+        finally:
+            await seeded.close()
+
+    async def audit_events_left() -> list[str]:
+        reader = Store.from_url(url)
+        try:
+            return [e.event for e in await reader.audit.list()]
+        finally:
+            await reader.close()
+
+    asyncio.run(seed())
+    env = {"CONNECTOR_DATABASE__URL": url, "CONNECTOR_RETENTION__EVENT_DAYS": "0"}
+
+    dry = cli("purge", "--dry-run", env=env)
+    assert dry.code == 0, dry.err
+    assert "audit_events: would delete 1 audit events older than 365 days (retention.audit_days)" in dry.out
+    assert "elicitation_events: kept forever (retention.event_days = 0)" in dry.out
+    assert "grants: never deleted by retention" in dry.out
+    assert asyncio.run(audit_events_left()) == ["old", "recent"]
+
+    done = cli("purge", env=env)
+    assert done.code == 0, done.err
+    assert "audit_events: deleted 1 audit events" in done.out
+    assert asyncio.run(audit_events_left()) == ["recent"]
