@@ -141,7 +141,7 @@ class LockedGrant:
 
     grant: GrantRecord
     _repo: GrantRepository
-    _conn: AsyncConnection | None
+    _tx: AsyncConnection | None
 
     async def update_tokens(
         self,
@@ -159,7 +159,7 @@ class LockedGrant:
             token_expires_at=token_expires_at,
             scopes=scopes,
             now=now,
-            conn=self._conn,
+            conn=self._tx,
         )
 
 
