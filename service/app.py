@@ -5,8 +5,9 @@ The only module that knows every part. Nothing imports it but the CLI, the publi
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
@@ -36,6 +37,7 @@ from .identity import IdentityVerifier, VerifierContext
 from .identity import registry as verifiers
 from .metrics import Metrics
 from .oauth import HttpSettings, ProviderGateway, ProviderHttp
+from .oauth.check import ProviderReport, log_provider_problems
 from .providers import PROVIDER_ENV_SUFFIXES, ProviderCatalog, load_catalog, provider_env_var
 from .store import PoolSettings, Store
 from .tokens import TokenAccess
@@ -67,14 +69,21 @@ class Runtime:
     metrics: Metrics
     feed: OutboxFeed
     sweeper: Sweeper
+    # Started by `start`: reads each configured provider's discovery document and logs what is wrong.
+    provider_check: asyncio.Task[list[ProviderReport]] | None = field(default=None, init=False, repr=False)
 
     async def start(self) -> None:
-        """Refuse to run on an unmigrated or newer-schema database; start the feed and the sweeper."""
+        """Refuse to run on an unmigrated or newer-schema database; start the feed and the sweeper; check the
+        providers in the background."""
         await self.store.check_schema()
         await self.feed.start()
         self.sweeper.start()
+        self.provider_check = asyncio.create_task(log_provider_problems(self.providers))
 
     async def close(self) -> None:
+        if self.provider_check is not None:
+            self.provider_check.cancel()
+            await asyncio.gather(self.provider_check, return_exceptions=True)
         await self.sweeper.close()
         await self.feed.close()
         await self.acp.close()

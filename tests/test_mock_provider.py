@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import json
 import os
 import socket
 import stat
@@ -17,7 +18,8 @@ import pytest
 import respx
 
 from service.cli import main
-from service.testing import MockOAuthProvider
+from service.oauth import basic_credentials
+from service.testing import MockOAuthProvider, MockOIDCProvider
 
 REDIRECT = "http://127.0.0.1:9/callback/github"
 
@@ -168,3 +170,67 @@ async def test_served_provider_sets_tcp_nodelay_on_accepted_connections() -> Non
         finally:
             writer.close()
             await writer.wait_closed()
+
+
+async def _code(http: httpx.AsyncClient, provider: MockOAuthProvider, scope: str, prompt: str | None = None) -> str:
+    verifier = "v" * 64
+    challenge = base64.urlsafe_b64encode(hashlib.sha256(verifier.encode()).digest()).rstrip(b"=").decode()
+    params = {
+        "client_id": provider.client_id,
+        "redirect_uri": REDIRECT,
+        "response_type": "code",
+        "state": "s",
+        "code_challenge": challenge,
+        "code_challenge_method": "S256",
+        "scope": scope,
+        **({"prompt": prompt} if prompt else {}),
+    }
+    answer = await http.get(f"{provider.base_url}/authorize", params=params)
+    return parse_qs(urlsplit(answer.headers["location"]).query)["code"][0]
+
+
+def _form(code: str) -> dict[str, str]:
+    return {"grant_type": "authorization_code", "code": code, "redirect_uri": REDIRECT, "code_verifier": "v" * 64}
+
+
+async def test_strict_mode_is_as_strict_as_a_conformant_provider() -> None:
+    """Each point of `MockOAuthProvider.strict()` seen with plain httpx (what a connector must get right)."""
+    provider = MockOIDCProvider.strict(narrow_scopes={"repo"})
+    assert set("+/=:") <= set(provider.client_secret)
+    async with provider.serve_http(), httpx.AsyncClient() as http:
+        token = f"{provider.base_url}/token"
+        # Basic auth: the RFC 6749 §2.3.1 form-encoding is required; raw credentials ('+' read as ' ') fail.
+        raw = (provider.client_id, provider.client_secret)
+        refused = await http.post(token, data=_form(await _code(http, provider, "openid")), auth=raw)
+        assert refused.status_code == 401 and refused.json()["error"] == "invalid_client"
+        encoded = {"Authorization": basic_credentials(provider.client_id, provider.client_secret)}
+        # offline_access without prompt=consent is dropped, and so there is no refresh token; scopes are narrowed.
+        code = await _code(http, provider, "openid offline_access read:user repo")
+        silent = (await http.post(token, data=_form(code), headers=encoded)).json()
+        assert silent["scope"] == "openid read:user" and "refresh_token" not in silent
+        assert silent["expires_in"] == 30
+        code = await _code(http, provider, "openid offline_access", prompt="consent")
+        granted = (await http.post(token, data=_form(code), headers=encoded)).json()
+        assert granted["scope"] == "openid offline_access" and granted["refresh_token"]
+        # A refresh answers with an ID token too; revoking one token of a grant ends all of them.
+        provider.refresh_sub_override = "someone-else"
+        form = {"grant_type": "refresh_token", "refresh_token": granted["refresh_token"]}
+        refreshed = (await http.post(token, data=form, headers=encoded)).json()
+        assert refreshed["id_token"] and provider.issued_id_tokens[-1] == refreshed["id_token"]
+        assert _claims(refreshed["id_token"])["sub"] == "someone-else"
+        revoke = {"token": refreshed["refresh_token"], "client_id": provider.client_id}
+        revoke["client_secret"] = provider.client_secret
+        assert (await http.post(f"{provider.base_url}/revoke", data=revoke)).status_code == 200
+        assert not provider.token_active(refreshed["access_token"])
+    assert [r["client_auth"] for r in provider.token_requests] == [
+        "failed",
+        "client_secret_basic",
+        "client_secret_basic",
+        "client_secret_basic",
+    ]
+
+
+def _claims(jwt: str) -> dict[str, object]:
+    part = jwt.split(".")[1]
+    claims: dict[str, object] = json.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4)))
+    return claims

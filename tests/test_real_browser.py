@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from service.testing import MockOAuthProvider
+from service.testing import MockOAuthProvider, MockOIDCProvider
 
 from .acp_peers import RecordingClient, connect, prompt_text
 from .conftest import deploy, write_catalog
+from .hardening_support import asking
 
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = [
@@ -74,3 +75,51 @@ async def test_consent_and_authorization_in_chromium(
             assert wire.agent.outcomes[0].ok
             assert client.completions == [wire.received("elicitation/create")[0]["params"]["elicitationId"]]
             await wire.close()
+
+
+async def test_consent_in_chromium_for_a_provider_known_only_by_its_discovery_document(
+    connector_env: dict[str, str], tmp_path: Path, loopback_socket: socket.socket
+) -> None:
+    """The consent page's CSP must allow the form to go to the *discovered* authorization endpoint, here on
+    another origin than the discovery document (as with many hosted identity providers)."""
+    endpoints, front = MockOIDCProvider(), MockOIDCProvider()
+    async with endpoints.serve_http(), front.serve_http():
+        front.discovery_overrides = {
+            "authorization_endpoint": f"{endpoints.base_url}/authorize",
+            "token_endpoint": f"{endpoints.base_url}/token",
+            "userinfo_endpoint": f"{endpoints.base_url}/api/user",
+            "revocation_endpoint": f"{endpoints.base_url}/revoke",
+            "jwks_uri": f"{endpoints.base_url}/jwks",
+        }
+        endpoints.issuer_override = front.issuer  # its ID tokens name the issuer the document states
+        discovery_url = f"{front.base_url}/.well-known/openid-configuration"
+        catalog = write_catalog(
+            tmp_path / "discovery.toml",
+            {"sso": {"discovery_url": discovery_url, "oidc": True, "account_id_field": "sub"}},
+        )
+        env = {
+            "CONNECTOR_PROVIDERS__CATALOG": str(catalog),
+            "CONNECTOR_PROVIDER_SSO_CLIENT_ID": endpoints.client_id,
+            "CONNECTOR_PROVIDER_SSO_CLIENT_SECRET": endpoints.client_secret,
+        }
+        async with (
+            deploy(connector_env, tmp_path, endpoints, loopback_socket, None, **env) as deployment,
+            asking(deployment) as ask,
+        ):
+            pending = await ask(provider="sso", scopes=["email"])
+            async with playwright_api.async_playwright() as pw:
+                browser = await pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+                page = await (await browser.new_context()).new_page()
+                blocked: list[str] = []
+                page.on("console", lambda m: blocked.append(m.text) if "Content Security Policy" in m.text else None)
+                response = await page.goto(pending.url)
+                assert response is not None and response.status == 200
+                assert endpoints.base_url in response.headers["content-security-policy"]
+                await page.get_by_role("button", name="Continue to 127.0.0.1").click()
+                await page.wait_for_load_state()
+                assert "/callback/sso" in page.url, (page.url, blocked)
+                assert await page.locator("h1").inner_text() == "Connected"
+                assert blocked == []  # Chromium enforced the CSP and let the form go to the discovered endpoint
+                await browser.close()
+            assert (await pending.outcome()).ok
+        assert len(endpoints.authorization_requests) == 1 and front.authorization_requests == []

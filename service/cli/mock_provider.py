@@ -18,16 +18,22 @@ def register(commands: Commands) -> None:
             "Serve the test kit's mock OAuth provider (service.testing.MockOAuthProvider) on a loopback port\n"
             "until interrupted. It checks client credentials, redirect URI, PKCE and codes like a real provider,\n"
             "and accepts the credentials in CONNECTOR_PROVIDER_<NAME>_CLIENT_ID / _CLIENT_SECRET (any values:\n"
-            "the connector under test uses the same). On start it prints a providers.toml entry for itself."
+            "the connector under test uses the same). On start it prints a providers.toml entry for itself.\n\n"
+            "--strict makes it as strict as a conformant OpenID provider: Basic credentials form-decoded\n"
+            "(RFC 6749 2.3.1), offline_access dropped without prompt=consent and refresh tokens only with it,\n"
+            "30-second access tokens; --narrow refuses the scopes named (a narrowed grant)."
         ),
         examples=[
             "CONNECTOR_PROVIDER_GITHUB_CLIENT_ID=dev CONNECTOR_PROVIDER_GITHUB_CLIENT_SECRET=dev "
             "acp-connector mock-provider --port 8701",
+            "acp-connector mock-provider --strict --narrow repo",
         ],
     )
     mock.add_argument("--host", default="127.0.0.1", help="loopback address to listen on (default: 127.0.0.1)")
     mock.add_argument("--port", type=int, default=8701, help="port to listen on, 0 for any free port (default: 8701)")
     mock.add_argument("--name", default="github", help="catalog name whose credentials it accepts (default: github)")
+    mock.add_argument("--strict", action="store_true", help="behave like a strictly conformant OpenID provider")
+    mock.add_argument("--narrow", nargs="*", default=[], metavar="SCOPE", help="scopes the consent refuses")
 
 
 def run(invocation: Invocation) -> int:
@@ -41,7 +47,8 @@ def run(invocation: Invocation) -> int:
             f"mock-provider: no client credentials for '{args.name}'",
             f"set {id_var} and {secret_var} to any values; the agent's connector uses the same",
         )
-    provider = MockOAuthProvider(client_id=client_id, client_secret=client_secret)
+    make = MockOAuthProvider.strict if args.strict else MockOAuthProvider
+    provider = make(client_id=client_id, client_secret=client_secret, narrow_scopes=set(args.narrow))
 
     def ready(base_url: str) -> None:
         entry = "\n".join(f"{key} = {json.dumps(value)}" for key, value in provider.catalog_entry().items())

@@ -1,9 +1,11 @@
-"""`acp-connector providers ...`: the provider catalog as this deployment sees it."""
+"""`acp-connector providers ...`: the provider catalog as this deployment sees it, and as the providers answer."""
 
 from __future__ import annotations
 
+import asyncio
+
 from ..providers import load_catalog
-from .framework import Commands, Invocation
+from .framework import EXIT_OK, EXIT_RUNTIME, Commands, Invocation
 
 
 def register(commands: Commands) -> None:
@@ -24,6 +26,20 @@ def register(commands: Commands) -> None:
         ),
         examples=["acp-connector providers list"],
     )
+    check = providers.command(
+        "check",
+        run_check,
+        help="read every configured provider's discovery document and keys, and say what is wrong",
+        description=(
+            "For each configured provider (or the ones named): fetch and check its discovery document (issuer,\n"
+            "endpoints, https), its signing keys (OpenID providers), and say which endpoints, which client\n"
+            "authentication method and why, and whether refresh tokens can be expected (offline_access and\n"
+            "prompt=consent). Unconfigured providers are listed and skipped. Exit code 1 when a provider has a\n"
+            "problem; warnings alone do not fail. Changes nothing."
+        ),
+        examples=["acp-connector providers check", "acp-connector providers check oidc"],
+    )
+    check.add_argument("names", nargs="*", metavar="NAME", help="only these providers (default: all)")
 
 
 def run_list(invocation: Invocation) -> int:
@@ -44,3 +60,34 @@ def run_list(invocation: Invocation) -> int:
     for row in rows:
         invocation.out("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
     return 0
+
+
+def run_check(invocation: Invocation) -> int:
+    from ..app import build_gateway
+    from ..metrics import Metrics
+    from ..oauth.check import ProviderReport, check_provider
+
+    settings = invocation.settings()
+    catalog = load_catalog(settings.providers.catalog, env=settings.environment())
+    entries = [catalog.get(name) for name in invocation.args.names] if invocation.args.names else catalog.entries()
+
+    async def check_all() -> list[ProviderReport]:
+        gateway = build_gateway(settings, catalog, Metrics(entry.name for entry in entries))
+        try:
+            return list(await asyncio.gather(*(check_provider(gateway, entry) for entry in entries)))
+        finally:
+            await gateway.aclose()
+
+    failed = []
+    for report in asyncio.run(check_all()):
+        verdict = "ok" if report.ok else "PROBLEM"
+        invocation.out(f"{report.name} ({report.shown_name}): {verdict if report.configured else 'skipped'}")
+        for kind, lines in (("", report.facts), ("warning: ", report.warnings), ("problem: ", report.problems)):
+            for line in lines:
+                invocation.out(f"  {kind}{line}")
+        if not report.ok:
+            failed.append(report.name)
+    if failed:
+        invocation.out(f"{len(failed)} provider(s) with problems: {', '.join(failed)}")
+        return EXIT_RUNTIME
+    return EXIT_OK

@@ -115,16 +115,28 @@ class ProviderGateway:
             if cached is not None and now < cached.fresh_until:
                 return cached.provider
             try:
-                with self.metrics.provider_call(entry.name, ProviderEndpoint.DISCOVERY):
-                    provider = await discover(entry, entry.discovery_url, self.http.client(entry.name))
+                return await self._discover(entry)
             except DiscoveryError as exc:
                 if cached is None:
                     raise
                 log.warning("%s; the document read before keeps serving (provider %r)", exc, entry.name)
                 cached.fresh_until = now + min(RETRY_AFTER_FAILURE, self.discovery_ttl or RETRY_AFTER_FAILURE)
                 return cached.provider
-            self._discovered[entry.name] = _Discovered(provider, now + self.discovery_ttl)
-            return provider
+
+    async def rediscover(self, entry: ProviderEntry) -> ResolvedProvider:
+        """`entry` resolved from a fresh read of its discovery document (DiscoveryError if that fails), or from
+        the catalog alone when it has none. A successful read replaces the cached one."""
+        if entry.discovery_url is None:
+            return await self.resolve_entry(entry)
+        async with self._locks.setdefault(entry.name, asyncio.Lock()):
+            return await self._discover(entry)
+
+    async def _discover(self, entry: ProviderEntry) -> ResolvedProvider:
+        assert entry.discovery_url is not None
+        with self.metrics.provider_call(entry.name, ProviderEndpoint.DISCOVERY):
+            provider = await discover(entry, entry.discovery_url, self.http.client(entry.name))
+        self._discovered[entry.name] = _Discovered(provider, self._monotonic() + self.discovery_ttl)
+        return provider
 
     def invalidate(self, name: str) -> None:
         """Read the provider's discovery document again at next use (its endpoints may have moved)."""

@@ -3,8 +3,11 @@
 ID tokens are signed with a real RSA key (joserfc) whose public half is served at `/jwks`; the token's
 `nonce` is the one the authorization request carried. Tests spoil one thing at a time through
 `id_token_claims` (claims to replace, `None` removes one), `id_token_header`, `id_token_signer` (a key the
-JWKS does not hold) and `id_token_forge` (build the token yourself, e.g. `alg: none`). Serve it over real HTTP
-with `serve_http()` (the JWKS is then fetched over a socket), or through respx with `install()`.
+JWKS does not hold) and `id_token_forge` (build the token yourself, e.g. `alg: none`); `discovery_overrides`
+spoils the discovery document the same way. With `id_token_on_refresh` (on in `strict()`) a refresh answers with
+an ID token too (the original nonce, as OpenID Connect Core §12.2 allows), whose `sub` is
+`refresh_sub_override` once when that is set. Serve it over real HTTP with `serve_http()` (the JWKS is then
+fetched over a socket), or through respx with `install()`.
 """
 
 from __future__ import annotations
@@ -13,8 +16,8 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
-from urllib.parse import parse_qs, urlencode, urlsplit
+from typing import Any, ClassVar
+from urllib.parse import urlencode
 
 from joserfc import jwt
 from joserfc.jwk import RSAKey
@@ -41,9 +44,14 @@ class MockOIDCProvider(MockOAuthProvider):
     id_token_signer: RSAKey | None = None  # sign with another key than the published one
     id_token_forge: Callable[[dict[str, Any]], str] | None = None  # build the token from the claims yourself
     id_token_lifetime: int = 300
+    id_token_on_refresh: bool = False  # a refresh answers with an ID token too
+    refresh_sub_override: str | None = None  # the next refresh's ID token names this `sub` (once)
+    discovery_overrides: dict[str, Any] = field(default_factory=dict)  # replace members; None removes one
+    discovery_answer: MockResponse | None = None  # answer the discovery request with this instead (e.g. not JSON)
     issued_id_tokens: list[str] = field(default_factory=list)
     jwks_requests: int = 0
-    _nonces: dict[str, str | None] = field(default_factory=dict)
+
+    STRICT: ClassVar[dict[str, Any]] = {**MockOAuthProvider.STRICT, "id_token_on_refresh": True}
 
     @property
     def issuer(self) -> str:
@@ -91,50 +99,59 @@ class MockOIDCProvider(MockOAuthProvider):
         return MockResponse.json(200, self.jwks())
 
     def _discovery(self, request: MockRequest) -> MockResponse:
-        return MockResponse.json(
-            200,
-            {
-                "issuer": self.issuer,
-                "authorization_endpoint": f"{self.base_url}/authorize",
-                "token_endpoint": f"{self.base_url}/token",
-                "userinfo_endpoint": f"{self.base_url}/api/user",
-                "revocation_endpoint": f"{self.base_url}/revoke",
-                "jwks_uri": f"{self.base_url}/jwks",
-                "response_types_supported": ["code"],
-                "subject_types_supported": ["public"],
-                "id_token_signing_alg_values_supported": ["RS256"],
-                "token_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post"],
-                "authorization_response_iss_parameter_supported": self.iss_in_authorization_response,
-            },
-        )
+        if self.discovery_answer is not None:
+            return self.discovery_answer
+        methods = ["client_secret_basic", "client_secret_post"]
+        document = {
+            "issuer": self.issuer,
+            "authorization_endpoint": f"{self.base_url}/authorize",
+            "token_endpoint": f"{self.base_url}/token",
+            "userinfo_endpoint": f"{self.base_url}/api/user",
+            "revocation_endpoint": f"{self.base_url}/revoke",
+            "jwks_uri": f"{self.base_url}/jwks",
+            "response_types_supported": ["code"],
+            "subject_types_supported": ["public"],
+            "id_token_signing_alg_values_supported": ["RS256"],
+            "token_endpoint_auth_methods_supported": methods,
+            "scopes_supported": ["openid", "offline_access", "email", "profile"],
+            "code_challenge_methods_supported": ["S256"],
+            "authorization_response_iss_parameter_supported": self.iss_in_authorization_response,
+        }
+        for name, value in self.discovery_overrides.items():
+            if value is None:
+                document.pop(name, None)
+            else:
+                document[name] = value
+        return MockResponse.json(200, document)
 
     def _authorize(self, request: MockRequest) -> MockResponse:
         answer = super()._authorize(request)
         location = answer.headers.get("location")
         if location is None:
             return answer
-        query = parse_qs(urlsplit(location).query)
-        if "code" in query:
-            self._nonces[query["code"][0]] = request.query.get("nonce")
         if self.iss_in_authorization_response:
             sep = "&" if "?" in location else "?"
             answer = MockResponse(answer.status, {"location": f"{location}{sep}{urlencode({'iss': self.issuer})}"})
         return answer
 
     def _token(self, request: MockRequest) -> MockResponse:
-        form = request.form()
+        grant_type = request.form().get("grant_type")
         answer = super()._token(request)
-        if answer.status != 200 or form.get("grant_type") != "authorization_code":
+        if answer.status != 200 or (grant_type == "refresh_token" and not self.id_token_on_refresh):
             return answer
         body = json.loads(answer.body)
-        body["id_token"] = self.make_id_token(nonce=self._nonces.get(form.get("code", "")))
+        grant = self._grants[body["access_token"]]
+        subject = None
+        if grant_type == "refresh_token":
+            subject, self.refresh_sub_override = self.refresh_sub_override, None
+        body["id_token"] = self.make_id_token(nonce=grant.nonce, subject=subject)
         return MockResponse.json(200, body)
 
-    def make_id_token(self, *, nonce: str | None) -> str:
+    def make_id_token(self, *, nonce: str | None, subject: str | None = None) -> str:
         now = int(time.time())
         claims: dict[str, Any] = {
             "iss": self.issuer,
-            "sub": str(self.account["sub"]),
+            "sub": subject or str(self.account["sub"]),
             "aud": self.client_id,
             "exp": now + self.id_token_lifetime,
             "iat": now,

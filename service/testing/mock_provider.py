@@ -1,8 +1,16 @@
 """A mock OAuth 2.0 provider that really checks client auth, redirect URI, PKCE and codes.
 
 Use it to test an agent end to end without a real provider: it plays GitHub-like authorize, token,
-userinfo, revocation and a small API (`/api/user`, `/api/user/repos`). The endpoint logic works on plain
-`MockRequest` / `MockResponse` values; two adapters put it on a transport:
+userinfo, revocation and a small API (`/api/user`, `/api/user/repos`). Revoking a token (RFC 7009) ends every
+token of its grant, as conformant providers do.
+
+`MockOAuthProvider.strict()` is as strict as a conformant OpenID provider on what connectors get wrong, each
+switchable on its own: Basic client credentials are form-decoded (RFC 6749 §2.3.1: a secret with `+` sent raw
+fails), `offline_access` is dropped without `prompt=consent` and refresh tokens come only with it, scopes named in
+`narrow_scopes` are refused at consent (a narrowed grant), access tokens live 30 seconds, and its client secret
+contains `+/=:`. `MockOIDCProvider.strict()` also returns an ID token on refresh.
+
+The endpoint logic works on plain `MockRequest` / `MockResponse` values; two adapters put it on a transport:
 
 - `install(router)`: in-process, through a respx router (httpx calls never leave the process);
 - `asgi_app()` / `serve_http()` / `serve_forever()`: a Starlette app served by uvicorn on loopback, reachable from
@@ -20,8 +28,8 @@ import socket
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qs, urlencode, urlsplit
+from typing import TYPE_CHECKING, Any, ClassVar, Self
+from urllib.parse import parse_qs, unquote_plus, urlencode, urlsplit
 
 import httpx
 
@@ -74,9 +82,20 @@ class MockResponse:
 class _IssuedCode:
     client_id: str
     redirect_uri: str
-    scope: str
+    scope: str  # as granted
     code_challenge: str | None
+    nonce: str | None = None
     used: bool = False
+
+
+@dataclass
+class _Grant:
+    """What one authorization granted; every token issued for it (and its refreshes) belongs to it."""
+
+    scope: str
+    nonce: str | None
+    refreshable: bool
+    tokens: set[str] = field(default_factory=set)
 
 
 @dataclass
@@ -100,14 +119,35 @@ class MockOAuthProvider:
     # Refreshes whose answer is lost after the rotation: the client's call times out (respx: at once; over
     # HTTP: after the client's own timeout), and the refresh token it sent is dead.
     lose_refresh_answers: int = 0
+    # Strictness (all on in `strict()`):
+    form_encoded_basic: bool = False  # Basic credentials are form-decoded only (else raw is accepted too)
+    offline_access_needs_consent: bool = False  # offline_access is dropped unless prompt includes consent
+    refresh_token_needs_offline_access: bool = False  # a refresh token only for a grant with offline_access
+    narrow_scopes: set[str] = field(default_factory=set)  # refused at consent: the grant lacks them
     issued_access_tokens: list[str] = field(default_factory=list)
     issued_refresh_tokens: list[str] = field(default_factory=list)
     issued_codes: list[str] = field(default_factory=list)
-    token_requests: list[dict[str, str]] = field(default_factory=list)
+    authorization_requests: list[dict[str, str]] = field(default_factory=list)  # scope and prompt asked
+    token_requests: list[dict[str, str]] = field(default_factory=list)  # grant_type and the client_auth used
+    revocation_requests: list[dict[str, str]] = field(default_factory=list)  # token_type_hint, client_auth
     api_calls: list[str] = field(default_factory=list)
     _codes: dict[str, _IssuedCode] = field(default_factory=dict)
     _access: set[str] = field(default_factory=set)
     _refresh: set[str] = field(default_factory=set)
+    _grants: dict[str, _Grant] = field(default_factory=dict)  # token -> its grant
+
+    STRICT: ClassVar[dict[str, Any]] = {
+        "form_encoded_basic": True,
+        "offline_access_needs_consent": True,
+        "refresh_token_needs_offline_access": True,
+        "expires_in": 30,
+    }
+
+    @classmethod
+    def strict(cls, **overrides: Any) -> Self:
+        """A provider as strict as a conformant OpenID provider (see the module's doc); `overrides` set fields."""
+        secret = "mock+secret/" + secrets.token_urlsafe(12) + "=:"
+        return cls(**{"client_secret": secret, **cls.STRICT, **overrides})
 
     # -- configuration a catalog needs ---------------------------------------------------------------
     @property
@@ -143,6 +183,10 @@ class MockOAuthProvider:
     def revoke_refresh_tokens(self) -> None:
         """Make every issued refresh token invalid, as if the user had revoked the grant at the provider."""
         self._refresh.clear()
+
+    def token_active(self, token: str) -> bool:
+        """Whether an access or refresh token this provider issued is still accepted (introspection)."""
+        return token in self._access or token in self._refresh
 
     # -- the transport-independent core ----------------------------------------------------------------
     def _routes(self) -> dict[tuple[str, str], Callable[[MockRequest], MockResponse]]:
@@ -267,23 +311,44 @@ class MockOAuthProvider:
         challenge = q.get("code_challenge")
         if self.require_pkce and (challenge is None or q.get("code_challenge_method") != "S256"):
             return MockResponse.redirect(redirect_uri, error="invalid_request", state=q.get("state"))
+        self.authorization_requests.append({k: q[k] for k in ("scope", "prompt") if k in q})
         code = "mock_code_" + secrets.token_urlsafe(24)
         self.issued_codes.append(code)
-        self._codes[code] = _IssuedCode(self.client_id, redirect_uri, q.get("scope", ""), challenge)
+        granted = self._granted_scope(q.get("scope", ""), q.get("prompt", ""))
+        self._codes[code] = _IssuedCode(self.client_id, redirect_uri, granted, challenge, q.get("nonce"))
         return MockResponse.redirect(redirect_uri, code=code, state=q.get("state"))
 
-    def _client_authenticated(self, request: MockRequest, form: Mapping[str, str]) -> bool:
+    def _granted_scope(self, requested: str, prompt: str) -> str:
+        """What the (automatic) consent grants of `requested`: less `narrow_scopes`, and `offline_access` only
+        with prompt=consent when `offline_access_needs_consent` (OpenID Connect Core §11)."""
+        granted = [scope for scope in requested.split() if scope not in self.narrow_scopes]
+        if self.offline_access_needs_consent and "consent" not in prompt.split():
+            granted = [scope for scope in granted if scope != "offline_access"]
+        return " ".join(granted)
+
+    def _client_auth(self, request: MockRequest, form: Mapping[str, str]) -> str | None:
+        """The client authentication method the request used successfully, or None (RFC 6749 §2.3.1)."""
         header = request.header("authorization")
         if header.lower().startswith("basic "):
-            decoded = base64.b64decode(header[6:]).decode()
+            try:
+                decoded = base64.b64decode(header[6:], validate=True).decode()
+            except ValueError:
+                return None
             cid, _, secret = decoded.partition(":")
-            return cid == self.client_id and secret == self.client_secret
-        return form.get("client_id") == self.client_id and form.get("client_secret") == self.client_secret
+            candidates = [(unquote_plus(cid), unquote_plus(secret))]
+            if not self.form_encoded_basic:
+                candidates.append((cid, secret))  # lenient, as many providers are: the raw values as well
+            ok = any(c == (self.client_id, self.client_secret) for c in candidates)
+            return "client_secret_basic" if ok else None
+        if form.get("client_id") == self.client_id and form.get("client_secret") == self.client_secret:
+            return "client_secret_post"
+        return None
 
     def _token(self, request: MockRequest) -> MockResponse:
         form = request.form()
-        self.token_requests.append({k: v for k, v in form.items() if k == "grant_type"})
-        if not self._client_authenticated(request, form):
+        method = self._client_auth(request, form)
+        self.token_requests.append({"grant_type": form.get("grant_type", ""), "client_auth": method or "failed"})
+        if method is None:
             return MockResponse.json(401, {"error": "invalid_client"})
         grant_type = form.get("grant_type")
         if grant_type == "authorization_code":
@@ -297,38 +362,51 @@ class MockOAuthProvider:
                 verifier = form.get("code_verifier", "")
                 if _s256(verifier) != issued.code_challenge:
                     return MockResponse.json(400, {"error": "invalid_grant", "error_description": "PKCE check failed"})
-            return MockResponse.json(200, self._issue(issued.scope))
+            refreshable = self.issue_refresh_token and (
+                not self.refresh_token_needs_offline_access or "offline_access" in issued.scope.split()
+            )
+            grant = _Grant(issued.scope, issued.nonce, refreshable)
+            return MockResponse.json(200, self._issue(grant, with_scope=True))
         if grant_type == "refresh_token":
             old = form.get("refresh_token", "")
             if old not in self._refresh:
                 return MockResponse.json(400, {"error": "invalid_grant", "error_description": "bad refresh token"})
             self._refresh.discard(old)  # rotation: the old refresh token dies
-            return MockResponse.json(200, self._issue(None))
+            return MockResponse.json(200, self._issue(self._grants[old], with_scope=False))
         return MockResponse.json(400, {"error": "unsupported_grant_type"})
 
-    def _issue(self, scope: str | None) -> dict[str, Any]:
+    def _issue(self, grant: _Grant, *, with_scope: bool) -> dict[str, Any]:
         access = "mock_at_" + secrets.token_urlsafe(24)
         self.issued_access_tokens.append(access)
         self._access.add(access)
+        self._grants[access] = grant
+        grant.tokens.add(access)
         body: dict[str, Any] = {"access_token": access, "token_type": "bearer"}
-        if scope is not None:
-            body["scope"] = ",".join(scope.split()) if self.comma_scopes else scope
+        if with_scope:
+            body["scope"] = ",".join(grant.scope.split()) if self.comma_scopes else grant.scope
         if self.expires_in is not None:
             body["expires_in"] = self.expires_in
-        if self.issue_refresh_token:
+        if grant.refreshable:
             refresh = "mock_rt_" + secrets.token_urlsafe(24)
             self.issued_refresh_tokens.append(refresh)
             self._refresh.add(refresh)
+            self._grants[refresh] = grant
+            grant.tokens.add(refresh)
             body["refresh_token"] = refresh
         return body
 
     def _revoke(self, request: MockRequest) -> MockResponse:
         form = request.form()
-        if not self._client_authenticated(request, form):
+        method = self._client_auth(request, form)
+        self.revocation_requests.append(
+            {"token_type_hint": form.get("token_type_hint", ""), "client_auth": method or "failed"}
+        )
+        if method is None:
             return MockResponse.json(401, {"error": "invalid_client"})
-        token = form.get("token", "")
-        self._access.discard(token)
-        self._refresh.discard(token)
+        grant = self._grants.get(form.get("token", ""))
+        if grant is not None:  # RFC 7009 §2.1: every token of the grant goes with it
+            self._access -= grant.tokens
+            self._refresh -= grant.tokens
         return MockResponse(200)
 
     def _bearer_ok(self, request: MockRequest) -> bool:

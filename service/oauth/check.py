@@ -1,0 +1,125 @@
+"""Checking a configured provider the way a connect would use it: its discovery document, its signing keys, the
+client authentication method (and why), and whether refresh tokens can be expected.
+
+`acp-connector providers check` prints these reports; the service logs them at startup (discovery only) and keeps
+running whatever they say.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+from service.core.errors import ConnectorError
+from service.providers import ProviderEntry
+
+from .authorize import OFFLINE_ACCESS, prompt_for
+from .discovery import DiscoveryError
+from .gateway import ProviderGateway
+from .resolved import ResolvedProvider
+
+log = logging.getLogger("service.oauth.check")
+
+
+@dataclass
+class ProviderReport:
+    """What a check found: `facts` say what will be used, `problems` what stops a connect, `warnings` the rest."""
+
+    name: str
+    shown_name: str
+    configured: bool
+    facts: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    field_at_fault: str | None = None  # the discovery document's member at fault, when one is
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+async def check_provider(gateway: ProviderGateway, entry: ProviderEntry, *, keys: bool = True) -> ProviderReport:
+    """Check one catalog entry: read its discovery document afresh, and with `keys` its JWKS."""
+    report = ProviderReport(entry.name, entry.shown_name, entry.configured)
+    if not entry.configured:
+        missing = "client credentials" if not entry.has_credentials else "endpoints (a discovery URL)"
+        report.facts.append(f"not configured: no {missing}; skipped")
+        return report
+    try:
+        provider = await gateway.rediscover(entry)
+    except DiscoveryError as exc:
+        report.problems.append(str(exc))
+        report.field_at_fault = exc.field
+        return report
+    except ConnectorError as exc:
+        report.problems.append(str(exc))
+        return report
+    report.shown_name = provider.display_name
+    _describe(provider, report)
+    if keys and provider.oidc and provider.jwks_uri is not None:
+        try:
+            key_set = await gateway.jwks.get(provider.jwks_uri, gateway.http_client(provider), refresh=True)
+        except ConnectorError as exc:
+            report.problems.append(str(exc))
+        else:
+            report.facts.append(f"signing keys: {len(key_set.keys)} at {provider.jwks_uri}")
+    return report
+
+
+def _describe(provider: ResolvedProvider, report: ProviderReport) -> None:
+    if provider.discovered:
+        report.facts.append(f"discovery: {provider.discovery_url} (issuer {provider.issuer})")
+    report.facts.append(f"authorization endpoint: {provider.authorization_endpoint}")
+    report.facts.append(f"token endpoint: {provider.token_endpoint}")
+    report.facts.append(f"revocation endpoint: {provider.revocation_endpoint or 'none (disconnect only deletes)'}")
+    report.facts.append(f"client authentication: {provider.token_endpoint_auth_method} ({provider.auth_method_reason})")
+    supported = provider.extra.get("token_endpoint_auth_methods_supported")
+    if (
+        isinstance(supported, tuple)
+        and provider.entry.token_endpoint_auth_method is not None
+        and provider.token_endpoint_auth_method not in supported
+    ):
+        report.warnings.append(
+            f"token_endpoint_auth_method {provider.token_endpoint_auth_method} is not among the methods the "
+            f"provider lists ({', '.join(supported)})"
+        )
+    if not provider.api_base_url:
+        report.warnings.append("no api_base_url: connector.http() cannot be used with this provider")
+    scopes = provider.default_scopes
+    if provider.oidc and OFFLINE_ACCESS in scopes:
+        prompt = prompt_for(provider, scopes) or provider.extra_authorize_params.get("prompt", "")
+        if "consent" in prompt.split():
+            report.facts.append("refresh tokens: offline_access is asked with prompt=consent")
+        else:
+            report.warnings.append(
+                f"offline_access is asked with prompt={prompt!r}, without consent: a conformant provider drops it "
+                "and issues no refresh token, so each grant will need the user again when its token expires"
+            )
+
+
+async def log_provider_problems(gateway: ProviderGateway) -> list[ProviderReport]:
+    """Check every configured provider's discovery document (not its keys) and log what is wrong, one warning
+    per problem naming the provider and the field. For startup: nothing stops, a connect will try again."""
+    entries = [entry for entry in gateway.catalog.entries() if entry.configured]
+    results = await asyncio.gather(
+        *(check_provider(gateway, entry, keys=False) for entry in entries), return_exceptions=True
+    )
+    reports = []
+    for entry, report in zip(entries, results, strict=True):
+        if isinstance(report, BaseException):
+            if not isinstance(report, Exception):
+                raise report
+            log.error("provider %r could not be checked", entry.name, exc_info=report)
+            continue
+        reports.append(report)
+        for problem in report.problems:
+            log.warning(
+                "provider %r: %s",
+                report.name,
+                problem,
+                extra={"provider": report.name, "field": report.field_at_fault or "-"},
+            )
+        for warning in report.warnings:
+            log.warning("provider %r: %s", report.name, warning, extra={"provider": report.name})
+    return reports
