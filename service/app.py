@@ -38,7 +38,13 @@ from .identity import registry as verifiers
 from .metrics import Metrics
 from .oauth import HttpSettings, ProviderGateway, ProviderHttp
 from .oauth.check import ProviderReport, log_provider_problems
-from .providers import PROVIDER_ENV_SUFFIXES, ProviderCatalog, load_catalog, provider_env_var
+from .providers import (
+    PROVIDER_ENV_SUFFIXES,
+    ProviderCatalog,
+    load_catalog,
+    provider_env_var,
+    provider_setting_env_vars,
+)
 from .store import PoolSettings, Store
 from .tokens import TokenAccess
 from .vault import Vault, load_key_ring
@@ -178,6 +184,19 @@ def configuration_warnings(settings: Settings, catalog: ProviderCatalog | None =
         known.update(
             provider_env_var(entry.name, suffix) for entry in catalog.entries() for suffix in PROVIDER_ENV_SUFFIXES
         )
+        known.update(variable for entry in catalog.entries() for variable in provider_setting_env_vars(entry.name))
+        in_file = [entry.name for entry in catalog.entries() if not entry.environment_only]
+        for entry in catalog.entries():
+            if entry.environment_only:
+                close = nearest(entry.name, in_file)
+                hint = f": a misspelling of '{close}'?" if close else ""
+                found.append(
+                    (
+                        f"providers.{entry.name}",
+                        f"provider '{entry.name}' is described only by CONNECTOR_PROVIDERS__"
+                        f"{entry.name.upper()}__* variables (no [{entry.name}] table in {catalog.source}){hint}",
+                    )
+                )
     identity_prefix = setting_env_var(("identity",)) + ENV_NESTED_DELIMITER
     for variable in sorted(settings.environment()):
         name = variable.upper()

@@ -13,7 +13,7 @@ import os
 import re
 import tomllib
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal, get_args
@@ -32,6 +32,7 @@ __all__ = [
     "load_catalog",
     "provider_env_var",
     "provider_setting_env_var",
+    "provider_setting_env_vars",
 ]
 
 TokenEndpointAuthMethod = Literal["client_secret_basic", "client_secret_post", "none"]
@@ -93,6 +94,8 @@ class ProviderEntry:
     token_endpoint_auth_method: TokenEndpointAuthMethod | None = None  # unset: chosen at resolution (oauth)
     client_id: str | None = None
     client_secret: SecretStr | None = field(default=None, repr=False)
+    # Described only by CONNECTOR_PROVIDERS__<NAME>__* variables: the catalog file has no table of this name.
+    environment_only: bool = False
 
     def __post_init__(self) -> None:
         if not self.scope_separator:
@@ -296,6 +299,11 @@ _TRUE = frozenset({"true", "1", "yes", "on"})
 _FALSE = frozenset({"false", "0", "no", "off"})
 
 
+def provider_setting_env_vars(name: str) -> list[str]:
+    """Every `CONNECTOR_PROVIDERS__<NAME>__<KEY>` variable that sets a catalog key of provider `name`."""
+    return [provider_setting_env_var(name, key) for key in _ProviderTable.model_fields]
+
+
 def provider_setting_env_var(name: str, key: str) -> str:
     """`CONNECTOR_PROVIDERS__<NAME>__<KEY>`, NAME and KEY upper-cased, '-' in NAME written as '_'."""
     return f"{PROVIDERS_ENV_PREFIX}{name.upper().replace('-', '_')}__{key.upper()}"
@@ -450,11 +458,13 @@ def load_catalog(path: Path, env: Mapping[str, str] | None = None) -> ProviderCa
     data = _read_catalog_file(path)
     from_env = _env_tables(environ)
     by_env_name = {name.replace("-", "_"): name for name in data}
-    for env_name in from_env:
-        if env_name not in by_env_name:
-            data[env_name] = {}
-            by_env_name[env_name] = env_name
+    environment_only = [name for name in from_env if name not in by_env_name]
+    for name in environment_only:
+        data[name] = {}
     entries = [
         _build_entry(name, raw, environ, file, from_env.get(name.replace("-", "_"), {})) for name, raw in data.items()
     ]
-    return ProviderCatalog(entries, source=file)
+    return ProviderCatalog(
+        (replace(entry, environment_only=True) if entry.name in environment_only else entry for entry in entries),
+        source=file,
+    )

@@ -12,6 +12,8 @@ import pytest
 import respx
 from pydantic import SecretStr
 
+from service import load_settings
+from service.app import configuration_warnings
 from service.core.errors import ConfigError, ConnectorError, ProviderError, ProviderNotConfigured, UnknownProvider
 from service.core.records import TokenSet
 from service.oauth import ProviderGateway, ResolvedProvider
@@ -692,3 +694,15 @@ def test_pool_options_are_refused_for_an_api_client() -> None:
     provider = ResolvedProvider.from_entry(gateway.entry("github"))
     with pytest.raises(TypeError, match="verify"):
         gateway.api_client(provider, auth=httpx.BasicAuth("a", "b"), client_kwargs={"verify": False})
+
+
+def test_provider_variables_are_settings_and_an_environment_only_provider_is_pointed_out() -> None:
+    env = {
+        "CONNECTOR_PROVIDERS__CATALOG": str(SHIPPED),
+        "CONNECTOR_PROVIDERS__OIDC__API_BASE_URL": "https://api.example.com",  # a setting: no warning
+        "CONNECTOR_PROVIDERS__GITHB__API_BASE_URL": "https://api.github.com",  # adds a provider 'githb'
+    }
+    warnings = dict(configuration_warnings(load_settings(env=env)))
+    assert list(warnings) == ["providers.githb"]
+    assert "described only by CONNECTOR_PROVIDERS__GITHB__* variables" in warnings["providers.githb"]
+    assert "a misspelling of 'github'?" in warnings["providers.githb"]
