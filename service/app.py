@@ -24,6 +24,7 @@ from .config import (
     setting_paths,
     unknown_key_problem,
 )
+from .core.agent_api import AgentApi
 from .core.browser import BrowserFlow
 from .core.clock import Clock
 from .core.errors import ConnectorError
@@ -75,6 +76,7 @@ class Runtime:
     metrics: Metrics
     feed: OutboxFeed
     sweeper: Sweeper
+    agent_api: AgentApi
     # Started by `start`: reads each configured provider's discovery document and logs what is wrong.
     provider_check: asyncio.Task[list[ProviderReport]] | None = field(default=None, init=False, repr=False)
 
@@ -268,6 +270,7 @@ def build_runtime(settings: Settings) -> Runtime:
             interval=settings.elicitation.sweep_interval_seconds,
             retention_interval=settings.retention.interval_seconds,
         ),
+        agent_api=AgentApi(elicitations, store, bus, clock),
     )
 
 
@@ -285,6 +288,7 @@ def build_metrics(store: Store, providers: Iterable[str]) -> Metrics:
 
 
 def build_web_app(runtime: Runtime) -> Starlette:
+    from .web.api import ApiParts
     from .web.app import WebParts, create_app
 
     return create_app(
@@ -297,6 +301,15 @@ def build_web_app(runtime: Runtime) -> Starlette:
             verifier=runtime.verifier,
             clock=runtime.clock,
             metrics=runtime.metrics,
+            api=ApiParts(
+                api=runtime.agent_api,
+                tokens=runtime.tokens,
+                providers=runtime.providers,
+                settings=runtime.settings.api,
+                public_base_url=runtime.settings.public_base_url,
+            )
+            if runtime.settings.api.enabled
+            else None,
         )
     )
 

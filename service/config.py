@@ -50,6 +50,7 @@ __all__ = [
     "DEFAULT_CONFIG_PATH",
     "ENV_NESTED_DELIMITER",
     "ENV_PREFIX",
+    "ApiSettings",
     "DatabaseSettings",
     "ElicitationSettings",
     "EventsSettings",
@@ -311,6 +312,21 @@ class MetricsSettings(_Section):
         return value
 
 
+class ApiSettings(_Section):
+    """`[api]`: the `/v1` API for agents (keys from `acp-connector api-keys create`) and its token proxy."""
+
+    enabled: bool = True
+    max_body_bytes: int = Field(default=16384, ge=1024, le=1048576)  # JSON bodies of the API itself
+    max_wait_seconds: int = Field(default=60, ge=1, le=300)  # the longest `?wait=` long-poll
+    # The proxy: request bodies up to this size are buffered so a 401 can be retried after a refresh; larger
+    # ones stream through (up to proxy_max_request_bytes) and a 401 is returned as it came.
+    proxy_retry_body_bytes: int = Field(default=1048576, ge=0)
+    proxy_max_request_bytes: int = Field(default=104857600, ge=0)
+    proxy_max_response_bytes: int = Field(default=1073741824, ge=0)
+    proxy_timeout_seconds: float = Field(default=60.0, gt=0, le=3600)  # connect, and between two reads or writes
+    proxy_max_seconds: float = Field(default=600.0, gt=0, le=86400)  # a whole proxied exchange
+
+
 class Settings(BaseSettings):
     """All settings of one connector. Build it with `load_settings`; it is immutable once built."""
 
@@ -336,6 +352,7 @@ class Settings(BaseSettings):
     providers: ProvidersSettings = Field(default_factory=ProvidersSettings)
     rate_limit: RateLimitSettings = Field(default_factory=RateLimitSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    api: ApiSettings = Field(default_factory=ApiSettings)
     config_file: Path | None = None
 
     @field_validator("public_base_url")

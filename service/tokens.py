@@ -203,28 +203,41 @@ class TokenAccess:
     # -- disconnecting -------------------------------------------------------------------------------------
     async def disconnect(self, user: Identity, provider: str) -> int:
         """Revoke (where the provider allows) and delete every grant of `user` at `provider`; how many went."""
-        resolved: ResolvedProvider | None = None
-        if self.providers.entry(provider).configured:
-            try:
-                resolved = await self.providers.resolve(provider)
-            except ConnectorError as exc:
-                log.warning("disconnect: %s; the grants are deleted without revocation", exc)
+        self.providers.entry(provider)  # UnknownProvider for a name the catalog does not have
+        resolved = await self._for_revocation(provider)
         removed = 0
         for grant in await self.store.grants.find(user, provider):
-            revoked = False
-            if resolved is not None:
-                revoked = await self.providers.revoke(resolved, self.decrypt(grant))
-            if await self.store.grants.delete(grant.id):
-                removed += 1
-                await self.store.audit.record(
-                    "disconnected",
-                    identity=user,
-                    provider=provider,
-                    detail={"grant_id": grant.id, "revoked": revoked},
-                    now=self.now(),
-                )
-            self._changed(grant, GrantChange.DELETED)
+            removed += await self._disconnect(grant, resolved)
         return removed
+
+    async def disconnect_grant(self, grant: GrantRecord) -> bool:
+        """Revoke one grant (where the provider allows) and delete it; True when this call deleted it."""
+        return await self._disconnect(grant, await self._for_revocation(grant.provider))
+
+    async def _for_revocation(self, provider: str) -> ResolvedProvider | None:
+        if provider not in self.providers.catalog or not self.providers.entry(provider).configured:
+            return None
+        try:
+            return await self.providers.resolve(provider)
+        except ConnectorError as exc:
+            log.warning("disconnect: %s; the grants are deleted without revocation", exc)
+            return None
+
+    async def _disconnect(self, grant: GrantRecord, resolved: ResolvedProvider | None) -> bool:
+        revoked = False
+        if resolved is not None:
+            revoked = await self.providers.revoke(resolved, self.decrypt(grant))
+        deleted = await self.store.grants.delete(grant.id)
+        if deleted:
+            await self.store.audit.record(
+                "disconnected",
+                identity=grant.identity,
+                provider=grant.provider,
+                detail={"grant_id": grant.id, "revoked": revoked},
+                now=self.now(),
+            )
+        self._changed(grant, GrantChange.DELETED)
+        return deleted
 
 
 class GrantAuth(httpx.Auth):
@@ -260,6 +273,7 @@ class GrantAuth(httpx.Auth):
                 fresh = await self._tokens.access_token(self._grant_id, self._provider, stale=token)
             except NotAuthorized:
                 return
-            if fresh != token:
+            # A streamed body was spent on the first attempt: the refreshed token serves the next request.
+            if fresh != token and isinstance(request.stream, httpx.ByteStream):
                 request.headers["Authorization"] = f"Bearer {fresh}"
                 yield request

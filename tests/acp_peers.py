@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from acp import PROTOCOL_VERSION
 from acp.agent.connection import AgentSideConnection
@@ -31,6 +31,10 @@ from acp.schema import (
 from service import AuthorizationOutcome, Connector, Identity, RequestScope, SessionScope
 from service.testing import ScriptedClient, memory_transport_pair
 from service.testing.acp_client import Transport
+from service.client import SidecarClient
+
+# The agent's side of the connector: embedded, or a client of a sidecar. Both offer the same calls.
+AgentFacing = Connector | SidecarClient
 
 
 async def eventually(check: Callable[[], Awaitable[bool]], what: str) -> None:
@@ -43,8 +47,13 @@ async def eventually(check: Callable[[], Awaitable[bool]], what: str) -> None:
         raise AssertionError(f"timed out waiting until {what}") from None
 
 
-async def status_is(connector: Connector, elicitation_id: str, status: Any) -> bool:
-    record = await connector.elicitation(elicitation_id)
+class HasElicitations(Protocol):
+    async def elicitation(self, elicitation_id: str) -> Any: ...
+
+
+async def status_is(where: HasElicitations, elicitation_id: str, status: Any) -> bool:
+    """Whether the stored elicitation has `status` (`where`: a `Connector`, or anything that reads the store)."""
+    record = await where.elicitation(elicitation_id)
     return record is not None and record.status is status
 
 
@@ -72,7 +81,7 @@ class RecordingTransport:
 class ConnectorAgent:
     """An agent whose prompt asks for GitHub access through the connector, then lists repos server-side."""
 
-    def __init__(self, connector: Connector, user: Identity, *, attach: bool = True) -> None:
+    def __init__(self, connector: AgentFacing, user: Identity, *, attach: bool = True) -> None:
         self.connector = connector
         self.user = user
         self.attach = attach
@@ -225,7 +234,10 @@ class Wire:
 
 
 async def connect(
-    connector: Connector, user: Identity, client: RecordingClient, capabilities: ClientCapabilities | None = URL_CAPABLE
+    connector: AgentFacing,
+    user: Identity,
+    client: RecordingClient,
+    capabilities: ClientCapabilities | None = URL_CAPABLE,
 ) -> Wire:
     agent_end, client_end = memory_transport_pair()
     messages: list[tuple[str, dict[str, Any]]] = []
@@ -329,7 +341,7 @@ class RawClient:
 
 @asynccontextmanager
 async def raw_peer(
-    connector: Connector, user: Identity, client: RawClient, initialize: dict[str, Any]
+    connector: AgentFacing, user: Identity, client: RawClient, initialize: dict[str, Any]
 ) -> AsyncIterator[ConnectorAgent]:
     """`connect_raw`, closing both ends when the block ends (also when a test fails inside it)."""
     agent, agent_conn = await connect_raw(connector, user, client, initialize)
@@ -341,7 +353,7 @@ async def raw_peer(
 
 
 async def connect_raw(
-    connector: Connector, user: Identity, client: RawClient, initialize: dict[str, Any]
+    connector: AgentFacing, user: Identity, client: RawClient, initialize: dict[str, Any]
 ) -> tuple[ConnectorAgent, AgentSideConnection]:
     agent_end, client_end = memory_transport_pair()
     agent = ConnectorAgent(connector, user)

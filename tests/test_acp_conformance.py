@@ -1,25 +1,76 @@
 """Every rule of the ACP elicitation text that binds the Agent, checked on the wire.
 
-The README's "Protocol conformance" table points at the tests here.
+Each test runs twice: against the embedded connector, and against the Python sidecar client (`SidecarClient`)
+talking to a real sidecar process; the assertions on the wire are the same. The README's "Protocol
+conformance" table points at the tests here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 from acp.exceptions import RequestError
 
-from service import AuthorizationStatus, ElicitationStatus, RequestScope, SessionScope
-from service.testing import ScriptedBrowser
+from service import AuthorizationStatus, ElicitationStatus, Identity, RequestScope, SessionScope
+from service.client import SidecarClient
+from service.core.records import ElicitationRecord
+from service.store import Store
+from service.testing import MockOAuthProvider, ScriptedBrowser
 
-from .acp_peers import ConnectorAgent, RawClient, RecordingClient, connect, eventually, raw_peer, status_is
-from .conftest import BOB, Deployment
+from .acp_peers import (
+    AgentFacing,
+    ConnectorAgent,
+    RawClient,
+    RecordingClient,
+    connect,
+    eventually,
+    raw_peer,
+    status_is,
+)
+from .conftest import BOB, Deploy
+from .sidecar_support import running_sidecar
 
 URL = {"url": {}}
+
+
+@dataclass
+class Deployment:
+    """The agent's side (`connector`: embedded `Connector` or `SidecarClient`) and the store it writes to."""
+
+    connector: AgentFacing
+    store: Store
+    base_url: str
+    local_user: Identity
+
+    async def elicitation(self, elicitation_id: str) -> ElicitationRecord | None:
+        return await self.store.elicitations.get(elicitation_id)
+
+
+@pytest.fixture(params=["embedded", "sidecar"])
+def deployment(request: pytest.FixtureRequest) -> Deployment:
+    return request.getfixturevalue(f"{request.param}_deployment")  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+async def embedded_deployment(deploy_with: Deploy) -> AsyncIterator[Deployment]:
+    async with deploy_with() as embedded:
+        connector = embedded.connector
+        yield Deployment(connector, connector.runtime.store, embedded.base_url, embedded.local_user)
+
+
+@pytest.fixture
+async def sidecar_deployment(tmp_path: Path, mock_provider: MockOAuthProvider) -> AsyncIterator[Deployment]:
+    async with running_sidecar(tmp_path, mock_provider) as sidecar:
+        async with SidecarClient(sidecar.base_url, sidecar.api_key) as client:
+            yield Deployment(client, sidecar.store, sidecar.base_url, sidecar.local_user)
+
 
 # (elicitation capability as sent, URL mode advertised?)
 CAPABILITY_TABLE: list[tuple[Any, bool]] = [
@@ -87,9 +138,9 @@ async def test_same_session_id_on_two_connections_never_crosses(deployment: Depl
     assert second.completions == [id_b] and first.completions == []
     # The other connection's elicitation for the same session id is still waiting on its own user.
     id_a = wire_a.received("elicitation/create")[0]["params"]["elicitationId"]
-    record_a = await connector.elicitation(id_a)
+    record_a = await deployment.elicitation(id_a)
     assert record_a is not None and record_a.status is ElicitationStatus.CONSENTED
-    assert record_a.connection_key != (await connector.elicitation(id_b)).connection_key  # type: ignore[union-attr]
+    assert record_a.connection_key != (await deployment.elicitation(id_b)).connection_key  # type: ignore[union-attr]
     prompt_a.cancel()
     await wire_a.close()
     await wire_b.close()
@@ -105,8 +156,8 @@ async def test_same_session_id_for_two_users_binds_each_user(deployment: Deploym
     async with ScriptedBrowser() as browser:  # the browser belongs to the local user, not Bob
         refused = await browser.authorize(url)
     assert refused.status_code == 403 and refused.headers["x-connector-error"] == "identity_mismatch"
-    assert await connector.runtime.store.grants.find(BOB, "github") == []
-    assert await connector.runtime.store.grants.find(deployment.local_user, "github") == []
+    assert await deployment.store.grants.find(BOB, "github") == []
+    assert await deployment.store.grants.find(deployment.local_user, "github") == []
     assert client.completions == []
     prompt.cancel()
     await wire.close()
@@ -174,7 +225,7 @@ async def test_session_cancel_sends_cancel_request_for_the_pending_create_only(d
             if m["params"]["elicitationId"] == session_params["elicitationId"]
         )
         assert [c["params"] for c in cancels] == [{"requestId": session_request_id}]
-        record = await connector.elicitation(session_params["elicitationId"])
+        record = await deployment.elicitation(session_params["elicitationId"])
         assert record is not None and record.status is ElicitationStatus.CANCELLED
         # The client answered the cancelled request with -32800, which changed nothing.
         assert any(
@@ -182,11 +233,11 @@ async def test_session_cancel_sends_cancel_request_for_the_pending_create_only(d
         )
 
         # The request-scoped elicitation is untouched by session/cancel and goes on when the client answers.
-        other = await connector.elicitation(unrelated_params["elicitationId"])
+        other = await deployment.elicitation(unrelated_params["elicitationId"])
         assert other is not None and other.status is ElicitationStatus.PENDING
         client.release()
         await eventually(
-            lambda: status_is(connector, unrelated_params["elicitationId"], ElicitationStatus.CONSENTED),
+            lambda: status_is(deployment, unrelated_params["elicitationId"], ElicitationStatus.CONSENTED),
             "the request-scoped elicitation goes on when the client accepts",
         )
         assert agent.outcomes == []  # the cancelled work never resumed
@@ -210,7 +261,6 @@ async def test_cancel_while_in_browser_then_callback_stores_grant_but_resumes_no
     deployment: Deployment,
 ) -> None:
     """Callback-vs-cancel, cancel first."""
-    connector = deployment.connector
     client = RawClient({"action": "accept"})
     async with raw(deployment, client) as agent:
         session = await client.new_session()
@@ -224,10 +274,10 @@ async def test_cancel_while_in_browser_then_callback_stores_grant_but_resumes_no
             final = await browser.follow(to_provider)  # ... and comes back after the cancellation
         assert final.status_code == 200 and "already cancelled" in final.text
         assert client.received("$/cancel_request") == []  # the create request was already answered
-        record = await connector.elicitation(params["elicitationId"])
+        record = await deployment.elicitation(params["elicitationId"])
         assert record is not None and record.status is ElicitationStatus.CANCELLED
-        assert len(await connector.runtime.store.grants.find(deployment.local_user, "github")) == 1
-        events = [e.event for e in await connector.runtime.store.audit.list(elicitation_id=params["elicitationId"])]
+        assert len(await deployment.store.grants.find(deployment.local_user, "github")) == 1
+        events = [e.event for e in await deployment.store.audit.list(elicitation_id=params["elicitationId"])]
         assert "completed_after_cancel" in events and "completed" not in events
         await client.new_session()  # a round trip: a completion sent before this answer would have arrived first
         assert client.received("elicitation/complete") == []  # decided: no completion for cancelled work
@@ -236,7 +286,6 @@ async def test_cancel_while_in_browser_then_callback_stores_grant_but_resumes_no
 
 async def test_callback_first_then_cancel(deployment: Deployment) -> None:
     """Callback-vs-cancel, callback first: the completion stands and is sent once."""
-    connector = deployment.connector
     client = RawClient({"action": "accept"})
     async with raw(deployment, client) as agent:
         session = await client.new_session()
@@ -247,7 +296,7 @@ async def test_callback_first_then_cancel(deployment: Deployment) -> None:
         await asyncio.wait_for(prompt, 10)
         await client.notify("session/cancel", {"sessionId": session})
         await client.new_session()  # a round trip: the cancel has been handled
-        record = await connector.elicitation(params["elicitationId"])
+        record = await deployment.elicitation(params["elicitationId"])
         assert record is not None and record.status is ElicitationStatus.COMPLETED
         assert [m["params"] for m in client.received("elicitation/complete")] == [
             {"elicitationId": params["elicitationId"]}
@@ -264,14 +313,13 @@ def states_on_wire(client: RawClient) -> list[tuple[str, str]]:
 
 
 async def test_v2_foreground_state_requires_action_then_running(deployment: Deployment) -> None:
-    connector = deployment.connector
     client = RawClient({"action": "accept"})
     async with raw(deployment, client, 2) as agent:
         session = await client.new_session()
         prompt = asyncio.create_task(client.prompt(session))
         params = await client.next_create()
         await eventually(
-            lambda: status_is(connector, params["elicitationId"], ElicitationStatus.CONSENTED), "the accept arrives"
+            lambda: status_is(deployment, params["elicitationId"], ElicitationStatus.CONSENTED), "the accept arrives"
         )  # the accept has arrived: it must change nothing
         assert states_on_wire(client) == [(session, "requires_action")]
         async with ScriptedBrowser() as browser:

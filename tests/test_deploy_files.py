@@ -102,3 +102,27 @@ def test_compose_with_the_local_verifier_is_refused_by_the_connector() -> None:
     settings = load_settings(env=connector_env("connector", {**OPERATOR_ENV, "CONNECTOR_IDENTITY__VERIFIER": "local"}))
     with pytest.raises(ConfigError, match=r"identity\.verifier"):
         Connector.from_settings(settings)
+
+
+def test_every_variable_of_the_compose_file_is_documented_and_is_a_setting() -> None:
+    text = (ROOT / "docker-compose.yml").read_text()
+    readme = (ROOT / "README.md").read_text()
+    sidecar = readme[readme.index("## Sidecar") : readme.index("### The API")]
+    documented = set(re.findall(r"`(CONNECTOR_[A-Z0-9_]+)`", sidecar))
+    # `__CLIENT_ID`-style continuations in a row name variables with the prefix of the row's first variable.
+    for row in re.findall(r"^\| (`CONNECTOR_[^|]+)\|", sidecar, re.M):
+        first, *rest = re.findall(r"`([A-Z0-9_]+)`", row)
+        documented.update(first[: first.rindex("__")] + part for part in rest if part.startswith("__"))
+    interpolated = set(re.findall(r"\$\{([A-Z0-9_]+)", text))
+    passed = {key for service in compose()["services"].values() for key in (service.get("environment") or {})}
+    passed = {key for key in passed if key.startswith("CONNECTOR_")}
+    assert interpolated | passed <= documented, sorted((interpolated | passed) - documented)
+    # Every CONNECTOR_* the connector receives is a setting it knows (or a provider credential), not a typo.
+    env = connector_env("connector", {**OPERATOR_ENV, "CONNECTOR_API__ENABLED": "false", "CONNECTOR_AGENT_NAME": "X"})
+    settings = load_settings(env=env)
+    assert settings.api.enabled is False and settings.agent_name == "X"
+    for key in passed:
+        section = key.removeprefix("CONNECTOR_").lower().split("__")
+        if key.startswith("CONNECTOR_PROVIDER_") or key == "CONNECTOR_DB_PASSWORD":
+            continue
+        assert section[0] in type(settings).model_fields, key

@@ -88,6 +88,12 @@ class Invocation:
         """Output of the command (stdout), e.g. a table or a key."""
         print(text, file=self.stdout, flush=True)
 
+    def table(self, rows: Sequence[Sequence[str]]) -> None:
+        """Rows as aligned columns on stdout (the first row is the header)."""
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        for row in rows:
+            self.out("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+
     def note(self, text: str) -> None:
         """A notice for the operator on stderr: a log record in JSON mode (every line JSON), else a plain line."""
         if self.logs_json:

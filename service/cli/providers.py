@@ -56,9 +56,7 @@ def run_list(invocation: Invocation) -> int:
             status = "unconfigured: no endpoints (set the discovery URL)"
         host = entry.provider_host or "-"
         rows.append((entry.name, entry.shown_name, host, f"{base}/callback/{entry.name}", status))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        invocation.out("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    invocation.table(rows)
     return 0
 
 

@@ -84,7 +84,7 @@ class BrowserFlow:
         record = await self.open_elicitation(elicitation_id)
         provider = await self.resolve(record.provider)
         await self.elicitations.audit(record, "opened")
-        return ConsentView(record, provider, self.settings.agent_name)
+        return ConsentView(record, provider, record.agent_name)
 
     async def decline(self, elicitation_id: str, browser_user: Identity) -> None:
         """The browser's verified user declines: only the bound user can (FlowRefused `not_your_link` otherwise)."""

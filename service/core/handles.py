@@ -53,3 +53,8 @@ def flow_aad(flow_id: str) -> bytes:
 def verification_aad(verification_id: str) -> bytes:
     """Associated data binding an identity verification's secret (its PKCE verifier) to that verification."""
     return _aad("connector/identity-verification/v1", verification_id)
+
+
+def api_key_hash(key: str) -> str:
+    """The stored form of a `/v1` API key."""
+    return _digest("api-key", key)

@@ -9,7 +9,7 @@ API use this one implementation.
 from __future__ import annotations
 
 import unicodedata
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from enum import StrEnum
@@ -169,8 +169,14 @@ class Elicitations:
         scopes: Sequence[str],
         scope: ElicitationScope,
         message: str | None = None,
+        agent_name: str | None = None,
+        within: Callable[[ElicitationRecord, Tx], Awaitable[None]] | None = None,
     ) -> ElicitationRecord:
-        """A new pending elicitation; its time (`elicitation_ttl`) runs from now."""
+        """A new pending elicitation; its time (`elicitation_ttl`) runs from now.
+
+        `agent_name` is who the consent page says asks (default: the configured agent name). `within` runs in
+        the creating transaction, to write what belongs with the new row; if it raises, nothing is written.
+        """
         now = self.now()
         record = ElicitationRecord(
             id=new_id(24),  # 192 random bits
@@ -182,7 +188,7 @@ class Elicitations:
             session_id=scope.session_id if isinstance(scope, SessionScope) else None,
             tool_call_id=scope.tool_call_id if isinstance(scope, SessionScope) else None,
             request_id=scope.request_id if isinstance(scope, RequestScope) else None,
-            agent_name=self.settings.agent_name,
+            agent_name=agent_name or self.settings.agent_name,
             message=message or self.default_message(provider, scopes),
             status=ElicitationStatus.PENDING,
             failure_reason=None,
@@ -192,6 +198,8 @@ class Elicitations:
         )
         async with self.store.transaction() as tx:
             await self.store.elicitations.insert(record, conn=tx)
+            if within is not None:
+                await within(record, tx)
             await self.audit(
                 record, "created", detail={"scopes": list(record.scopes), "scope_kind": record.scope_kind}, conn=tx
             )

@@ -17,7 +17,16 @@ from typing import Any, Protocol
 
 from .events import ElicitationEvent, Event
 from .identity import Identity
-from .records import AuditRecord, ElicitationRecord, FlowRecord, GrantRecord, TokenSet, VerificationRecord
+from .records import (
+    ApiElicitationRecord,
+    ApiKeyRecord,
+    AuditRecord,
+    ElicitationRecord,
+    FlowRecord,
+    GrantRecord,
+    TokenSet,
+    VerificationRecord,
+)
 from .retention import RetentionRepo
 from .states import ElicitationStatus
 
@@ -112,6 +121,31 @@ class Store(Protocol):
     def transaction(self) -> AbstractAsyncContextManager[Tx]: ...
 
 
+class ApiKeyRepo(Protocol):
+    async def insert(self, rec: ApiKeyRecord, conn: Tx = None) -> None: ...
+    async def by_hash(self, key_hash: str, conn: Tx = None) -> ApiKeyRecord | None: ...
+    async def list(self, conn: Tx = None) -> list[ApiKeyRecord]: ...
+    async def revoke(self, id: str, now: datetime, conn: Tx = None) -> bool: ...
+
+
+class ApiElicitationRepo(Protocol):
+    async def claim(self, rec: ApiElicitationRecord, conn: Tx = None) -> bool: ...
+    async def get(self, elicitation_id: str, conn: Tx = None) -> ApiElicitationRecord | None: ...
+    async def by_idempotency_key(
+        self, tenant: str, idempotency_key: str, conn: Tx = None
+    ) -> ApiElicitationRecord | None: ...
+    async def mark_answered(self, elicitation_id: str, now: datetime, conn: Tx = None) -> bool: ...
+
+
+class ApiStore(Store, Protocol):
+    """The store as the `/v1` API needs it: the lifecycle's repositories plus API keys and API elicitations."""
+
+    @property
+    def api_keys(self) -> ApiKeyRepo: ...
+    @property
+    def api_elicitations(self) -> ApiElicitationRepo: ...
+
+
 class Vault(Protocol):
     def encrypt(self, plaintext: bytes, *, aad: bytes) -> tuple[str, bytes]: ...
     def decrypt(self, key_id: str, blob: bytes, *, aad: bytes) -> bytes: ...
@@ -150,6 +184,8 @@ class Provider(Protocol):
     def issuer(self) -> str | None: ...
     @property
     def authorization_endpoint(self) -> str: ...
+    @property
+    def default_scopes(self) -> tuple[str, ...]: ...
     @property
     def sign_in_host(self) -> str:
         """The host the user is sent to (the consent page highlights it)."""

@@ -159,3 +159,34 @@ class TokenSet:
         if self.expires_at is None:
             return False
         return self.expires_at - (time.time() if now is None else now) <= seconds
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKeyRecord:
+    """A key of the `/v1` API: the agent (tenant) it speaks for, and the providers it may use (None: all).
+
+    Only `key_hash` of the key is stored; `id` is its public part, for listing and revoking.
+    """
+
+    id: str
+    key_hash: str = field(repr=False)
+    tenant: str
+    agent_name: str
+    providers: tuple[str, ...] | None
+    created_at: datetime
+    revoked_at: datetime | None
+
+    def allows(self, provider: str) -> bool:
+        return self.providers is None or provider in self.providers
+
+
+@dataclass(frozen=True, slots=True)
+class ApiElicitationRecord:
+    """An elicitation created through the `/v1` API: its tenant, the caller's idempotency key and labels."""
+
+    elicitation_id: str
+    tenant: str
+    idempotency_key: str | None
+    connection_id: str | None
+    created_at: datetime
+    answered_at: datetime | None

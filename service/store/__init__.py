@@ -10,6 +10,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from .api import ApiElicitationRepository, ApiKeyRepository
 from .audit import PENDING_AUDIT_LOG, AuditRepository, log_audit_event
 from .elicitations import ElicitationRepository
 from .engine import Database, PoolSettings, connected, create_engine, display_url
@@ -22,6 +23,8 @@ from .schema import check_schema as _check_schema
 from .verifications import VerificationRepository
 
 __all__ = [
+    "ApiElicitationRepository",
+    "ApiKeyRepository",
     "AuditRepository",
     "Database",
     "ElicitationRepository",
@@ -58,6 +61,8 @@ class Store:
         self.grants = GrantRepository(db)
         self.audit = AuditRepository(db)
         self.verifications = VerificationRepository(db)
+        self.api_keys = ApiKeyRepository(db)
+        self.api_elicitations = ApiElicitationRepository(db)
 
     @classmethod
     def from_url(cls, url: str, pool: PoolSettings | None = None) -> Store:

@@ -200,3 +200,31 @@ elicitation_events = Table(
     Index(None, "at"),
     sqlite_autoincrement=True,
 )
+
+# Keys of the `/v1` API. Only a hash of each key is stored; `id` is the public part that names it.
+api_keys = Table(
+    "api_keys",
+    metadata,
+    Column("id", ID, primary_key=True),
+    Column("key_hash", String(128), nullable=False),
+    Column("tenant", String(64), nullable=False),  # the agent the key belongs to; its elicitations are its own
+    Column("agent_name", String(255), nullable=False),  # shown on the consent page
+    Column("providers", Text, nullable=True),  # JSON list of catalog names; NULL: every provider
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("revoked_at", UTCDateTime, nullable=True),
+    UniqueConstraint("key_hash"),
+    Index(None, "tenant"),
+)
+
+# Elicitations created through the `/v1` API: whose they are, and the caller's idempotency key.
+api_elicitations = Table(
+    "api_elicitations",
+    metadata,
+    Column("elicitation_id", ID, ForeignKey("elicitations.id", ondelete="CASCADE"), primary_key=True),
+    Column("tenant", String(64), nullable=False),
+    Column("idempotency_key", String(255), nullable=True),
+    Column("connection_id", String(255), nullable=True),  # the agent's own label for the ACP connection
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("answered_at", UTCDateTime, nullable=True),  # when the agent reported the client's answer (once)
+    UniqueConstraint("tenant", "idempotency_key"),
+)

@@ -29,6 +29,7 @@ from ..identity import IdentityVerifier, VerifierRoute
 from ..metrics import Metrics
 from ..store import Store
 from ..vault import Vault
+from .api import ApiParts, api_routes
 from .browser import BrowserRoutes
 from .inputs import InputGuard, checked
 from .kit import Kit, api_error
@@ -53,6 +54,7 @@ class WebParts:
     verifier: IdentityVerifier
     clock: Clock
     metrics: Metrics
+    api: ApiParts | None = None  # the `/v1` agent API, when `api.enabled`
 
 
 def _is_api(request: Request) -> bool:
@@ -129,6 +131,7 @@ def create_app(parts: WebParts) -> Starlette:
         Route("/callback/{provider}", checked(browser.callback), methods=["GET"]),
         *_mounted(f"/identity/{name}", verifier_routes.browser),
         *_mounted(f"/v1/identity/{name}", verifier_routes.api),
+        *(api_routes(parts.api) if parts.api is not None else []),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),

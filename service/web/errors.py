@@ -95,7 +95,7 @@ REFUSALS: dict[str, Refusal] = {
         502, "Provider unavailable", "The provider's settings could not be read right now: {message}"
     ),
     "provider_not_configured": Refusal(503, "Provider unavailable", "{message}"),
-    "unknown_provider": Refusal(503, "Provider unavailable", "{message}"),
+    "unknown_provider": Refusal(404, "Unknown provider", "{message}"),
     # The identity step.
     "unknown_verification": Refusal(
         400, "Invalid request", "This sign-in answer does not match any sign-in started here."
@@ -150,6 +150,33 @@ REFUSALS: dict[str, Refusal] = {
     "flow_expired": Refusal(
         410, "Flow expired", "This flow id has expired; the user must open the link from the agent again."
     ),
+    # The agents' `/v1` API.
+    "invalid_json": Refusal(400, "Invalid request", "The body is not a JSON object."),
+    "invalid_request": Refusal(400, "Invalid request", "The request is not valid: {problem}."),
+    "body_too_large": Refusal(413, "Body too large", "The body is larger than this endpoint accepts ({limit} bytes)."),
+    "provider_not_allowed": Refusal(403, "Provider not allowed", "This API key may not use this provider."),
+    "idempotency_conflict": Refusal(
+        409,
+        "Idempotency key reused",
+        "This idempotency key was used for a different request; use a new key for a new elicitation.",
+    ),
+    "already_answered": Refusal(
+        409, "Already answered", "The client's answer for this elicitation was reported before."
+    ),
+    "already_ended": Refusal(409, "Already ended", "This elicitation has already ended."),
+    "unknown_grant": Refusal(404, "Unknown grant", "No grant with this id is known to this API key."),
+    "no_grant": Refusal(
+        403,
+        "Not authorized",
+        "The user holds no grant at this provider: create an elicitation and let the user authorize first.",
+    ),
+    "grant_unusable": Refusal(
+        403, "Not authorized", "The user's grant can no longer be used; the user must authorize again."
+    ),
+    "proxy_not_available": Refusal(404, "No API to proxy", "This provider has no API base URL to proxy to."),
+    "proxy_path_refused": Refusal(400, "Path refused", "The path must stay under the provider's API base URL."),
+    "upstream_unavailable": Refusal(502, "Provider unavailable", "The provider's API could not be reached."),
+    "upstream_timeout": Refusal(504, "Provider timed out", "The provider's API did not answer in time."),
 }
 
 _PROVIDER_FAILURE = Refusal(502, "Provider error", "The provider could not complete the sign-in: {message}")

@@ -1,0 +1,223 @@
+"""What the sidecar's token proxy (/v1/proxy/<provider>/<path>) costs against calling the provider's API directly.
+
+Three processes on loopback: a provider API (uvicorn, this file with --upstream), the sidecar (`acp-connector serve`)
+and the measuring client (this process, httpx with keep-alive). Side by side in one run:
+  latency     sequential small GETs (a 60-byte JSON answer): p50 and p99, direct and through the proxy; the goal is
+              an added p50 under 2 ms
+  throughput  large downloads (default 3 x 200 MiB): MiB/s direct and through the proxy; the goal is >= 0.5x
+
+    .venv/bin/python bench/proxy.py [--calls 1000] [--mib 200] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+CHUNK = b"\x00" * (1 << 20)
+TOKEN = "bench-access-token"  # noqa: S105 - what the fake provider accepts
+
+
+def upstream_app():  # type: ignore[no-untyped-def]
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response, StreamingResponse
+    from starlette.routing import Route
+
+    def authorized(request: Request) -> bool:
+        return request.headers.get("authorization") == f"Bearer {TOKEN}"
+
+    async def small(request: Request) -> Response:
+        if not authorized(request):
+            return JSONResponse({"message": "Bad credentials"}, 401)
+        return JSONResponse({"id": 1, "login": "octocat", "name": "Mona Lisa Octocat"})
+
+    async def big(request: Request) -> Response:
+        if not authorized(request):
+            return JSONResponse({"message": "Bad credentials"}, 401)
+        mib = int(request.query_params.get("mb", "1"))
+
+        async def body() -> AsyncIterator[bytes]:
+            for _ in range(mib):
+                yield CHUNK
+
+        return StreamingResponse(body(), headers={"content-length": str(mib << 20)})
+
+    return Starlette(routes=[Route("/api/small", small), Route("/api/big", big)])
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def wait_up(url: str) -> None:
+    async with httpx.AsyncClient(timeout=1) as probe:
+        for _ in range(400):
+            try:
+                await probe.get(url)
+                return
+            except httpx.HTTPError:
+                await asyncio.sleep(0.05)
+    raise RuntimeError(f"{url} did not come up")
+
+
+async def seed(db_url: str, vault_key: str) -> str:
+    """An API key and a grant of the bench user at the `bench` provider, written as the sidecar would."""
+    from service import Identity
+    from service.core.agent_api import new_api_key
+    from service.core.handles import grant_aad, new_id
+    from service.core.records import GrantRecord, TokenSet
+    from service.store import Store, migrate
+    from service.vault import Vault, load_key_ring
+
+    migrate(db_url)
+    store = Store.from_url(db_url)
+    try:
+        now = datetime.now(UTC)
+        key, record = new_api_key("bench", "Bench", None, now)
+        await store.api_keys.insert(record)
+        user = Identity("https://login.example.com", "bench-user")
+        ring = load_key_ring([vault_key], None, None)
+        assert ring is not None
+        tokens = TokenSet(TOKEN, "Bearer", None, None, ("read",))
+        key_id, blob = Vault(ring).encrypt_json(
+            tokens.to_json(), aad=grant_aad(user.issuer, user.subject, "bench", "1")
+        )
+        await store.grants.upsert(GrantRecord(new_id(16), user, "bench", "1", ("read",), key_id, blob, None, now, now))
+        return key
+    finally:
+        await store.close()
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def latencies(client: httpx.AsyncClient, url: str, calls: int, headers: dict[str, str]) -> list[float]:
+    for _ in range(50):  # warm-up: connections, caches
+        (await client.get(url, headers=headers)).raise_for_status()
+    samples = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        response = await client.get(url, headers=headers)
+        samples.append((time.perf_counter() - start) * 1000)
+        response.raise_for_status()
+    return samples
+
+
+async def throughput(client: httpx.AsyncClient, url: str, mib: int, rounds: int, headers: dict[str, str]) -> float:
+    best = 0.0
+    for _ in range(rounds):
+        start = time.perf_counter()
+        received = 0
+        async with client.stream("GET", url, params={"mb": str(mib)}, headers=headers) as response:
+            response.raise_for_status()
+            async for chunk in response.aiter_raw():
+                received += len(chunk)
+        assert received == mib << 20
+        best = max(best, mib / (time.perf_counter() - start))
+    return best
+
+
+async def main(calls: int, mib: int, rounds: int) -> None:
+    from service.vault import generate_key
+
+    with tempfile.TemporaryDirectory() as tmp:
+        up_port, sidecar_port = free_port(), free_port()
+        upstream = f"http://127.0.0.1:{up_port}"
+        catalog = Path(tmp) / "providers.toml"
+        catalog.write_text(
+            f'[bench]\ndisplay_name = "Bench API"\nauthorization_endpoint = "{upstream}/authorize"\n'
+            f'token_endpoint = "{upstream}/token"\napi_base_url = "{upstream}/api"\n'
+        )
+        vault_key = generate_key("k1")
+        db_url = f"sqlite+aiosqlite:///{tmp}/bench.db"
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("CONNECTOR_")},
+            "CONNECTOR_PUBLIC_BASE_URL": f"http://127.0.0.1:{sidecar_port}",
+            "CONNECTOR_SERVER__PORT": str(sidecar_port),
+            "CONNECTOR_DATABASE__URL": db_url,
+            "CONNECTOR_VAULT__KEYS": vault_key,
+            "CONNECTOR_PROVIDERS__CATALOG": str(catalog),
+            "CONNECTOR_PROVIDER_BENCH_CLIENT_ID": "bench",
+            "CONNECTOR_PROVIDER_BENCH_CLIENT_SECRET": "bench-secret",
+            "CONNECTOR_LOG_FORMAT": "text",
+        }
+        api_key = await seed(db_url, vault_key)
+        log = open(Path(tmp) / "processes.log", "wb")  # noqa: ASYNC230 - closed below
+        processes = [
+            await asyncio.create_subprocess_exec(
+                sys.executable, __file__, "--upstream", str(up_port), stdout=log, stderr=log
+            ),
+            await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "service.cli", "serve", env=env, cwd=ROOT, stdout=log, stderr=log
+            ),
+        ]
+        try:
+            await wait_up(f"{upstream}/api/small")
+            await wait_up(f"http://127.0.0.1:{sidecar_port}/healthz")
+            direct_headers = {"Authorization": f"Bearer {TOKEN}"}
+            proxy_headers = {
+                "Authorization": f"Bearer {api_key}",
+                "Connector-User-Issuer": "https://login.example.com",
+                "Connector-User-Subject": "bench-user",
+            }
+            direct_base, proxy_base = f"{upstream}/api", f"http://127.0.0.1:{sidecar_port}/v1/proxy/bench"
+            async with httpx.AsyncClient(timeout=120) as client:
+                direct = await latencies(client, f"{direct_base}/small", calls, direct_headers)
+                proxied = await latencies(client, f"{proxy_base}/small", calls, proxy_headers)
+                direct_rate = await throughput(client, f"{direct_base}/big", mib, rounds, direct_headers)
+                proxy_rate = await throughput(client, f"{proxy_base}/big", mib, rounds, proxy_headers)
+        finally:
+            for process in processes:
+                process.terminate()
+                await process.wait()
+            log.close()
+
+    added_p50 = statistics.median(proxied) - statistics.median(direct)
+    ratio = proxy_rate / direct_rate
+    print(f"machine: {platform.machine()} {platform.system()} {os.cpu_count()} CPU, Python {platform.python_version()}")
+    print(f"date: {datetime.now(UTC):%Y-%m-%d}")
+    print(f"latency, {calls} sequential small GETs (ms): p50 / p99")
+    print(f"  direct   {statistics.median(direct):7.2f} / {percentile(direct, 0.99):7.2f}")
+    print(f"  proxy    {statistics.median(proxied):7.2f} / {percentile(proxied, 0.99):7.2f}")
+    print(f"  added p50: {added_p50:.2f} ms (goal < 2 ms): {'met' if added_p50 < 2 else 'NOT met'}")
+    print(f"throughput, best of {rounds} x {mib} MiB (MiB/s)")
+    print(f"  direct   {direct_rate:8.1f}")
+    print(f"  proxy    {proxy_rate:8.1f}")
+    print(f"  ratio: {ratio:.2f}x (goal >= 0.5x): {'met' if ratio >= 0.5 else 'NOT met'}")
+
+
+def serve_upstream(port: int) -> None:
+    import uvicorn
+
+    uvicorn.run(upstream_app(), host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calls", type=int, default=1000)
+    parser.add_argument("--mib", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--upstream", type=int, help=argparse.SUPPRESS)
+    options = parser.parse_args()
+    if options.upstream:
+        serve_upstream(options.upstream)
+    else:
+        asyncio.run(main(options.calls, options.mib, options.rounds))

@@ -1,0 +1,273 @@
+"""The `/v1` API's face of the lifecycle: an agent in any language drives its elicitations over HTTP.
+
+The agent authenticates with an API key bound to a tenant (the agent) and an optional provider allow-list. It
+creates an elicitation here, sends `elicitation/create` on its own ACP connection, reports the client's answer,
+and learns the outcome by waiting (or from the event stream). Every change goes through `Elicitations`, the
+same lifecycle the embedded API uses. An elicitation of another tenant, or one not made through this API, is
+"unknown" here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from .errors import ConnectorError, FlowRefused
+from .handles import api_key_hash, new_id
+from .identity import Identity
+from .lifecycle import ClientAnswer, Elicitations
+from .outcomes import AuthorizationOutcome
+from .ports import ApiStore, EventSource, Tx
+from .records import ApiElicitationRecord, ApiKeyRecord, ElicitationRecord, GrantRecord
+from .scopes import ElicitationScope, RequestScope, SessionScope
+from .states import ElicitationStatus
+
+API_KEY_PREFIX = "acpk_"
+TENANT_PATTERN = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+PROVIDER_PATTERN = re.compile(r"[a-z][a-z0-9_-]{0,62}")
+# The longest a long-poll may hold a request; clients ask again after it.
+MAX_WAIT_SECONDS = 60.0
+# While waiting, re-read the row at least this often: the bus is a wake-up call, not the truth.
+POLL_SECONDS = 2.0
+# A live key is believed this long without a database read (a revocation takes effect within this time).
+KEY_CACHE_SECONDS = 5.0
+KEY_CACHE_SIZE = 1024
+
+
+def new_api_key(
+    tenant: str, agent_name: str, providers: Sequence[str] | None, now: datetime
+) -> tuple[str, ApiKeyRecord]:
+    """A new key (shown once) and the record that stores only its hash."""
+    if not TENANT_PATTERN.fullmatch(tenant):
+        raise ValueError("a tenant is 1-64 of a-z, 0-9, '.', '_' and '-', starting with a letter or digit")
+    if not agent_name.strip() or len(agent_name) > 255 or not agent_name.isprintable():
+        raise ValueError("the agent name must be 1-255 printable characters")
+    for name in providers or ():
+        if not PROVIDER_PATTERN.fullmatch(name):
+            raise ValueError(f"'{name}' is not a provider name")
+    key_id = "ak_" + new_id(9)
+    key = f"{API_KEY_PREFIX}{key_id}_{new_id(32)}"
+    record = ApiKeyRecord(
+        id=key_id,
+        key_hash=api_key_hash(key),
+        tenant=tenant,
+        agent_name=agent_name.strip(),
+        providers=None if providers is None else tuple(dict.fromkeys(providers)),
+        created_at=now,
+        revoked_at=None,
+    )
+    return key, record
+
+
+@dataclass(frozen=True, slots=True)
+class Created:
+    """What creating gave: a new (or, for a repeated idempotency key, the earlier) elicitation, or a grant."""
+
+    elicitation: ElicitationRecord | None = None
+    owner: ApiElicitationRecord | None = None
+    grant: GrantRecord | None = None
+    replayed: bool = False
+
+
+class _Replayed(Exception):
+    """Another request with the same idempotency key won the race: roll back and answer with its elicitation."""
+
+
+class AgentApi:
+    def __init__(
+        self, elicitations: Elicitations, store: ApiStore, events: EventSource, clock: Callable[[], datetime]
+    ) -> None:
+        self.elicitations = elicitations
+        self.store = store
+        self.events = events
+        self.now = clock
+        self._keys: dict[str, tuple[ApiKeyRecord, float]] = {}  # by key hash: live keys and until when
+
+    # -- who calls ----------------------------------------------------------------------------------------
+    async def authenticate(self, key: str | None) -> ApiKeyRecord:
+        """The live key presented, or FlowRefused `unauthorized` (missing, unknown or revoked)."""
+        if not key or not key.startswith(API_KEY_PREFIX) or len(key) > 200 or not key.isascii():
+            raise FlowRefused("unauthorized")
+        digest = api_key_hash(key)
+        now = time.monotonic()
+        cached = self._keys.get(digest)
+        if cached is not None and cached[1] > now:
+            return cached[0]
+        record = await self.store.api_keys.by_hash(digest)
+        if record is None or record.revoked_at is not None:
+            self._keys.pop(digest, None)
+            raise FlowRefused("unauthorized")
+        if len(self._keys) >= KEY_CACHE_SIZE:  # only live keys are cached: the operator bounds how many exist
+            self._keys.pop(next(iter(self._keys)))
+        self._keys[digest] = (record, now + KEY_CACHE_SECONDS)
+        return record
+
+    def check_provider(self, caller: ApiKeyRecord, provider: str) -> None:
+        if not PROVIDER_PATTERN.fullmatch(provider):
+            raise FlowRefused("unknown_provider", detail={"message": "There is no provider by that name."})
+        if not caller.allows(provider):
+            raise FlowRefused("provider_not_allowed")
+
+    # -- elicitations -------------------------------------------------------------------------------------
+    async def create(
+        self,
+        caller: ApiKeyRecord,
+        *,
+        user: Identity,
+        provider: str,
+        scopes: Sequence[str] | None,
+        scope: ElicitationScope,
+        message: str | None,
+        idempotency_key: str | None,
+        connection_id: str | None,
+    ) -> Created:
+        """A grant that already covers the scopes, else a new pending elicitation bound to `user`.
+
+        A repeated idempotency key answers with the elicitation it created first, if the request is the same,
+        and `idempotency_conflict` if it is not.
+        """
+        self.check_provider(caller, provider)
+        if idempotency_key is not None:
+            earlier = await self.store.api_elicitations.by_idempotency_key(caller.tenant, idempotency_key)
+            if earlier is not None:
+                return await self._replay(earlier, user, provider, scopes, scope, connection_id)
+        try:
+            resolved = await self.elicitations.providers.resolve(provider)
+        except ConnectorError as exc:
+            raise FlowRefused(exc.code, detail={"message": str(exc)}) from None
+        wanted = tuple(scopes) if scopes is not None else resolved.default_scopes
+        grant = await self.elicitations.find_grant(user, provider, wanted)
+        if grant is not None:
+            return Created(grant=grant)
+        now = self.now()
+        owner: ApiElicitationRecord | None = None
+
+        async def bind(record: ElicitationRecord, tx: Tx) -> None:
+            nonlocal owner
+            owner = ApiElicitationRecord(record.id, caller.tenant, idempotency_key, connection_id, now, None)
+            if not await self.store.api_elicitations.claim(owner, conn=tx):
+                raise _Replayed
+
+        try:
+            record = await self.elicitations.create(
+                connection_key=connection_key(caller.tenant, connection_id),
+                user=user,
+                provider=provider,
+                scopes=wanted,
+                scope=scope,
+                message=message,
+                agent_name=caller.agent_name,
+                within=bind,
+            )
+        except _Replayed:
+            assert idempotency_key is not None
+            earlier = await self.store.api_elicitations.by_idempotency_key(caller.tenant, idempotency_key)
+            assert earlier is not None
+            return await self._replay(earlier, user, provider, scopes, scope, connection_id)
+        return Created(elicitation=record, owner=owner)
+
+    async def _replay(
+        self,
+        earlier: ApiElicitationRecord,
+        user: Identity,
+        provider: str,
+        scopes: Sequence[str] | None,
+        scope: ElicitationScope,
+        connection_id: str | None,
+    ) -> Created:
+        record = await self.elicitations.get(earlier.elicitation_id)
+        assert record is not None  # the API row is deleted with its elicitation
+        same = (
+            record.identity == user
+            and record.provider == provider
+            and (scopes is None or tuple(scopes) == record.scopes)
+            and scope_of(record) == scope
+            and earlier.connection_id == connection_id
+        )
+        if not same:
+            raise FlowRefused("idempotency_conflict")
+        return Created(elicitation=record, owner=earlier, replayed=True)
+
+    async def find(self, caller: ApiKeyRecord, elicitation_id: str) -> tuple[ElicitationRecord, ApiElicitationRecord]:
+        """The caller's elicitation, brought up to date (expired if its time is up); `unknown_elicitation` else."""
+        owner = await self.store.api_elicitations.get(elicitation_id)
+        record = await self.elicitations.get(elicitation_id) if owner is not None else None
+        if owner is None or record is None or owner.tenant != caller.tenant:
+            raise FlowRefused("unknown_elicitation")
+        return await self.elicitations.expire_if_due(record), owner
+
+    async def answer(
+        self, caller: ApiKeyRecord, elicitation_id: str, answer: ClientAnswer
+    ) -> tuple[ElicitationRecord, ApiElicitationRecord, AuthorizationOutcome | None]:
+        """Record how the client answered `elicitation/create`; each elicitation takes one answer.
+
+        With the state, the outcome the answer led to (None for accept: the browser decides then).
+        """
+        record, _owner = await self.find(caller, elicitation_id)
+        if not await self.store.api_elicitations.mark_answered(record.id, self.now()):
+            raise FlowRefused("already_answered")
+        outcome = await self.elicitations.answered(record, answer)
+        return (*await self.find(caller, elicitation_id), outcome)
+
+    async def wait(
+        self, caller: ApiKeyRecord, elicitation_id: str, seconds: float
+    ) -> tuple[ElicitationRecord, ApiElicitationRecord]:
+        """The elicitation once it has ended, or as it stands after `seconds` (at most MAX_WAIT_SECONDS)."""
+        found = await self.find(caller, elicitation_id)
+        if found[0].status.terminal or seconds <= 0:
+            return found
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(seconds, MAX_WAIT_SECONDS)
+        async with self.events.subscribe(elicitation_id) as events:
+            while True:
+                record, owner = await self.find(caller, elicitation_id)
+                left = deadline - loop.time()
+                if record.status.terminal or left <= 0:
+                    return record, owner
+                until_expiry = (record.expires_at - self.now()).total_seconds()
+                try:
+                    await asyncio.wait_for(events.get(), timeout=max(0.0, min(left, POLL_SECONDS, until_expiry)))
+                except TimeoutError:
+                    pass
+
+    async def cancel(self, caller: ApiKeyRecord, elicitation_id: str) -> tuple[ElicitationRecord, ApiElicitationRecord]:
+        """End an open elicitation as cancelled (the agent's work no longer needs it); `already_ended` else.
+
+        As on the embedded path, a flow the user already started at the provider stays usable: a grant the user
+        completes afterwards is stored, but the elicitation stays cancelled.
+        """
+        record, _owner = await self.find(caller, elicitation_id)
+        ended = record.status.terminal or not await self.elicitations.finish(
+            record,
+            ElicitationStatus.CANCELLED,
+            "cancelled",
+            reason="cancelled by the agent",
+            detail={"via": "api"},
+            close_flows=False,
+        )
+        if ended:
+            raise FlowRefused("already_ended")
+        return await self.find(caller, elicitation_id)
+
+
+def connection_key(tenant: str, connection_id: str | None) -> str:
+    """The connection key of an API-created elicitation: it names the tenant, so events can be routed by it."""
+    return f"v1:{tenant}:{connection_id or ''}"
+
+
+def tenant_of(connection_key: str) -> str | None:
+    """The tenant an event's connection key names (None for an elicitation of the embedded API)."""
+    if not connection_key.startswith("v1:"):
+        return None
+    return connection_key[3:].partition(":")[0]
+
+
+def scope_of(record: ElicitationRecord) -> ElicitationScope:
+    if record.scope_kind == "session" and record.session_id is not None:
+        return SessionScope(record.session_id, record.tool_call_id)
+    assert record.request_id is not None
+    return RequestScope(record.request_id)

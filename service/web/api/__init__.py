@@ -1,0 +1,109 @@
+"""The `/v1` API for agents in any language: elicitations, grants, the token proxy, events, the OpenAPI document.
+
+Every route authenticates an API key (`Authorization: Bearer`); errors are JSON (`{"error": {"code", "message"}}`)
+with the codes of `service.web.errors`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from service.config import ApiSettings
+from service.core.agent_api import AgentApi
+from service.oauth import ProviderGateway
+from service.tokens import TokenAccess
+
+from .openapi import openapi_document
+from .proxy import ProxyRoute
+from .routes import ElicitationRoutes, Operation, Param
+
+__all__ = ["ApiParts", "api_operations", "api_routes"]
+
+PROXY_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+
+
+@dataclass(frozen=True)
+class ApiParts:
+    api: AgentApi
+    tokens: TokenAccess
+    providers: ProviderGateway
+    settings: ApiSettings
+    public_base_url: str
+
+
+def _version() -> str:
+    try:
+        return version("acp-oauth-connector")
+    except PackageNotFoundError:  # pragma: no cover - running from a source tree without an install
+        return "0"
+
+
+def api_operations(parts: ApiParts) -> list[Operation]:
+    names = [entry.name for entry in parts.providers.catalog.entries()]
+    elicitations = ElicitationRoutes(
+        parts.api,
+        parts.tokens,
+        names,
+        max_body=parts.settings.max_body_bytes,
+        max_wait=float(parts.settings.max_wait_seconds),
+    )
+    proxy = ProxyRoute(parts.api, parts.tokens, parts.providers, parts.settings)
+    proxy_params = (
+        Param("provider", "path", "The provider's catalog name.", required=True),
+        Param("path", "path", "The path under the provider's API base URL.", required=True),
+        Param("Connector-User-Issuer", "header", "The user's identity issuer.", required=True),
+        Param("Connector-User-Subject", "header", "The user's subject at that issuer.", required=True),
+    )
+    return [
+        *elicitations.operations(),
+        *(
+            Operation(
+                method,
+                "/v1/proxy/{provider}/{path}",
+                proxy.handle,
+                "Call the provider's API with the user's token injected (the answer is the provider's)",
+                errors=(
+                    "unauthorized",
+                    "provider_not_allowed",
+                    "unknown_provider",
+                    "proxy_not_available",
+                    "proxy_path_refused",
+                    "invalid_request",
+                    "no_grant",
+                    "grant_unusable",
+                    "body_too_large",
+                    "upstream_unavailable",
+                    "upstream_timeout",
+                ),
+                params=proxy_params,
+                streaming="*/*",
+            )
+            for method in PROXY_METHODS
+            if method != "HEAD"
+        ),
+    ]
+
+
+def api_routes(parts: ApiParts) -> list[BaseRoute]:
+    operations = api_operations(parts)
+    document = openapi_document(operations, version=_version(), server_url=parts.public_base_url)
+
+    async def openapi(request: Request) -> Response:
+        return JSONResponse(document)
+
+    routes: list[BaseRoute] = [Route("/v1/openapi.json", openapi, methods=["GET"])]
+    by_path: dict[str, list[Operation]] = {}
+    for op in operations:
+        by_path.setdefault(op.path, []).append(op)
+    for path, ops in by_path.items():
+        if path.startswith("/v1/proxy/"):
+            routes.append(Route("/v1/proxy/{rest:path}", ops[0].endpoint, methods=PROXY_METHODS))
+            continue
+        for op in ops:
+            routes.append(Route(path, op.endpoint, methods=[op.method]))
+    return routes

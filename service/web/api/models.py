@@ -1,0 +1,156 @@
+"""The `/v1` API's bodies as pydantic models: the handlers validate and answer with these, and the OpenAPI
+document is generated from them. Requests refuse unknown fields; field names are camelCase on the wire."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic.alias_generators import to_camel
+
+from service.core.outcomes import AuthorizationStatus
+from service.core.states import ElicitationStatus
+
+# Printable text of bounded length: what reaches the store and the logs can never be a NUL or a megabyte.
+Text255 = Annotated[str, StringConstraints(min_length=1, max_length=255, pattern=r"^[^\x00-\x1f\x7f]+$")]
+Text512 = Annotated[str, StringConstraints(min_length=1, max_length=512, pattern=r"^[^\x00-\x1f\x7f]+$")]
+ScopeName = Annotated[str, StringConstraints(min_length=1, max_length=255, pattern=r"^[\x21-\x7e]+$")]
+ProviderName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_-]{0,62}$")]
+RequestId = Annotated[int, Field(ge=-(2**53) + 1, le=2**53 - 1)] | Text255
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+
+class _Request(_Model):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=False, frozen=True, extra="forbid", strict=True
+    )
+
+
+class User(_Request):
+    """The user the agent acts for, as the agent verified them: the same issuer and subject the connector's
+    identity verifier will see in the browser."""
+
+    issuer: Text512
+    subject: Text512
+
+
+class Scope(_Request):
+    """Where the elicitation belongs on the agent's ACP connection: `sessionId` (+ `toolCallId`) or `requestId`."""
+
+    session_id: Text255 | None = None
+    tool_call_id: Text255 | None = None
+    request_id: RequestId | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> Scope:
+        if (self.session_id is None) == (self.request_id is None):
+            raise ValueError("give either sessionId (with an optional toolCallId) or requestId")
+        if self.tool_call_id is not None and self.session_id is None:
+            raise ValueError("toolCallId belongs to a sessionId")
+        return self
+
+
+class CreateElicitation(_Request):
+    user: User
+    provider: ProviderName
+    scopes: Annotated[list[ScopeName], Field(max_length=50)] | None = Field(
+        default=None, description="Scopes to ask for; the provider's default scopes when omitted."
+    )
+    scope: Scope
+    message: Annotated[str, StringConstraints(min_length=1, max_length=1000)] | None = Field(
+        default=None, description="What the client shows the user; a sentence naming the provider when omitted."
+    )
+    connection_id: Text255 | None = Field(
+        default=None, description="The agent's own label for the ACP connection; events carry it back."
+    )
+
+
+class Answer(_Request):
+    """How the client answered `elicitation/create`: `accept` (consent to open the URL only), `decline`,
+    `cancel`, `client_error` with the JSON-RPC error code it sent, or `disconnected` (no answer came)."""
+
+    action: Literal["accept", "decline", "cancel", "client_error", "disconnected"]
+    code: Annotated[int, Field(ge=-(2**31), le=2**31 - 1)] | None = None
+    message: Annotated[str, StringConstraints(max_length=500)] | None = None
+
+    @model_validator(mode="after")
+    def _code_for_errors(self) -> Answer:
+        if self.action == "client_error" and self.code is None:
+            raise ValueError("client_error needs the JSON-RPC error code")
+        if self.action != "client_error" and (self.code is not None or self.message is not None):
+            raise ValueError("code and message belong to client_error only")
+        return self
+
+
+class Grant(_Model):
+    """What an agent may know about a grant: never a token."""
+
+    grant_id: str
+    provider: str
+    account_id: str
+    scopes: list[str]
+    created_at: datetime
+    updated_at: datetime
+    expires_at: datetime | None = Field(description="When the current access token expires (it is refreshed).")
+
+
+class ElicitationState(_Model):
+    elicitation_id: str
+    status: ElicitationStatus
+    outcome: AuthorizationStatus | None = Field(
+        description="Set once the elicitation has ended. The answer to a client_error report says `client_error`."
+    )
+    reason: str | None
+    provider: str
+    provider_display_name: str = Field(description="What the user is shown for the provider.")
+    scopes: list[str]
+    url: str = Field(description="Send this as the `url` of a URL-mode `elicitation/create`.")
+    message: str
+    session_id: str | None
+    tool_call_id: str | None
+    request_id: int | str | None
+    connection_id: str | None
+    answered: bool = Field(description="Whether the client's answer was reported.")
+    created_at: datetime
+    expires_at: datetime
+    grant: Grant | None = Field(description="The grant, once the elicitation completed.")
+
+
+class Created(_Model):
+    """`created`: send `elicitation/create` with these values. `already_authorized`: a grant covers the scopes."""
+
+    status: Literal["created", "already_authorized"]
+    provider_display_name: str
+    elicitation_id: str | None = None
+    url: str | None = None
+    message: str | None = None
+    expires_at: datetime | None = None
+    elicitation: ElicitationState | None = None
+    grant: Grant | None = None
+
+
+class GrantList(_Model):
+    grants: list[Grant]
+
+
+class Event(_Model):
+    """One event of the stream (also the body of a webhook): an elicitation reached `status`."""
+
+    id: int
+    elicitation_id: str
+    status: ElicitationStatus
+    outcome: AuthorizationStatus | None
+    connection_id: str | None
+
+
+class ErrorDetail(_Model):
+    code: str = Field(description="Stable and machine-readable; see the README's error table.")
+    message: str = Field(description="A sentence for people.")
+
+
+class Error(_Model):
+    error: ErrorDetail

@@ -1,0 +1,203 @@
+"""`/v1/proxy/{provider}/{path}`: the agent calls a provider's API with the user's token injected here.
+
+The token is added by `GrantAuth` (refreshed ahead of expiry; one refresh and one retry after a 401 when the
+request body can be sent again). Bodies stream both ways; the agent's own `Authorization`, cookies, our
+`Connector-*` headers and hop-by-hop headers never reach the provider; the target is always under the provider's
+API base URL (a path that would leave it is refused before anything is sent).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import AsyncIterator
+from urllib.parse import unquote
+
+import httpx
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from service.config import ApiSettings
+from service.core.agent_api import AgentApi
+from service.core.errors import ConnectorError, FlowRefused, NotAuthorized
+from service.core.identity import Identity
+from service.oauth import ProviderGateway
+from service.tokens import GrantAuth, TokenAccess
+
+from .io import caller, read_body
+
+log = logging.getLogger("service.web")
+
+PREFIX = "/v1/proxy/"
+USER_ISSUER = "connector-user-issuer"
+USER_SUBJECT = "connector-user-subject"
+# RFC 9110 section 7.6.1, and what only this hop may see.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+    }
+)
+NOT_FORWARDED = HOP_BY_HOP | {"authorization", "cookie", "content-length", "expect"}
+NOT_RETURNED = HOP_BY_HOP | {"set-cookie", "www-authenticate"}
+_UNSAFE_PATH = re.compile(r"(^|/)\.\.?(/|$)|\\|[\x00-\x1f\x7f]")
+
+
+def target_url(base: str, raw_path: str, query: bytes) -> httpx.URL:
+    """`raw_path` (as sent, percent-encoded) under `base`; FlowRefused `proxy_path_refused` if it could leave it."""
+    decoded = unquote(raw_path)
+    if _UNSAFE_PATH.search(decoded) or decoded.startswith("/") or "//" in decoded or "?" in decoded or "#" in decoded:
+        raise FlowRefused("proxy_path_refused")
+    origin = httpx.URL(base)
+    prefix = origin.raw_path.decode("ascii").rstrip("/") + "/"
+    url = origin.copy_with(raw_path=(prefix + raw_path).encode("ascii") + (b"?" + query if query else b""))
+    if (url.scheme, url.host, url.port) != (origin.scheme, origin.host, origin.port) or not url.path.startswith(
+        unquote(prefix)
+    ):
+        raise FlowRefused("proxy_path_refused")
+    return url
+
+
+class ProxyRoute:
+    def __init__(
+        self,
+        api: AgentApi,
+        tokens: TokenAccess,
+        providers: ProviderGateway,
+        settings: ApiSettings,
+    ) -> None:
+        self.api = api
+        self.tokens = tokens
+        self.providers = providers
+        self.settings = settings
+
+    async def handle(self, request: Request) -> Response:
+        key = await caller(request, self.api)
+        raw = request.scope.get("raw_path") or request.scope["path"].encode()
+        raw_path = raw.decode("latin-1").split("?", 1)[0]
+        if not raw_path.startswith(PREFIX):
+            raise FlowRefused("proxy_path_refused")
+        provider_name, _, rest = raw_path[len(PREFIX) :].partition("/")
+        self.api.check_provider(key, provider_name)
+        try:
+            provider = await self.providers.resolve(provider_name)
+        except ConnectorError as exc:
+            raise FlowRefused(exc.code, detail={"message": str(exc)}) from None
+        if not provider.api_base_url:
+            raise FlowRefused("proxy_not_available")
+        url = target_url(provider.api_base_url, rest, request.scope.get("query_string", b""))
+        user = _user(request)
+        grant = await self.tokens.grant_for(user, provider.name, ())
+        if grant is None:
+            raise FlowRefused("no_grant")
+
+        headers = [
+            (name, value)
+            for name, value in request.headers.items()
+            if name not in NOT_FORWARDED
+            and not name.startswith("connector-")
+            and name not in _listed_in_connection(request)
+        ]
+        content = await self._body(request)
+        # The provider's long-lived pool (redirects are not followed: the agent gets the provider's own answer).
+        http = self.providers.http.client(provider.name)
+        upstream = http.build_request(
+            request.method,
+            url,
+            headers=headers,
+            content=content,
+            timeout=httpx.Timeout(self.settings.proxy_timeout_seconds),
+        )
+        try:
+            response = await http.send(upstream, auth=GrantAuth(self.tokens, grant.id, provider), stream=True)
+        except NotAuthorized:
+            raise FlowRefused("grant_unusable") from None
+        except httpx.TimeoutException:
+            raise FlowRefused("upstream_timeout") from None
+        except httpx.HTTPError:
+            raise FlowRefused("upstream_unavailable") from None
+        dropped = NOT_RETURNED | _connection_tokens(response.headers)
+        if response.is_stream_consumed:  # a 401 that could not be retried was read (and decoded) by GrantAuth
+            dropped |= {"content-encoding", "content-length"}
+        returned = [(name, value) for name, value in response.headers.multi_items() if name.lower() not in dropped]
+        relayed = StreamingResponse(
+            self._relay(response), status_code=response.status_code, background=BackgroundTask(response.aclose)
+        )
+        relayed.raw_headers = [(n.lower().encode("latin-1"), v.encode("latin-1")) for n, v in returned]
+        return relayed
+
+    async def _body(self, request: Request) -> bytes | AsyncIterator[bytes] | None:
+        """Small bodies are read whole (so a 401 can be retried); larger ones stream, within the size limit."""
+        declared = request.headers.get("content-length")
+        chunked = "chunked" in request.headers.get("transfer-encoding", "").lower()
+        if declared is None and not chunked:
+            return None
+        if declared is not None and declared.isdigit() and int(declared) <= self.settings.proxy_retry_body_bytes:
+            return await read_body(request, self.settings.proxy_retry_body_bytes)
+        if declared is not None and (not declared.isdigit() or int(declared) > self.settings.proxy_max_request_bytes):
+            raise FlowRefused("body_too_large", detail={"limit": str(self.settings.proxy_max_request_bytes)})
+        return self._limited(request)
+
+    async def _limited(self, request: Request) -> AsyncIterator[bytes]:
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.settings.proxy_max_request_bytes:
+                raise httpx.RequestError("request body over proxy_max_request_bytes")
+            yield chunk
+
+    async def _relay(self, response: httpx.Response) -> AsyncIterator[bytes]:
+        """The provider's bytes as they come (still encoded), cut at the size and time limits."""
+        if response.is_stream_consumed:
+            yield response.content
+            return
+        size = 0
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.proxy_max_seconds
+        async for chunk in response.aiter_raw():
+            size += len(chunk)
+            over = "proxy_max_response_bytes" if size > self.settings.proxy_max_response_bytes else None
+            if over is None and loop.time() > deadline:
+                over = "proxy_max_seconds"
+            if over is not None:
+                log.warning("proxied response cut off at %s", over)
+                # Raising (not returning) makes the server abort the response, so the agent cannot take a
+                # truncated body for a whole one.
+                raise ProxyLimitExceeded(over)
+            yield chunk
+
+
+class ProxyLimitExceeded(Exception):
+    """A proxied response passed a limit after its headers were sent."""
+
+
+def _user(request: Request) -> Identity:
+    issuer, subject = request.headers.get(USER_ISSUER), request.headers.get(USER_SUBJECT)
+    if not issuer or not subject or len(issuer) > 512 or len(subject) > 512:
+        raise FlowRefused(
+            "invalid_request",
+            detail={"problem": "send the user as Connector-User-Issuer and Connector-User-Subject headers"},
+        )
+    return Identity(issuer, subject)
+
+
+def _listed_in_connection(request: Request) -> frozenset[str]:
+    return _tokens(request.headers.get("connection", ""))
+
+
+def _connection_tokens(headers: httpx.Headers) -> frozenset[str]:
+    return _tokens(headers.get("connection", ""))
+
+
+def _tokens(value: str) -> frozenset[str]:
+    return frozenset(part.strip().lower() for part in value.split(",") if part.strip())

@@ -1,0 +1,319 @@
+"""`/v1` elicitations and grants: the handlers, each declared once as an `Operation` (route and OpenAPI)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel
+from starlette.requests import Request
+from starlette.responses import Response
+
+from service.core.agent_api import AgentApi, Created
+from service.core.errors import FlowRefused
+from service.core.identity import Identity
+from service.core.lifecycle import AnswerKind, ClientAnswer
+from service.core.outcomes import AuthorizationOutcome
+from service.core.records import ApiElicitationRecord, ApiKeyRecord, ElicitationRecord, GrantRecord
+from service.core.scopes import ElicitationScope, RequestScope, SessionScope
+from service.tokens import TokenAccess
+
+from . import models
+from .io import answer, caller, query_text, read_model
+
+_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_ANSWERS = {
+    "accept": AnswerKind.ACCEPT,
+    "decline": AnswerKind.DECLINE,
+    "cancel": AnswerKind.CANCEL,
+    "client_error": AnswerKind.ERROR,
+    "disconnected": AnswerKind.DISCONNECTED,
+}
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    where: str  # "path" | "query" | "header"
+    description: str
+    required: bool = False
+    schema: dict[str, object] = field(default_factory=lambda: {"type": "string"})
+
+
+@dataclass(frozen=True)
+class Operation:
+    """One route of the API and what the OpenAPI document says of it."""
+
+    method: str
+    path: str
+    endpoint: Endpoint
+    summary: str
+    body: type[BaseModel] | None = None
+    responses: dict[int, type[BaseModel] | None] = field(default_factory=dict)
+    errors: Sequence[str] = ()
+    params: Sequence[Param] = ()
+    streaming: str | None = None  # the media type of a streamed answer (proxy, events)
+
+
+def checked_id(value: str, code: str) -> str:
+    """An id from the path: its shape is checked before it reaches the store (404 with `code` otherwise)."""
+    if not _ID.fullmatch(value):
+        raise FlowRefused(code)
+    return value
+
+
+def grant_model(grant: GrantRecord) -> models.Grant:
+    return models.Grant(
+        grant_id=grant.id,
+        provider=grant.provider,
+        account_id=grant.provider_account_id,
+        scopes=list(grant.scopes),
+        created_at=grant.created_at,
+        updated_at=grant.updated_at,
+        expires_at=grant.token_expires_at,
+    )
+
+
+class ElicitationRoutes:
+    def __init__(
+        self, api: AgentApi, tokens: TokenAccess, providers: Sequence[str], *, max_body: int, max_wait: float
+    ) -> None:
+        self.api = api
+        self.providers = tuple(providers)
+        self.tokens = tokens
+        self.max_body = max_body
+        self.max_wait = max_wait
+
+    async def state(
+        self, record: ElicitationRecord, owner: ApiElicitationRecord, outcome: AuthorizationOutcome | None = None
+    ) -> models.ElicitationState:
+        if outcome is None and record.status.terminal:
+            outcome = await self.api.elicitations.outcome(record)
+        grant = None
+        if outcome is not None and outcome.grant is not None:
+            stored = await self.api.store.grants.get(outcome.grant.id)
+            grant = grant_model(stored) if stored is not None else None
+        return models.ElicitationState(
+            elicitation_id=record.id,
+            status=record.status,
+            outcome=outcome.status if outcome is not None else None,
+            reason=record.failure_reason,
+            provider=record.provider,
+            provider_display_name=self.api.elicitations.providers.display_name(record.provider),
+            scopes=list(record.scopes),
+            url=self.api.elicitations.settings.connect_url(record.id),
+            message=record.message,
+            session_id=record.session_id,
+            tool_call_id=record.tool_call_id,
+            request_id=record.request_id,
+            connection_id=owner.connection_id,
+            answered=owner.answered_at is not None,
+            created_at=record.created_at,
+            expires_at=record.expires_at,
+            grant=grant,
+        )
+
+    # -- handlers -----------------------------------------------------------------------------------------
+    async def create(self, request: Request) -> Response:
+        key = await caller(request, self.api)
+        body = await read_model(request, models.CreateElicitation, self.max_body)
+        idempotency_key = request.headers.get("idempotency-key")
+        if idempotency_key is not None and not re.fullmatch(r"[\x21-\x7e]{1,255}", idempotency_key):
+            raise FlowRefused("invalid_request", detail={"problem": "Idempotency-Key must be 1-255 visible ASCII"})
+        scope: ElicitationScope = (
+            SessionScope(body.scope.session_id, body.scope.tool_call_id)
+            if body.scope.session_id is not None
+            else RequestScope(body.scope.request_id)  # type: ignore[arg-type]  # the model checked one is set
+        )
+        created = await self.api.create(
+            key,
+            user=Identity(body.user.issuer, body.user.subject),
+            provider=body.provider,
+            scopes=body.scopes,
+            scope=scope,
+            message=body.message,
+            idempotency_key=idempotency_key,
+            connection_id=body.connection_id,
+        )
+        return answer(await self._created(created), 200 if created.replayed or created.grant else 201)
+
+    async def _created(self, created: Created) -> models.Created:
+        if created.grant is not None:
+            return models.Created(
+                status="already_authorized",
+                provider_display_name=self.api.elicitations.providers.display_name(created.grant.provider),
+                grant=grant_model(created.grant),
+            )
+        assert created.elicitation is not None and created.owner is not None
+        state = await self.state(created.elicitation, created.owner)
+        return models.Created(
+            status="created",
+            provider_display_name=state.provider_display_name,
+            elicitation_id=state.elicitation_id,
+            url=state.url,
+            message=state.message,
+            expires_at=state.expires_at,
+            elicitation=state,
+        )
+
+    async def get(self, request: Request) -> Response:
+        key = await caller(request, self.api)
+        elicitation_id = checked_id(request.path_params["elicitation_id"], "unknown_elicitation")
+        wait = query_text(request, "wait", max_length=8)
+        if wait is None:
+            record, owner = await self.api.find(key, elicitation_id)
+        else:
+            try:
+                seconds = float(wait)
+            except ValueError:
+                seconds = -1.0
+            if not 0 <= seconds <= self.max_wait:
+                raise FlowRefused(
+                    "invalid_request", detail={"problem": f"'wait' must be between 0 and {self.max_wait:g} seconds"}
+                )
+            record, owner = await self.api.wait(key, elicitation_id, seconds)
+        return answer(await self.state(record, owner))
+
+    async def answer(self, request: Request) -> Response:
+        key = await caller(request, self.api)
+        elicitation_id = checked_id(request.path_params["elicitation_id"], "unknown_elicitation")
+        body = await read_model(request, models.Answer, self.max_body)
+        message = body.message if body.message and body.message.isprintable() else None
+        record, owner, outcome = await self.api.answer(
+            key, elicitation_id, ClientAnswer(_ANSWERS[body.action], error_code=body.code, message=message)
+        )
+        return answer(await self.state(record, owner, outcome))
+
+    async def cancel(self, request: Request) -> Response:
+        key = await caller(request, self.api)
+        elicitation_id = checked_id(request.path_params["elicitation_id"], "unknown_elicitation")
+        await _no_body(request)
+        record, owner = await self.api.cancel(key, elicitation_id)
+        return answer(await self.state(record, owner))
+
+    async def grants(self, request: Request) -> Response:
+        key = await caller(request, self.api)
+        issuer = query_text(request, "issuer", required=True)
+        subject = query_text(request, "subject", required=True)
+        provider = query_text(request, "provider", max_length=63)
+        assert issuer is not None and subject is not None
+        user = Identity(issuer, subject)
+        if provider is not None:
+            self.api.check_provider(key, provider)
+            names = [provider]
+        else:
+            names = [name for name in self.providers if key.allows(name)]
+        found: list[GrantRecord] = []
+        for name in names:
+            found.extend(await self.api.store.grants.find(user, name))
+        return answer(models.GrantList(grants=[grant_model(g) for g in found]))
+
+    async def delete_grant(self, request: Request) -> Response:
+        key = await caller(request, self.api)
+        grant = await self.visible_grant(key, request.path_params["grant_id"])
+        await self.tokens.disconnect_grant(grant)
+        return Response(status_code=204)
+
+    async def visible_grant(self, key: ApiKeyRecord, grant_id: str) -> GrantRecord:
+        grant = await self.api.store.grants.get(checked_id(grant_id, "unknown_grant"))
+        if grant is None or not key.allows(grant.provider):
+            raise FlowRefused("unknown_grant")
+        return grant
+
+    def operations(self) -> list[Operation]:
+        auth_errors = ("unauthorized",)
+        body_errors = ("invalid_json", "invalid_request", "body_too_large")
+        eid = Param("elicitation_id", "path", "The elicitation's id.", required=True)
+        return [
+            Operation(
+                "POST",
+                "/v1/elicitations",
+                self.create,
+                "Create an elicitation (or learn that a grant already covers the scopes)",
+                body=models.CreateElicitation,
+                responses={201: models.Created, 200: models.Created},
+                errors=(
+                    *auth_errors,
+                    *body_errors,
+                    "provider_not_allowed",
+                    "unknown_provider",
+                    "provider_not_configured",
+                    "idempotency_conflict",
+                ),
+                params=(
+                    Param(
+                        "Idempotency-Key",
+                        "header",
+                        "Repeating a request with the same key answers with the same elicitation.",
+                    ),
+                ),
+            ),
+            Operation(
+                "GET",
+                "/v1/elicitations/{elicitation_id}",
+                self.get,
+                "An elicitation's state; with ?wait=SECONDS, held until it ends or the time is up",
+                responses={200: models.ElicitationState},
+                errors=(*auth_errors, "unknown_elicitation", "invalid_request"),
+                params=(
+                    eid,
+                    Param(
+                        "wait",
+                        "query",
+                        f"Seconds to wait for the elicitation to end (0-{self.max_wait:g}).",
+                        schema={"type": "number", "minimum": 0, "maximum": self.max_wait},
+                    ),
+                ),
+            ),
+            Operation(
+                "POST",
+                "/v1/elicitations/{elicitation_id}/answer",
+                self.answer,
+                "Report how the client answered elicitation/create (once)",
+                body=models.Answer,
+                responses={200: models.ElicitationState},
+                errors=(*auth_errors, *body_errors, "unknown_elicitation", "already_answered"),
+                params=(eid,),
+            ),
+            Operation(
+                "POST",
+                "/v1/elicitations/{elicitation_id}/cancel",
+                self.cancel,
+                "Cancel an open elicitation (the agent's work no longer needs it)",
+                responses={200: models.ElicitationState},
+                errors=(*auth_errors, "unknown_elicitation", "already_ended", "body_too_large"),
+                params=(eid,),
+            ),
+            Operation(
+                "GET",
+                "/v1/grants",
+                self.grants,
+                "A user's grants (metadata only, never a token)",
+                responses={200: models.GrantList},
+                errors=(*auth_errors, "invalid_request", "provider_not_allowed", "unknown_provider"),
+                params=(
+                    Param("issuer", "query", "The user's identity issuer.", required=True),
+                    Param("subject", "query", "The user's subject at that issuer.", required=True),
+                    Param("provider", "query", "Only grants at this provider."),
+                ),
+            ),
+            Operation(
+                "DELETE",
+                "/v1/grants/{grant_id}",
+                self.delete_grant,
+                "Revoke a grant at the provider (where it supports revocation), then delete it",
+                responses={204: None},
+                errors=(*auth_errors, "unknown_grant"),
+                params=(Param("grant_id", "path", "The grant's id.", required=True),),
+            ),
+        ]
+
+
+async def _no_body(request: Request) -> None:
+    """Endpoints without a body read none, but refuse one that is sent (it would be ignored silently)."""
+    async for chunk in request.stream():
+        if chunk:
+            raise FlowRefused("body_too_large", detail={"limit": "0"})

@@ -1,0 +1,188 @@
+"""A real sidecar: `acp-connector serve` in its own process, on loopback, with a mock provider served over HTTP.
+
+The test process opens its own `Store` on the same database to read what the sidecar wrote, and makes API keys
+in it the way `acp-connector api-keys create` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from service import Identity
+from service.core.handles import grant_aad, new_id
+from service.core.records import GrantRecord, TokenSet
+from service.providers import provider_env_var
+from service.store import Store, migrate
+from service.testing import MockOAuthProvider
+from service.vault import Vault, generate_key, load_key_ring
+from service.web.server import make_server
+
+from .api_support import make_key
+from .conftest import ALICE, write_catalog
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Sidecar:
+    base_url: str
+    api_key: str
+    store: Store
+    local_user: Identity
+    pid: int
+    log_file: Path
+    env: dict[str, str]
+
+    def log_text(self) -> str:
+        return self.log_file.read_text(errors="replace")
+
+
+def sidecar_env(
+    tmp_path: Path, providers: dict[str, dict[str, object]], credentials: dict[str, tuple[str, str]]
+) -> dict[str, str]:
+    """The environment of a sidecar on a free loopback port with `providers` as its catalog."""
+    port = free_port()
+    catalog = write_catalog(tmp_path / "providers.toml", providers)
+    env = {
+        "CONNECTOR_PUBLIC_BASE_URL": f"http://127.0.0.1:{port}",
+        "CONNECTOR_SERVER__PORT": str(port),
+        "CONNECTOR_DATABASE__URL": f"sqlite+aiosqlite:///{tmp_path / 'sidecar.db'}",
+        "CONNECTOR_VAULT__KEYS": generate_key("k1"),
+        "CONNECTOR_PROVIDERS__CATALOG": str(catalog),
+        "CONNECTOR_AGENT_NAME": "Test Agent",
+        "CONNECTOR_IDENTITY__LOCAL__ISSUER": ALICE.issuer,
+        "CONNECTOR_IDENTITY__LOCAL__SUBJECT": ALICE.subject,
+    }
+    for name, (client_id, secret) in credentials.items():
+        env[provider_env_var(name, "CLIENT_ID")] = client_id
+        env[provider_env_var(name, "CLIENT_SECRET")] = secret
+    return env
+
+
+@asynccontextmanager
+async def sidecar_process(env: dict[str, str], log_file: Path, *, migrate_first: bool = True) -> AsyncIterator[int]:
+    """`acp-connector serve` with `env` until the block ends; yields its pid once /healthz answers."""
+    if migrate_first:
+        migrate(env["CONNECTOR_DATABASE__URL"])
+    base_url = env["CONNECTOR_PUBLIC_BASE_URL"]
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("CONNECTOR_")}
+    full_env.update(env)
+    with log_file.open("ab") as log:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "service.cli", "serve", env=full_env, cwd=ROOT, stdout=log, stderr=log
+        )
+    try:
+        async with httpx.AsyncClient(timeout=2) as probe:
+            for _ in range(1200):
+                if process.returncode is not None:
+                    raise RuntimeError(f"the sidecar exited with {process.returncode}; see {log_file}")
+                try:
+                    # Our own server names its base URL in its OpenAPI document: no other server on the port.
+                    answer = await probe.get(f"{base_url}/v1/openapi.json")
+                    if answer.status_code == 200 and answer.json()["servers"][0]["url"] == base_url:
+                        break
+                except (httpx.HTTPError, ValueError, KeyError):
+                    pass
+                await asyncio.sleep(0.05)
+            else:
+                raise RuntimeError("the sidecar did not come up")
+        yield process.pid
+    finally:
+        if process.returncode is None:
+            process.terminate()
+            try:
+                await asyncio.wait_for(process.wait(), 10)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+
+
+@asynccontextmanager
+async def running_sidecar(tmp_path: Path, provider: MockOAuthProvider) -> AsyncIterator[Sidecar]:
+    """A sidecar process with the mock provider served over HTTP, a store on its database and an API key."""
+    async with provider.serve_http():
+        env = sidecar_env(
+            tmp_path, {"github": provider.catalog_entry()}, {"github": (provider.client_id, provider.client_secret)}
+        )
+        log_file = tmp_path / "sidecar.log"
+        async with sidecar_process(env, log_file) as pid:
+            store = Store.from_url(env["CONNECTOR_DATABASE__URL"])
+            try:
+                key = await make_key(store)
+                yield Sidecar(env["CONNECTOR_PUBLIC_BASE_URL"], key, store, ALICE, pid, log_file, env)
+            finally:
+                await store.close()
+
+
+def bulk_api() -> Starlette:
+    """A provider API for streaming tests: GET /api/big?mb=N streams N MiB (1 MiB chunks), bearer required."""
+    chunk = b"\x00" * (1 << 20)
+
+    async def big(request: Request) -> Response:
+        if not request.headers.get("authorization", "").startswith("Bearer "):
+            return JSONResponse({"message": "Bad credentials"}, 401)
+        megabytes = int(request.query_params.get("mb", "1"))
+
+        async def body() -> AsyncIterator[bytes]:
+            for _ in range(megabytes):
+                yield chunk
+
+        return StreamingResponse(body(), headers={"content-length": str(megabytes << 20)})
+
+    return Starlette(routes=[Route("/api/big", big)])
+
+
+@asynccontextmanager
+async def serve_app(app: Starlette) -> AsyncIterator[str]:
+    """`app` on a free loopback port while the block runs; yields its base URL."""
+    port = free_port()
+    server = make_server(app, "127.0.0.1", port)
+    task = asyncio.create_task(server.serve())
+    while not server.started:  # noqa: ASYNC110 - uvicorn offers a flag, not an event
+        await asyncio.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task
+
+
+async def seed_grant(store: Store, vault_keys: str, user: Identity, provider: str, access_token: str) -> GrantRecord:
+    """A stored grant for `user` at `provider`, as the callback would store it (encrypted, never expiring)."""
+    ring = load_key_ring([vault_keys], None, None)
+    assert ring is not None
+    now = datetime.now(UTC)
+    tokens = TokenSet(access_token, "Bearer", None, None, ("read",))
+    key_id, blob = Vault(ring).encrypt_json(
+        tokens.to_json(), aad=grant_aad(user.issuer, user.subject, provider, "acct-1")
+    )
+    record = GrantRecord(new_id(16), user, provider, "acct-1", ("read",), key_id, blob, None, now, now)
+    return await store.grants.upsert(record)
+
+
+def peak_rss_kib(pid: int) -> int:
+    """The process's peak resident set size (VmHWM), KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise RuntimeError("no VmHWM in /proc/<pid>/status")
