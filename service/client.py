@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-import weakref
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
@@ -21,12 +20,14 @@ from typing import Any
 import httpx
 
 from .acp import AcpLink, AgentConnection, StateListener, url_mode_advertised
+from .acp.adapter import SdkConnection
+from .acp.authorizer import INITIALIZE_WAIT_SECONDS, stop_cause
 from .acp.foreground import ForegroundTracker
 from .acp.messages import send_completion, send_url_elicitation
 from .core.errors import ConnectorError
 from .core.identity import Identity
 from .core.lifecycle import AnswerKind, ClientAnswer, covers
-from .core.outcomes import AuthorizationOutcome, AuthorizationStatus, GrantInfo
+from .core.outcomes import CLIENT_DISCONNECTED, AuthorizationOutcome, AuthorizationStatus, GrantInfo
 from .core.scopes import ElicitationScope, SessionScope
 
 # How long one long-poll asks the sidecar to hold; between polls the client checks its ACP connection.
@@ -56,7 +57,6 @@ class SidecarClient:
             timeout=httpx.Timeout(timeout, read=timeout + WAIT_SECONDS),
         )
         self.foreground = ForegroundTracker()
-        self._links: weakref.WeakKeyDictionary[Any, AcpLink] = weakref.WeakKeyDictionary()
 
     async def close(self) -> None:
         await self._http.aclose()
@@ -70,11 +70,11 @@ class SidecarClient:
     # -- the agent's API (as `Connector`) -------------------------------------------------------------------
     def attach(self, conn: AgentConnection, *, on_state: StateListener | None = None) -> AcpLink:
         """Start tracking a client connection; call it from the agent's `on_connect`, before `initialize`."""
-        link = self._links.get(conn)
-        if link is None:
-            link = AcpLink(conn)
-            self._links[conn] = link
-        self.foreground.listen(link, on_state)
+        link = SdkConnection.installed(conn)
+        if not isinstance(link, AcpLink):
+            link = AcpLink(conn, on_closed=self.foreground.forget)
+        if not link.closed:
+            self.foreground.listen(link, on_state)
         return link
 
     async def request_authorization(
@@ -90,18 +90,16 @@ class SidecarClient:
         foreground: bool = True,
     ) -> AuthorizationOutcome:
         """As `Connector.request_authorization`. Raises `SidecarError` when the sidecar refuses the request."""
+        attached_before = SdkConnection.installed(conn) is not None
         link = self.attach(conn)
-        capabilities: Mapping[str, Any] | Any = (
-            link.raw_capabilities if link.initialize_params is not None else client_capabilities
-        )
+        wait = INITIALIZE_WAIT_SECONDS if attached_before else 0.0
+        capabilities = await link.client_capabilities(client_capabilities, wait)
+        if link.closed:
+            return AuthorizationOutcome(AuthorizationStatus.DISCONNECTED, provider, reason=CLIENT_DISCONNECTED)
         if not url_mode_advertised(capabilities):
             return await self._without_url_mode(user, provider, scopes)
-        created = await self._call(
-            "POST",
-            "/v1/elicitations",
-            json=_create_body(user, provider, scopes, scope, message, link.key),
-            headers={"Idempotency-Key": uuid.uuid4().hex},
-        )
+        body = _create_body(user, provider, scopes, scope, message, link.key)
+        created = await self._call("POST", "/v1/elicitations", json=body, headers={"Idempotency-Key": uuid.uuid4().hex})
         if created["status"] == "already_authorized":
             return AuthorizationOutcome(
                 AuthorizationStatus.ALREADY_AUTHORIZED,
@@ -114,25 +112,81 @@ class SidecarClient:
         session_id = scope.session_id if isinstance(scope, SessionScope) else ""
         if blocking:
             await self.foreground.block(link, session_id)
-        cancelled = False
+        resumes = True
         try:
-            answer = await send_url_elicitation(
-                conn, elicitation_id=elicitation_id, url=created["url"], message=created["message"], scope=scope
-            )
-            state = await self._call("POST", f"/v1/elicitations/{elicitation_id}/answer", json=_answer_body(answer))
-            if answer.kind is AnswerKind.ACCEPT:
-                state = await self._await_end(link, elicitation_id, state)
-            outcome = _outcome(state, answer.error_code)
-            if outcome.status is AuthorizationStatus.AUTHORIZED:
-                await send_completion(link, elicitation_id)
+            outcome = await self._run(link, created, scope)
+            resumes = outcome.status is not AuthorizationStatus.DISCONNECTED
             return outcome
         except asyncio.CancelledError:
-            cancelled = True
-            await self._cancelled(link, elicitation_id)
+            resumes = not stop_cause(link, scope).ends_the_work
+            await asyncio.shield(self._cancelled(link, elicitation_id))
             raise
         finally:
             if blocking:
-                await self.foreground.unblock(link, session_id, ended=cancelled)
+                await self.foreground.unblock(link, session_id, ended=not resumes)
+
+    async def _run(self, link: AcpLink, created: Mapping[str, Any], scope: ElicitationScope) -> AuthorizationOutcome:
+        """Ask the client, report its answer, wait for the end, and send `elicitation/complete` when authorized."""
+        elicitation_id = created["elicitationId"]
+        ask = asyncio.ensure_future(
+            send_url_elicitation(
+                link, elicitation_id=elicitation_id, url=created["url"], message=created["message"], scope=scope
+            )
+        )
+        try:
+            # The elicitation may end before the client answers (its time, the browser being faster).
+            state = await self._until(ask, elicitation_id)
+        finally:
+            ask.cancel()
+        if state is not None:
+            await link.withdraw(elicitation_id)  # the question is no longer relevant to the client
+            return _outcome(state, None)
+        answer = ask.result()
+        state = await self._call("POST", f"/v1/elicitations/{elicitation_id}/answer", json=_answer_body(answer))
+        if answer.kind is AnswerKind.ACCEPT:
+            state = await self._await_browser(link, elicitation_id, state)
+        outcome = _outcome(state, answer.error_code)
+        if outcome.status is AuthorizationStatus.AUTHORIZED:
+            await send_completion(link, elicitation_id)
+        return outcome
+
+    async def _until(self, ask: asyncio.Future[ClientAnswer], elicitation_id: str) -> dict[str, Any] | None:
+        """None once the client answered; the state if the elicitation ended first."""
+        while not ask.done():
+            poll = asyncio.ensure_future(
+                self._call("GET", f"/v1/elicitations/{elicitation_id}", params={"wait": str(WAIT_SECONDS)})
+            )
+            waiting: set[asyncio.Future[Any]] = {ask, poll}
+            try:
+                await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if not poll.done():
+                    poll.cancel()
+            if not ask.done() and poll.done() and poll.result()["outcome"] is not None:
+                return poll.result()
+        return None
+
+    async def _await_browser(self, link: AcpLink, elicitation_id: str, state: dict[str, Any]) -> dict[str, Any]:
+        while state["outcome"] is None:
+            if link.closed:
+                # As embedded: nobody waits any more; a flow the user already took to the provider still stores
+                # its grant, nothing is sent.
+                await self._cancel(elicitation_id)
+                return {**state, "outcome": AuthorizationStatus.DISCONNECTED.value, "reason": CLIENT_DISCONNECTED}
+            poll = asyncio.ensure_future(
+                self._call("GET", f"/v1/elicitations/{elicitation_id}", params={"wait": str(WAIT_SECONDS)})
+            )
+            closed = asyncio.ensure_future(link.wait_closed())
+            both: set[asyncio.Future[Any]] = {poll, closed}
+            try:
+                await asyncio.wait(both, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                closed.cancel()
+                if not poll.done():
+                    poll.cancel()
+            if poll.done():
+                state = poll.result()
+        return state
 
     async def find_grant(self, user: Identity, provider: str, scopes: Sequence[str] = ()) -> GrantInfo | None:
         grants = await self._call(
@@ -180,23 +234,12 @@ class SidecarClient:
             return AuthorizationOutcome(AuthorizationStatus.ALREADY_AUTHORIZED, provider, grant=grant)
         return AuthorizationOutcome(AuthorizationStatus.UNSUPPORTED, provider)
 
-    async def _await_end(self, link: AcpLink, elicitation_id: str, state: dict[str, Any]) -> dict[str, Any]:
-        while state["outcome"] is None:
-            if link.closed():
-                # As embedded: the elicitation stays open (a grant the user still completes is stored).
-                return {
-                    **state,
-                    "outcome": AuthorizationStatus.DISCONNECTED.value,
-                    "reason": "client connection closed",
-                }
-            state = await self._call("GET", f"/v1/elicitations/{elicitation_id}", params={"wait": str(WAIT_SECONDS)})
-        return state
-
     async def _cancelled(self, link: AcpLink, elicitation_id: str) -> None:
-        """The agent's work was cancelled: cancel our pending request and the elicitation (see `Connector`)."""
-        request_id = link.pending_request_id(elicitation_id)
-        if request_id is not None:
-            await link.cancel_request(request_id)
+        """The agent's work stopped: withdraw our unanswered request and cancel the elicitation (see `Connector`)."""
+        await link.withdraw(elicitation_id)
+        await self._cancel(elicitation_id)
+
+    async def _cancel(self, elicitation_id: str) -> None:
         try:
             await self._call("POST", f"/v1/elicitations/{elicitation_id}/cancel")
         except SidecarError as exc:

@@ -29,9 +29,9 @@ from acp.schema import (
 )
 
 from service import AuthorizationOutcome, Connector, Identity, RequestScope, SessionScope
+from service.client import SidecarClient
 from service.testing import ScriptedClient, memory_transport_pair
 from service.testing.acp_client import Transport
-from service.client import SidecarClient
 
 # The agent's side of the connector: embedded, or a client of a sidecar. Both offer the same calls.
 AgentFacing = Connector | SidecarClient

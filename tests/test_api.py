@@ -148,7 +148,7 @@ async def test_answers_cancel_and_their_refusals(deployment: Deployment) -> None
         quick = await api.get(f"/v1/elicitations/{open_one}", params={"wait": "0"})
         assert quick.json()["status"] == "pending"
         too_long = await api.get(f"/v1/elicitations/{open_one}", params={"wait": "3600"})
-        assert too_long.status_code == 400 and too_long.json()["error"]["code"] == "invalid_request"
+        assert too_long.status_code == 400 and too_long.json()["error"]["code"] == "invalid_input"
 
 
 async def test_expired_elicitation_reads_as_expired(deployment: Deployment) -> None:

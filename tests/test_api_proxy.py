@@ -140,7 +140,7 @@ async def test_refusals_before_anything_is_sent(deployment: Deployment) -> None:
         no_grant = await api.get("/v1/proxy/github/user", headers=user)
         assert no_grant.status_code == 403 and no_grant.json()["error"]["code"] == "no_grant"
         no_user = await api.get("/v1/proxy/github/user")
-        assert no_user.status_code == 400 and no_user.json()["error"]["code"] == "invalid_request"
+        assert no_user.status_code == 400 and no_user.json()["error"]["code"] == "invalid_input"
         unknown = await api.get("/v1/proxy/nosuch/user", headers=user)
         assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "unknown_provider"
     async with api_client(deployment.base_url, only_gitlab) as api:

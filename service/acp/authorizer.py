@@ -74,6 +74,18 @@ class StopCause(StrEnum):
         return self in (StopCause.SESSION_CANCEL, StopCause.CLIENT_CANCEL_REQUEST, StopCause.CLIENT_DISCONNECTED)
 
 
+def stop_cause(link: AcpLink, scope: ElicitationScope) -> StopCause:
+    """Why the work waiting on an elicitation in `scope` on `link` was cancelled (ask inside the cancelled task)."""
+    if link.closed:
+        return StopCause.CLIENT_DISCONNECTED
+    served = serving()
+    if served is not None and served.cancelled_by_peer:
+        return StopCause.CLIENT_CANCEL_REQUEST
+    if isinstance(scope, SessionScope) and link.session_cancelled(scope.session_id):
+        return StopCause.SESSION_CANCEL
+    return StopCause.AGENT
+
+
 _STOP_REASONS = {
     StopCause.AGENT: "the agent's work was cancelled",
     StopCause.SESSION_CANCEL: "the client cancelled the session's work",
@@ -174,7 +186,7 @@ class AcpAuthorizer:
                 resumes = outcome.status is not AuthorizationStatus.DISCONNECTED
                 return await self._delivered(outcome)
         except asyncio.CancelledError:
-            cause = self._stop_cause(link, scope)
+            cause = stop_cause(link, scope)
             resumes = not cause.ends_the_work
             # Shielded: a second cancellation (e.g. the SDK closing the connection) must not leave the row open.
             await asyncio.shield(self._cancelled(link, record, cause))
@@ -182,17 +194,6 @@ class AcpAuthorizer:
         finally:
             if blocking:
                 await self.foreground.unblock(link, session_id, ended=not resumes)
-
-    @staticmethod
-    def _stop_cause(link: AcpLink, scope: ElicitationScope) -> StopCause:
-        if link.closed:
-            return StopCause.CLIENT_DISCONNECTED
-        served = serving()
-        if served is not None and served.cancelled_by_peer:
-            return StopCause.CLIENT_CANCEL_REQUEST
-        if isinstance(scope, SessionScope) and link.session_cancelled(scope.session_id):
-            return StopCause.SESSION_CANCEL
-        return StopCause.AGENT
 
     async def _ask(
         self, link: AcpLink, record: ElicitationRecord, scope: ElicitationScope, ended: Waiter

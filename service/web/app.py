@@ -148,7 +148,10 @@ def create_app(parts: WebParts) -> Starlette:
         routes=routes,
         # Outermost first: every request counts against the rate limits, malformed ones included, and is
         # checked before any route runs.
-        middleware=[Middleware(RateLimit, guard=guard), Middleware(InputGuard, refuse=refused)],
+        middleware=[
+            Middleware(RateLimit, guard=guard),
+            Middleware(InputGuard, refuse=refused, body_limits=_body_limits(parts)),
+        ],
         exception_handlers={FlowRefused: refused, HTTPException: http_error, Exception: server_error},
     )
 
@@ -163,6 +166,13 @@ class _ConnectorApp(Starlette):
 
     def build_middleware_stack(self) -> ASGIApp:
         return RequestContext(SecurityHeaders(super().build_middleware_stack(), https=self._https))
+
+
+def _body_limits(parts: WebParts) -> dict[str, int]:
+    """Larger bodies where a route streams them: the token proxy's uploads."""
+    if parts.api is None:
+        return {}
+    return {"/v1/proxy/": parts.api.settings.proxy_max_request_bytes}
 
 
 def _mounted(prefix: str, routes: Sequence[VerifierRoute]) -> list[BaseRoute]:

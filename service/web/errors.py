@@ -151,9 +151,6 @@ REFUSALS: dict[str, Refusal] = {
         410, "Flow expired", "This flow id has expired; the user must open the link from the agent again."
     ),
     # The agents' `/v1` API.
-    "invalid_json": Refusal(400, "Invalid request", "The body is not a JSON object."),
-    "invalid_request": Refusal(400, "Invalid request", "The request is not valid: {problem}."),
-    "body_too_large": Refusal(413, "Body too large", "The body is larger than this endpoint accepts ({limit} bytes)."),
     "provider_not_allowed": Refusal(403, "Provider not allowed", "This API key may not use this provider."),
     "idempotency_conflict": Refusal(
         409,

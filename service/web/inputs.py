@@ -73,7 +73,7 @@ ASCII = Rule(4096, re.compile(r"[\x20-\x7e]+"), "printable ASCII")
 CHOICE = Rule(32, re.compile(r"[a-z_]+"), "a lower-case word")
 CSRF = Rule(256, re.compile(r"[A-Za-z0-9_.-]+"), "a form token")
 
-PATH_PARAMETERS: dict[str, Rule] = {"elicitation_id": NAME, "provider": NAME}
+PATH_PARAMETERS: dict[str, Rule] = {"elicitation_id": NAME, "provider": NAME, "grant_id": NAME}
 QUERY_PARAMETERS: dict[str, Rule] = {
     "elicitationId": NAME,
     "state": HANDLE,

@@ -18,6 +18,7 @@ from service.core.agent_api import AgentApi
 from service.oauth import ProviderGateway
 from service.tokens import TokenAccess
 
+from ..inputs import checked
 from .openapi import openapi_document
 from .proxy import ProxyRoute
 from .routes import ElicitationRoutes, Operation, Param
@@ -73,7 +74,7 @@ def api_operations(parts: ApiParts) -> list[Operation]:
                     "unknown_provider",
                     "proxy_not_available",
                     "proxy_path_refused",
-                    "invalid_request",
+                    "invalid_input",
                     "no_grant",
                     "grant_unusable",
                     "body_too_large",
@@ -105,5 +106,5 @@ def api_routes(parts: ApiParts) -> list[BaseRoute]:
             routes.append(Route("/v1/proxy/{rest:path}", ops[0].endpoint, methods=PROXY_METHODS))
             continue
         for op in ops:
-            routes.append(Route(path, op.endpoint, methods=[op.method]))
+            routes.append(Route(path, checked(op.endpoint), methods=[op.method]))
     return routes

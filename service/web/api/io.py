@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import json
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from service.core.agent_api import AgentApi
-from service.core.errors import FlowRefused
 from service.core.records import ApiKeyRecord
+
+from ..inputs import invalid, read_json_object
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -22,36 +22,15 @@ async def caller(request: Request, api: AgentApi) -> ApiKeyRecord:
     return await api.authenticate(key.strip() if scheme.lower() == "bearer" else None)
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The whole body, refused (413 `body_too_large`) as soon as it passes `limit` bytes; never spooled."""
-    too_big = FlowRefused("body_too_large", detail={"limit": str(limit)})
-    declared = request.headers.get("content-length")
-    if declared is not None and (not declared.isdigit() or int(declared) > limit):
-        raise too_big
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_big
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 async def read_model(request: Request, model: type[M], limit: int) -> M:
-    """The body as `model`: 400 `invalid_json` when it is not a JSON object, `invalid_request` naming the first
-    problem (an unknown field, a missing one, a wrong type) when it does not fit."""
-    raw = await read_body(request, limit)
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        raise FlowRefused("invalid_json") from None
-    if not isinstance(data, dict):
-        raise FlowRefused("invalid_json")
+    """The body as `model`: read and checked by the input layer (`bad_request` when it is not a JSON object,
+    `invalid_input` for control characters or deep nesting), then `invalid_input` naming the first problem
+    (an unknown field, a missing one, a wrong type) when it does not fit the model."""
+    data = await read_json_object(request, limit)
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise FlowRefused("invalid_request", detail={"problem": problem(exc)}) from None
+        raise invalid(problem(exc)) from None
 
 
 def problem(exc: ValidationError) -> str:
@@ -69,18 +48,9 @@ def answer(body: BaseModel, status: int = 200, headers: dict[str, str] | None = 
     return JSONResponse(body.model_dump(mode="json", by_alias=True), status, headers=headers)
 
 
-def query_text(request: Request, name: str, *, required: bool = False, max_length: int = 512) -> str | None:
-    """A query parameter of printable text, bounded; 400 `invalid_request` otherwise."""
-    values = request.query_params.getlist(name)
-    if not values:
-        if required:
-            raise FlowRefused("invalid_request", detail={"problem": f"'{name}' is required"})
-        return None
-    value = values[0]
-    if len(values) > 1 or not value or len(value) > max_length or not value.isprintable():
-        raise FlowRefused("invalid_request", detail={"problem": f"'{name}' must be given once, as printable text"})
+def query_text(request: Request, name: str, *, required: bool = False) -> str | None:
+    """A query parameter (the input layer has checked its length and characters and that it is given once)."""
+    value = request.query_params.get(name)
+    if value is None and required:
+        raise invalid(f"the query parameter '{name}' is required")
     return value
-
-
-def as_json(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))

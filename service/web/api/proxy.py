@@ -26,7 +26,8 @@ from service.core.identity import Identity
 from service.oauth import ProviderGateway
 from service.tokens import GrantAuth, TokenAccess
 
-from .io import caller, read_body
+from ..inputs import invalid, read_body
+from .io import caller
 
 log = logging.getLogger("service.web")
 
@@ -184,10 +185,7 @@ class ProxyLimitExceeded(Exception):
 def _user(request: Request) -> Identity:
     issuer, subject = request.headers.get(USER_ISSUER), request.headers.get(USER_SUBJECT)
     if not issuer or not subject or len(issuer) > 512 or len(subject) > 512:
-        raise FlowRefused(
-            "invalid_request",
-            detail={"problem": "send the user as Connector-User-Issuer and Connector-User-Subject headers"},
-        )
+        raise invalid("send the user as Connector-User-Issuer and Connector-User-Subject headers")
     return Identity(issuer, subject)
 
 

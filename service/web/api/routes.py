@@ -19,10 +19,10 @@ from service.core.records import ApiElicitationRecord, ApiKeyRecord, Elicitation
 from service.core.scopes import ElicitationScope, RequestScope, SessionScope
 from service.tokens import TokenAccess
 
+from ..inputs import invalid
 from . import models
 from .io import answer, caller, query_text, read_model
 
-_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _ANSWERS = {
     "accept": AnswerKind.ACCEPT,
     "decline": AnswerKind.DECLINE,
@@ -56,13 +56,6 @@ class Operation:
     errors: Sequence[str] = ()
     params: Sequence[Param] = ()
     streaming: str | None = None  # the media type of a streamed answer (proxy, events)
-
-
-def checked_id(value: str, code: str) -> str:
-    """An id from the path: its shape is checked before it reaches the store (404 with `code` otherwise)."""
-    if not _ID.fullmatch(value):
-        raise FlowRefused(code)
-    return value
 
 
 def grant_model(grant: GrantRecord) -> models.Grant:
@@ -122,7 +115,7 @@ class ElicitationRoutes:
         body = await read_model(request, models.CreateElicitation, self.max_body)
         idempotency_key = request.headers.get("idempotency-key")
         if idempotency_key is not None and not re.fullmatch(r"[\x21-\x7e]{1,255}", idempotency_key):
-            raise FlowRefused("invalid_request", detail={"problem": "Idempotency-Key must be 1-255 visible ASCII"})
+            raise invalid("the Idempotency-Key header must be 1-255 visible ASCII characters")
         scope: ElicitationScope = (
             SessionScope(body.scope.session_id, body.scope.tool_call_id)
             if body.scope.session_id is not None
@@ -161,8 +154,8 @@ class ElicitationRoutes:
 
     async def get(self, request: Request) -> Response:
         key = await caller(request, self.api)
-        elicitation_id = checked_id(request.path_params["elicitation_id"], "unknown_elicitation")
-        wait = query_text(request, "wait", max_length=8)
+        elicitation_id = request.path_params["elicitation_id"]
+        wait = query_text(request, "wait")
         if wait is None:
             record, owner = await self.api.find(key, elicitation_id)
         else:
@@ -171,15 +164,13 @@ class ElicitationRoutes:
             except ValueError:
                 seconds = -1.0
             if not 0 <= seconds <= self.max_wait:
-                raise FlowRefused(
-                    "invalid_request", detail={"problem": f"'wait' must be between 0 and {self.max_wait:g} seconds"}
-                )
+                raise invalid(f"the query parameter 'wait' must be between 0 and {self.max_wait:g} seconds")
             record, owner = await self.api.wait(key, elicitation_id, seconds)
         return answer(await self.state(record, owner))
 
     async def answer(self, request: Request) -> Response:
         key = await caller(request, self.api)
-        elicitation_id = checked_id(request.path_params["elicitation_id"], "unknown_elicitation")
+        elicitation_id = request.path_params["elicitation_id"]
         body = await read_model(request, models.Answer, self.max_body)
         message = body.message if body.message and body.message.isprintable() else None
         record, owner, outcome = await self.api.answer(
@@ -189,7 +180,7 @@ class ElicitationRoutes:
 
     async def cancel(self, request: Request) -> Response:
         key = await caller(request, self.api)
-        elicitation_id = checked_id(request.path_params["elicitation_id"], "unknown_elicitation")
+        elicitation_id = request.path_params["elicitation_id"]
         await _no_body(request)
         record, owner = await self.api.cancel(key, elicitation_id)
         return answer(await self.state(record, owner))
@@ -198,7 +189,7 @@ class ElicitationRoutes:
         key = await caller(request, self.api)
         issuer = query_text(request, "issuer", required=True)
         subject = query_text(request, "subject", required=True)
-        provider = query_text(request, "provider", max_length=63)
+        provider = query_text(request, "provider")
         assert issuer is not None and subject is not None
         user = Identity(issuer, subject)
         if provider is not None:
@@ -218,14 +209,14 @@ class ElicitationRoutes:
         return Response(status_code=204)
 
     async def visible_grant(self, key: ApiKeyRecord, grant_id: str) -> GrantRecord:
-        grant = await self.api.store.grants.get(checked_id(grant_id, "unknown_grant"))
+        grant = await self.api.store.grants.get(grant_id)
         if grant is None or not key.allows(grant.provider):
             raise FlowRefused("unknown_grant")
         return grant
 
     def operations(self) -> list[Operation]:
         auth_errors = ("unauthorized",)
-        body_errors = ("invalid_json", "invalid_request", "body_too_large")
+        body_errors = ("bad_request", "invalid_input", "body_too_large", "unsupported_media_type")
         eid = Param("elicitation_id", "path", "The elicitation's id.", required=True)
         return [
             Operation(
@@ -257,7 +248,7 @@ class ElicitationRoutes:
                 self.get,
                 "An elicitation's state; with ?wait=SECONDS, held until it ends or the time is up",
                 responses={200: models.ElicitationState},
-                errors=(*auth_errors, "unknown_elicitation", "invalid_request"),
+                errors=(*auth_errors, "unknown_elicitation", "invalid_input"),
                 params=(
                     eid,
                     Param(
@@ -293,7 +284,7 @@ class ElicitationRoutes:
                 self.grants,
                 "A user's grants (metadata only, never a token)",
                 responses={200: models.GrantList},
-                errors=(*auth_errors, "invalid_request", "provider_not_allowed", "unknown_provider"),
+                errors=(*auth_errors, "invalid_input", "provider_not_allowed", "unknown_provider"),
                 params=(
                     Param("issuer", "query", "The user's identity issuer.", required=True),
                     Param("subject", "query", "The user's subject at that issuer.", required=True),
