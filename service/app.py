@@ -305,6 +305,7 @@ def build_web_app(runtime: Runtime) -> Starlette:
                 api=runtime.agent_api,
                 tokens=runtime.tokens,
                 providers=runtime.providers,
+                bus=runtime.bus,
                 settings=runtime.settings.api,
                 public_base_url=runtime.settings.public_base_url,
             )

@@ -10,6 +10,7 @@ same lifecycle the embedded API uses. An elicitation of another tenant, or one n
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -31,8 +32,6 @@ TENANT_PATTERN = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 PROVIDER_PATTERN = re.compile(r"[a-z][a-z0-9_-]{0,62}")
 # The longest a long-poll may hold a request; clients ask again after it.
 MAX_WAIT_SECONDS = 60.0
-# While waiting, re-read the row at least this often: the bus is a wake-up call, not the truth.
-POLL_SECONDS = 2.0
 # A live key is believed this long without a database read (a revocation takes effect within this time).
 KEY_CACHE_SECONDS = 5.0
 KEY_CACHE_SIZE = 1024
@@ -222,17 +221,17 @@ class AgentApi:
             return found
         loop = asyncio.get_running_loop()
         deadline = loop.time() + min(seconds, MAX_WAIT_SECONDS)
-        async with self.events.subscribe(elicitation_id) as events:
-            while True:
+        while True:
+            # Registered before the re-read, so an end that lands in between still wakes us. Ends made by other
+            # processes reach the bus through the event-log feed, which runs while anyone waits.
+            with self.events.waiter(elicitation_id) as ended:
                 record, owner = await self.find(caller, elicitation_id)
                 left = deadline - loop.time()
                 if record.status.terminal or left <= 0:
                     return record, owner
                 until_expiry = (record.expires_at - self.now()).total_seconds()
-                try:
-                    await asyncio.wait_for(events.get(), timeout=max(0.0, min(left, POLL_SECONDS, until_expiry)))
-                except TimeoutError:
-                    pass
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(ended), timeout=max(0.0, min(left, until_expiry)))
 
     async def cancel(self, caller: ApiKeyRecord, elicitation_id: str) -> tuple[ElicitationRecord, ApiElicitationRecord]:
         """End an open elicitation as cancelled (the agent's work no longer needs it); `already_ended` else.

@@ -15,10 +15,13 @@ from starlette.routing import BaseRoute, Route
 
 from service.config import ApiSettings
 from service.core.agent_api import AgentApi
+from service.events import LocalBus
 from service.oauth import ProviderGateway
 from service.tokens import TokenAccess
 
 from ..inputs import checked
+from . import models
+from .events import EventStream
 from .openapi import openapi_document
 from .proxy import ProxyRoute
 from .routes import ElicitationRoutes, Operation, Param
@@ -33,6 +36,7 @@ class ApiParts:
     api: AgentApi
     tokens: TokenAccess
     providers: ProviderGateway
+    bus: LocalBus
     settings: ApiSettings
     public_base_url: str
 
@@ -60,8 +64,26 @@ def api_operations(parts: ApiParts) -> list[Operation]:
         Param("Connector-User-Issuer", "header", "The user's identity issuer.", required=True),
         Param("Connector-User-Subject", "header", "The user's subject at that issuer.", required=True),
     )
+    events = EventStream(parts.api, parts.bus)
     return [
         *elicitations.operations(),
+        Operation(
+            "GET",
+            "/v1/events",
+            events.handle,
+            "Server-Sent Events: each of this key's elicitations that ends (resume with Last-Event-ID)",
+            errors=("unauthorized", "invalid_input"),
+            params=(
+                Param(
+                    "Last-Event-ID",
+                    "header",
+                    "Resume after this event id (as sent by the stream); without it, only new events are sent.",
+                ),
+                Param("after", "query", "The same as Last-Event-ID, for clients that cannot set headers."),
+            ),
+            streaming="text/event-stream",
+            stream_model=models.Event,
+        ),
         *(
             Operation(
                 method,

@@ -21,6 +21,8 @@ def openapi_document(operations: Sequence[Operation], *, version: str, server_ur
         if op.body is not None:
             used.append(op.body)
         used.extend(model for model in op.responses.values() if model is not None)
+        if op.stream_model is not None:
+            used.append(op.stream_model)
     unique = list(dict.fromkeys(used))
     _, top = models_json_schema(
         [(model, "validation" if _is_request(model, operations) else "serialization") for model in unique],
@@ -85,7 +87,10 @@ def _operation(op: Operation) -> dict[str, Any]:
                 "content": {"application/json": {"schema": {"$ref": REF.format(model=model.__name__)}}},
             }
     if op.streaming is not None:
-        doc["responses"]["200"] = {"description": "A stream.", "content": {op.streaming: {}}}
+        media: dict[str, Any] = {}
+        if op.stream_model is not None:
+            media = {"itemSchema": {"$ref": REF.format(model=op.stream_model.__name__)}}
+        doc["responses"]["200"] = {"description": "A stream.", "content": {op.streaming: media}}
     by_status: dict[int, list[str]] = {}
     for code in op.errors:
         by_status.setdefault(refusal_of(code).status, []).append(code)

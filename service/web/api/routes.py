@@ -56,6 +56,7 @@ class Operation:
     errors: Sequence[str] = ()
     params: Sequence[Param] = ()
     streaming: str | None = None  # the media type of a streamed answer (proxy, events)
+    stream_model: type[BaseModel] | None = None  # what each streamed item is (an event's `data`)
 
 
 def grant_model(grant: GrantRecord) -> models.Grant:

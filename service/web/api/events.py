@@ -1,0 +1,100 @@
+"""`GET /v1/events`: Server-Sent Events of the caller's elicitations, read from the durable event log.
+
+Each terminal change is one event whose SSE `id` is its id in the log (`elicitation_events`, ordered by commit), so
+a client that reconnects with `Last-Event-ID` (or `?after=`) gets every later event exactly once, whichever replica
+made the change or serves the stream. Without either, the stream starts at the newest event. Events carry ids and
+statuses only. The stream reads the log when this process's bus hears an event (its own changes, and other
+replicas' when the bus carries them), and at least every `POLL_SECONDS`; it sends a comment every
+`HEARTBEAT_SECONDS` of silence so proxies keep it open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from service.core.agent_api import AgentApi, tenant_of
+from service.core.events import ElicitationEvent
+from service.core.outcomes import TERMINAL_OUTCOMES
+from service.core.records import ApiKeyRecord
+from service.events import LocalBus
+
+from ..inputs import invalid
+from . import models
+from .io import caller, query_text
+
+POLL_SECONDS = 1.0
+HEARTBEAT_SECONDS = 15.0
+BATCH = 200
+RETRY_MILLISECONDS = 2000
+
+
+class EventStream:
+    def __init__(self, api: AgentApi, bus: LocalBus) -> None:
+        self.api = api
+        self.bus = bus
+
+    async def handle(self, request: Request) -> Response:
+        key = await caller(request, self.api)
+        given = request.headers.get("last-event-id") or query_text(request, "after")
+        if given is None:
+            start = await self.api.store.outbox.last_id()
+        elif given.isdigit() and len(given) <= 19:
+            start = int(given)
+        else:
+            raise invalid("Last-Event-ID must be an event id")
+        return StreamingResponse(
+            self._stream(key, start),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        )
+
+    async def _stream(self, key: ApiKeyRecord, last: int) -> AsyncIterator[bytes]:
+        wake = asyncio.Event()
+
+        def heard(event: object) -> None:
+            if isinstance(event, ElicitationEvent):
+                wake.set()
+
+        self.bus.add_listener(heard)
+        loop = asyncio.get_running_loop()
+        quiet_since = loop.time()
+        try:
+            yield f"retry: {RETRY_MILLISECONDS}\n\n".encode()
+            while True:
+                wake.clear()
+                events = await self.api.store.outbox.after(last, limit=BATCH)
+                for event in events:
+                    last = max(last, event.id or 0)
+                    if tenant_of(event.connection_key) == key.tenant:
+                        yield frame(event)
+                if len(events) == BATCH:
+                    continue
+                if events:
+                    quiet_since = loop.time()
+                try:
+                    await asyncio.wait_for(wake.wait(), POLL_SECONDS)
+                except TimeoutError:
+                    pass
+                if loop.time() - quiet_since >= HEARTBEAT_SECONDS:
+                    quiet_since = loop.time()
+                    yield b": keep-alive\n\n"
+        finally:
+            self.bus.remove_listener(heard)
+
+
+def frame(event: ElicitationEvent) -> bytes:
+    outcome = TERMINAL_OUTCOMES.get(event.status)
+    body = models.Event(
+        id=event.id or 0,
+        elicitation_id=event.elicitation_id,
+        status=event.status,
+        outcome=outcome,
+        connection_id=event.connection_key.split(":", 2)[2] or None,
+    )
+    data = json.dumps(body.model_dump(mode="json", by_alias=True), separators=(",", ":"))
+    return f"id: {body.id}\nevent: elicitation\ndata: {data}\n\n".encode()
