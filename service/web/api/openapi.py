@@ -89,7 +89,8 @@ def _operation(op: Operation) -> dict[str, Any]:
     if op.streaming is not None:
         media: dict[str, Any] = {}
         if op.stream_model is not None:
-            media = {"itemSchema": {"$ref": REF.format(model=op.stream_model.__name__)}}
+            # OpenAPI 3.1 has no item schema for streams (3.2 adds itemSchema): an extension names it.
+            media = {"x-item-schema": {"$ref": REF.format(model=op.stream_model.__name__)}}
         doc["responses"]["200"] = {"description": "A stream.", "content": {op.streaming: media}}
     by_status: dict[int, list[str]] = {}
     for code in op.errors:
