@@ -30,6 +30,7 @@ from .core.clock import Clock
 from .core.errors import ConnectorError
 from .core.lifecycle import Elicitations
 from .core.retention import RetentionPolicy
+from .core.ports import AuditGate
 from .core.settings import FlowSettings
 from .core.sweeper import Sweeper
 from .core.verification import IdentityStep
@@ -52,6 +53,8 @@ from .vault import Vault, load_key_ring
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
+
+    from .web.ratelimit import RateLimiter
 
 TEST_ENV_PREFIX = "CONNECTOR_TEST_"  # reserved for test suites' own variables (e.g. CONNECTOR_TEST_POSTGRES_URL)
 PROVIDER_ENV_PREFIX = "CONNECTOR_PROVIDER_"
@@ -77,6 +80,7 @@ class Runtime:
     feed: OutboxFeed
     sweeper: Sweeper
     agent_api: AgentApi
+    rate_limiter: RateLimiter
     # Started by `start`: reads each configured provider's discovery document and logs what is wrong.
     provider_check: asyncio.Task[list[ProviderReport]] | None = field(default=None, init=False, repr=False)
 
@@ -246,7 +250,8 @@ def build_runtime(settings: Settings) -> Runtime:
     providers = build_gateway(settings, catalog, metrics)
     bus = LocalBus()
     flow = flow_settings(settings)
-    elicitations = Elicitations(store, bus, providers, flow, clock, metrics)
+    rate_limiter, audit_budget = build_rate_limits(settings, store, clock)
+    elicitations = Elicitations(store, bus, providers, flow, clock, metrics, unattributed=audit_budget)
     browser = BrowserFlow(elicitations, store, vault, providers)
     verifier = build_verifier(VerifierContext(settings, flow, store, vault, providers, clock))
     return Runtime(
@@ -271,7 +276,16 @@ def build_runtime(settings: Settings) -> Runtime:
             retention_interval=settings.retention.interval_seconds,
         ),
         agent_api=AgentApi(elicitations, store, bus, clock),
+        rate_limiter=rate_limiter,
     )
+
+
+def build_rate_limits(settings: Settings, store: Store, clock: Clock) -> tuple[RateLimiter, AuditGate]:
+    """The rate limiter of `[rate_limit]`, and the budget of audit rows that requests without credentials get."""
+    from .web.ratelimit import AuditBudget, RateLimiter
+
+    limiter = RateLimiter(settings.rate_limit)
+    return limiter, AuditBudget(limiter, store.audit, clock)
 
 
 def build_metrics(store: Store, providers: Iterable[str]) -> Metrics:
@@ -301,6 +315,7 @@ def build_web_app(runtime: Runtime) -> Starlette:
             verifier=runtime.verifier,
             clock=runtime.clock,
             metrics=runtime.metrics,
+            rate_limiter=runtime.rate_limiter,
             api=ApiParts(
                 api=runtime.agent_api,
                 tokens=runtime.tokens,

@@ -270,11 +270,19 @@ class ProvidersSettings(BaseModel):
     http_keepalive_expiry_seconds: float = Field(default=30.0, ge=0)
 
 
+RATE_LIMIT_STORAGES = ("memory", "redis", "rediss", "redis+sentinel", "redis+cluster")
+
+
 class RateLimitSettings(_Section):
-    """Token buckets on the browser-facing routes: `<route>_per_address` and `<route>_per_elicitation` requests
-    per `window_seconds`, refilled evenly. Per process: with N replicas a client may get up to N times as many."""
+    """Rate limits on the browser-facing routes: `<route>_per_address` and `<route>_per_elicitation` requests of
+    any method in any `window_seconds` (a moving window). Counted in `storage_url`: `memory://` counts per process
+    (with N replicas a client may get up to N times as many), `redis://host:6379/0` counts once for all replicas.
+
+    Requests that carry no credential at all (a forged form, an unknown state, a wrong API key) write at most
+    `audit_per_address` audit rows per client and `audit_total` in all per window; then one `audit_suppressed`."""
 
     enabled: bool = True
+    storage_url: str = Field(default="memory://", min_length=1)
     window_seconds: int = Field(default=60, gt=0, le=86400)
     connect_per_address: int = Field(default=60, gt=0)
     connect_per_elicitation: int = Field(default=30, gt=0)
@@ -282,6 +290,17 @@ class RateLimitSettings(_Section):
     callback_per_elicitation: int = Field(default=10, gt=0)
     confirm_per_address: int = Field(default=60, gt=0)
     confirm_per_elicitation: int = Field(default=10, gt=0)
+    audit_per_address: int = Field(default=20, gt=0)
+    audit_total: int = Field(default=600, gt=0)
+
+    @field_validator("storage_url")
+    @classmethod
+    def _check_storage(cls, value: str) -> str:
+        scheme = value.partition("://")[0].strip().lower()
+        if "://" not in value or scheme not in RATE_LIMIT_STORAGES:
+            # The scheme only: a Redis URL may hold a password.
+            raise ValueError(f"use memory:// or a Redis URL ({', '.join(s + '://' for s in RATE_LIMIT_STORAGES[1:])})")
+        return value.strip()
 
 
 class MetricsSettings(_Section):

@@ -30,6 +30,7 @@ from service.web.server import listening_socket, serving
 ALICE = Identity("https://login.example.com", "alice")
 BOB = Identity("https://login.example.com", "bob")
 POSTGRES_ENV = "CONNECTOR_TEST_POSTGRES_URL"
+REDIS_ENV = "CONNECTOR_TEST_REDIS_URL"
 
 
 def _toml_value(value: object) -> str:
@@ -181,6 +182,15 @@ def deploy_with(
 async def deployment(deploy_with: Deploy) -> AsyncIterator[Deployment]:
     async with deploy_with() as deployment:
         yield deployment
+
+
+@pytest.fixture
+def redis_url() -> str:
+    """The Redis server in CONNECTOR_TEST_REDIS_URL (e.g. redis://127.0.0.1:6379/0); each test uses keys of its own."""
+    url = os.environ.get(REDIS_ENV)
+    if not url:
+        pytest.skip(f"Redis tests need {REDIS_ENV} (e.g. redis://127.0.0.1:6379/0)")
+    return url
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

@@ -197,7 +197,7 @@ class BrowserFlow:
             raise FlowRefused("missing_state")
         flow = await store.flows.get_by_state_hash(state_hash(state))
         if flow is None:
-            await store.audit.record("unknown_state", provider=provider_name, now=self.now())
+            await self.elicitations.record_unattributed("unknown_state", provider=provider_name)
             raise FlowRefused("unknown_state")
         if flow.used_at is not None:
             await self._refuse_used_state(flow)  # raises, unless the elicitation's own closed page should answer

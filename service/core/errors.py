@@ -43,9 +43,16 @@ class UnknownProvider(ConnectorError):
 
 
 class SchemaNotCurrent(ConnectorError):
-    """The database is not migrated, or was migrated by a newer version."""
+    """The database is not migrated, or was migrated by a newer version.
+
+    The message names the database (`where`, for the operator's log); `problem` alone is for anyone else.
+    """
 
     code = "schema_not_current"
+
+    def __init__(self, where: str, problem: str) -> None:
+        super().__init__(f"{where} {problem}")
+        self.problem = problem
 
 
 class DatabaseUnavailable(ConnectorError):

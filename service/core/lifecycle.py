@@ -27,7 +27,7 @@ from .outcomes import (
     refusal_reason,
     terminal_status,
 )
-from .ports import EventSink, FlowMetrics, GrantRepo, ProviderGateway, Store, Tx
+from .ports import AuditGate, EventSink, FlowMetrics, GrantRepo, ProviderGateway, Store, Tx
 from .records import ElicitationRecord, GrantRecord
 from .scopes import ElicitationScope, RequestScope, SessionScope
 from .settings import FlowSettings
@@ -87,6 +87,7 @@ class Elicitations:
         settings: FlowSettings,
         clock: Callable[[], datetime],
         metrics: FlowMetrics | None = None,
+        unattributed: AuditGate | None = None,
     ) -> None:
         self.store = store
         self.events = events
@@ -94,6 +95,7 @@ class Elicitations:
         self.settings = settings
         self.now = clock
         self.metrics = metrics
+        self.unattributed = unattributed
 
     # -- reading ----------------------------------------------------------------------------------------
     async def get(self, elicitation_id: str) -> ElicitationRecord | None:
@@ -340,17 +342,31 @@ class Elicitations:
         )
 
     async def record_refusal(self, exc: FlowRefused) -> None:
-        """Audit a refusal that names its event (the elicitation's identity and provider when it is known)."""
+        """Audit a refusal that names its event (the elicitation's identity and provider when it is known; an
+        event about no known elicitation is unattributed)."""
         if exc.event is None:
             return
         record = await self.get(exc.elicitation_id) if exc.elicitation_id is not None else None
+        if record is None:
+            await self.record_unattributed(exc.event, elicitation_id=exc.elicitation_id, detail=exc.audit_detail)
+            return
+        await self.audit(record, exc.event, detail=exc.audit_detail)
+
+    async def record_unattributed(
+        self,
+        event: str,
+        *,
+        elicitation_id: str | None = None,
+        provider: str | None = None,
+        detail: Mapping[str, object] | None = None,
+    ) -> None:
+        """Audit an event a request without any credential caused (a forged form, an unknown state, a wrong key):
+        written while the `unattributed` gate admits it, so a flood of such requests writes a bounded number of
+        rows."""
+        if self.unattributed is not None and not await self.unattributed.admit(event):
+            return
         await self.store.audit.record(
-            exc.event,
-            elicitation_id=exc.elicitation_id,
-            identity=record.identity if record is not None else None,
-            provider=record.provider if record is not None else None,
-            detail=exc.audit_detail,
-            now=self.now(),
+            event, elicitation_id=elicitation_id, provider=provider, detail=detail, now=self.now()
         )
 
 

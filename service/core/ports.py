@@ -157,6 +157,12 @@ class EventSink(Protocol):
     def publish(self, event: Event) -> None: ...
 
 
+class AuditGate(Protocol):
+    """Decides whether an audit event caused by a request that carried no credential at all is written."""
+
+    async def admit(self, event: str) -> bool: ...
+
+
 class FlowMetrics(Protocol):
     """What the lifecycle reports to the connector's metrics (after each commit)."""
 

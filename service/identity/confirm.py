@@ -192,8 +192,8 @@ class ConfirmVerifier:
         async def confirm(request: Request) -> Response:
             """`POST /v1/identity/confirm` {flow_id, user_id}, by the operator's app with its API key."""
             if not self.authenticate(request.headers.get("authorization")):
-                await self.ctx.store.audit.record(
-                    "confirm_unauthorized", detail={"peer": kit.browser(request).peer}, now=self.ctx.now()
+                await kit.step.elicitations.record_unattributed(
+                    "confirm_unauthorized", detail={"peer": kit.browser(request).peer}
                 )
                 raise FlowRefused("unauthorized")
             body = await kit.read_json(request)

@@ -135,20 +135,21 @@ async def check_schema(conn: AsyncConnection) -> None:
     if current == (head,):
         return
     if not current:
-        raise SchemaNotCurrent(f"{where} is not migrated: run `{MIGRATE_COMMAND}`")
+        raise SchemaNotCurrent(where, f"is not migrated: run `{MIGRATE_COMMAND}`")
     known = {revision.revision for revision in script.walk_revisions()}
     unknown = [revision for revision in current if revision not in known]
     if unknown:
         if await conn.run_sync(_recorded_oldest_code_revision) in known:
             return  # a newer schema that still runs this code (expand before contract)
         raise SchemaNotCurrent(
-            f"{where} was migrated by a newer version (revision {', '.join(unknown)}): upgrade the connector"
+            where, f"was migrated by a newer version (revision {', '.join(unknown)}): upgrade the connector"
         )
     assert head is not None
     supported = {step.revision for step in script.iterate_revisions(head, OLDEST_SCHEMA_REVISION, inclusive=True)}
     if all(revision in supported for revision in current):
         return
     raise SchemaNotCurrent(
-        f"{where} is not migrated to this version's schema "
-        f"(revision {', '.join(current)}, need {OLDEST_SCHEMA_REVISION} or later): run `{MIGRATE_COMMAND}`"
+        where,
+        "is not migrated to this version's schema "
+        f"(revision {', '.join(current)}, need {OLDEST_SCHEMA_REVISION} or later): run `{MIGRATE_COMMAND}`",
     )

@@ -10,13 +10,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import BaseRoute, Mount, Route
+from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.routing import BaseRoute, Match, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp
 
@@ -31,6 +32,7 @@ from ..store import Store
 from ..vault import Vault
 from .api import ApiParts, api_routes
 from .browser import BrowserRoutes
+from .client_address import ForwardedClient
 from .inputs import InputGuard, checked
 from .kit import Kit, api_error
 from .metrics import metrics_route, on_public_listener
@@ -54,6 +56,7 @@ class WebParts:
     verifier: IdentityVerifier
     clock: Clock
     metrics: Metrics
+    rate_limiter: RateLimiter
     api: ApiParts | None = None  # the `/v1` agent API, when `api.enabled`
 
 
@@ -65,11 +68,10 @@ def create_app(parts: WebParts) -> Starlette:
     settings, store = parts.settings, parts.store
     pages = Pages()
     https = settings.public_base_url.startswith("https://")
-    binding = BrowserBinding(secure=https)
+    binding = BrowserBinding(parts.vault, secure=https)
     # Handlers that learn the elicitation only from a request body use it through the kit's `limit`.
     guard = RateLimitGuard(
-        RateLimiter(settings.rate_limit),
-        trusted_proxies=settings.server.trusted_proxies,
+        parts.rate_limiter,
         audit=store.audit,
         pages=pages,
         now=parts.clock,
@@ -81,7 +83,6 @@ def create_app(parts: WebParts) -> Starlette:
         pages,
         binding,
         parts.vault,
-        store.audit,
         public_host=settings.public_host,
         trusted_proxies=settings.server.trusted_proxies,
     )
@@ -94,9 +95,13 @@ def create_app(parts: WebParts) -> Starlette:
             await store.ping()
             await store.check_schema()
         except SchemaNotCurrent as exc:
-            return JSONResponse({"status": "unready", "code": exc.code, "message": str(exc)}, status_code=503)
+            # Where the database is (user, host, name) goes to the log only.
+            log.warning("readiness check failed: %s", exc)
+            return JSONResponse(
+                {"status": "unready", "code": exc.code, "message": f"the database {exc.problem}"}, status_code=503
+            )
         except Exception as exc:
-            log.warning("readiness check failed: %s", type(exc).__name__)
+            log.warning("readiness check failed: %s: %s", type(exc).__name__, exc)
             return JSONResponse(
                 {
                     "status": "unready",
@@ -113,10 +118,24 @@ def create_app(parts: WebParts) -> Starlette:
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
+        if exc.status_code == 404 and (target := without_trailing_slash(request)) is not None:
+            return RedirectResponse(target, status_code=307)
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, f"http_{exc.status_code}")
         if code in ("not_found", "method_not_allowed"):
             return await refused(request, FlowRefused(code))
         return pages.message(request, exc.status_code, "Error", "This request cannot be served.", code=code)
+
+    def without_trailing_slash(request: Request) -> str | None:
+        """`/connect/abc/` -> `<public_base_url>/connect/abc` when that is a route: on our origin, never the Host's."""
+        raw_path: bytes = request.scope.get("raw_path") or request.url.path.encode()
+        if len(raw_path) < 2 or not raw_path.endswith(b"/"):
+            return None
+        path = raw_path.rstrip(b"/").decode("ascii", errors="replace")
+        probe = {**request.scope, "path": unquote(path), "method": "GET"}
+        if not any(route.matches(probe)[0] is not Match.NONE for route in app.router.routes):
+            return None
+        query = request.scope.get("query_string", b"").decode("ascii", errors="replace")
+        return settings.public_base_url + path + (f"?{query}" if query else "")
 
     async def server_error(request: Request, exc: Exception) -> Response:
         log.error("unhandled error on %s %s: %s", request.method, request.url.path, type(exc).__name__, exc_info=exc)
@@ -143,17 +162,21 @@ def create_app(parts: WebParts) -> Starlette:
             "/metrics is not served: on a public deployment set metrics.bearer_token "
             "(CONNECTOR_METRICS__BEARER_TOKEN) or metrics.port (its own listener)"
         )
-    return _ConnectorApp(
+    app = _ConnectorApp(
         https=https,
         routes=routes,
-        # Outermost first: every request counts against the rate limits, malformed ones included, and is
-        # checked before any route runs.
+        # Outermost first: the client address (behind trusted proxies), then every request counts against the
+        # rate limits, malformed ones included, and is checked before any route runs.
         middleware=[
+            Middleware(ForwardedClient, trusted_proxies=settings.server.trusted_proxies),
             Middleware(RateLimit, guard=guard),
             Middleware(InputGuard, refuse=refused, body_limits=_body_limits(parts)),
         ],
         exception_handlers={FlowRefused: refused, HTTPException: http_error, Exception: server_error},
     )
+    # Starlette builds its slash redirects from the Host header; `without_trailing_slash` uses public_base_url.
+    app.router.redirect_slashes = False
+    return app
 
 
 class _ConnectorApp(Starlette):

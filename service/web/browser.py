@@ -13,7 +13,6 @@ from ..core.hosts import HostAssessment, assess_host
 from ..core.states import ElicitationStatus
 from ..core.urls import host_of, origin
 from ..core.verification import IdentityStep
-from ..store import AuditRepository
 from ..vault import Vault
 from .inputs import read_form
 from .kit import browser_facts
@@ -29,7 +28,6 @@ class BrowserRoutes:
         pages: Pages,
         binding: BrowserBinding,
         vault: Vault,
-        audit: AuditRepository,
         *,
         public_host: str,
         trusted_proxies: Sequence[str],
@@ -39,7 +37,6 @@ class BrowserRoutes:
         self.pages = pages
         self.binding = binding
         self.vault = vault
-        self.audit = audit
         self.public_host = public_host
         self.trusted_proxies = tuple(trusted_proxies)
 
@@ -82,7 +79,7 @@ class BrowserRoutes:
         binding = self.binding.read(request)
         if not csrf_valid(self.vault, elicitation_id, binding, form.get("csrf")):
             # The id may be forged: it is recorded as given, and nothing about the elicitation changes.
-            await self.audit.record("csrf_failed", elicitation_id=elicitation_id, now=self.flow.now())
+            await self.flow.elicitations.record_unattributed("csrf_failed", elicitation_id=elicitation_id)
             raise FlowRefused("csrf_failed")
         assert binding is not None
         action = form.get("action")

@@ -1,7 +1,10 @@
 """Who is on the other end: the TCP peer, and the client address a trusted proxy forwarded.
 
-Forwarded headers (X-Forwarded-For, identity headers) count only when the TCP peer is inside one of
-`server.trusted_proxies`; from any other peer they are untrusted input.
+Forwarded headers count only when the TCP peer is inside one of `server.trusted_proxies`. `ForwardedClient`
+applies uvicorn's `ProxyHeadersMiddleware` with that list (the client is the nearest untrusted X-Forwarded-For
+hop; the scheme comes from X-Forwarded-Proto), and adds the two things it does not do: it keeps the TCP peer
+(identity verifiers must know whether the request came through a trusted proxy, which is the peer, not the
+forwarded client), and it does not believe a forwarded "address" that is not an IP address.
 """
 
 from __future__ import annotations
@@ -11,8 +14,12 @@ from collections.abc import Sequence
 from functools import lru_cache
 
 from starlette.requests import Request
+from starlette.types import ASGIApp, Receive, Scope, Send
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+PEER = "connector.peer"  # the scope key holding the TCP peer's address
 
 
 @lru_cache(maxsize=32)
@@ -20,7 +27,43 @@ def _networks(cidrs: tuple[str, ...]) -> tuple[Network, ...]:
     return tuple(ipaddress.ip_network(c, strict=False) for c in cidrs)
 
 
+def _is_ip(value: str) -> bool:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return False
+    return True
+
+
+class ForwardedClient:
+    """ASGI middleware: the client address behind trusted proxies (uvicorn's), the TCP peer kept in the scope."""
+
+    def __init__(self, app: ASGIApp, *, trusted_proxies: Sequence[str]) -> None:
+        self.app = app
+        # Normalised: uvicorn reads "10.0.0.1/8" (host bits set) as a literal name, never as a network.
+        trusted = [str(network) for network in _networks(tuple(trusted_proxies))]
+        self.forwarded = ProxyHeadersMiddleware(self._believed, trusted_hosts=trusted)  # type: ignore[arg-type]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        client = scope.get("client")
+        scope[PEER] = client[0] if client else None
+        await self.forwarded(scope, receive, send)  # type: ignore[arg-type]  # uvicorn's ASGI types vs starlette's
+
+    async def _believed(self, scope: Scope, receive: Receive, send: Send) -> None:
+        client = scope.get("client")
+        if client and not _is_ip(client[0]) and scope.get(PEER) is not None:
+            scope["client"] = (scope[PEER], 0)  # a malformed forwarded hop is not believed
+        await self.app(scope, receive, send)
+
+
 def peer_address(request: Request) -> str | None:
+    """The TCP peer (the proxy, behind one), whatever the forwarded headers say."""
+    if PEER in request.scope:
+        peer = request.scope[PEER]
+        return peer if isinstance(peer, str) else None
     return request.client.host if request.client is not None else None
 
 
@@ -35,19 +78,6 @@ def peer_is_trusted(request: Request, trusted_proxies: Sequence[str]) -> bool:
     return any(address in network for network in _networks(tuple(trusted_proxies)))
 
 
-def client_address(request: Request, trusted_proxies: Sequence[str]) -> str:
-    """The browser's address: the nearest untrusted hop of X-Forwarded-For behind trusted proxies, else the peer."""
-    peer = peer_address(request) or "unknown"
-    if not peer_is_trusted(request, trusted_proxies):
-        return peer
-    forwarded = request.headers.get("x-forwarded-for", "")
-    hops = [hop.strip() for hop in forwarded.split(",") if hop.strip()]
-    networks = _networks(tuple(trusted_proxies))
-    for hop in reversed(hops):  # walk back from the proxy nearest to us
-        try:
-            address = ipaddress.ip_address(hop)
-        except ValueError:
-            return peer  # a malformed chain is not believed
-        if not any(address in network for network in networks):
-            return hop
-    return hops[0] if hops else peer
+def client_address(request: Request) -> str:
+    """The browser's address: forwarded by a trusted proxy (`ForwardedClient`), else the TCP peer."""
+    return request.client.host if request.client is not None else "unknown"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import re
 import unicodedata
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -22,11 +23,13 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, unquote_to_bytes
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..core.errors import FlowRefused
+
+log = logging.getLogger("service.web")
 
 INVALID_INPUT = "invalid_input"
 BODY_TOO_LARGE = "body_too_large"
@@ -319,3 +322,6 @@ class InputGuard:
             if started:
                 raise
             await (await self.refuse(request, too_large(limit)))(scope, receive, send)
+        except ClientDisconnect:
+            # A malformed body (the server answered 400 and closed) or a client gone mid-body: nobody to answer.
+            log.warning("request body ended early (malformed or disconnected): %s %s", scope["method"], scope["path"])

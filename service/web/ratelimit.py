@@ -1,10 +1,19 @@
-"""Rate limits on the browser-facing routes: token buckets per client address and per elicitation.
+"""Rate limits on the browser-facing routes, counted by the `limits` library: per client address and per
+elicitation, over a moving window, in memory (one process) or in Redis (`rate_limit.storage_url`, shared by
+every replica so that a limit holds across them).
 
-`RateLimiter` holds the buckets (in this process only: with several replicas each one counts for itself).
-`RateLimitGuard` turns a refusal into the 429 answer (Retry-After, error code `rate_limited`) and one
-`rate_limited` audit event per key and window. `RateLimit` is the ASGI middleware that applies the guard to
-the connect, callback and confirm routes by path; a handler that learns the elicitation only from its body
-(the confirm endpoint) calls `RateLimitGuard.check_elicitation` itself.
+`RateLimiter` counts. `RateLimitGuard` turns a refusal into the 429 answer (Retry-After, error code
+`rate_limited`) and one `rate_limited` audit event per key and window. `RateLimit` is the ASGI middleware that
+applies the guard, for every method, to the connect, callback and confirm routes by path, and makes the client
+address known to `AuditBudget` for the request. A handler that learns the elicitation only from its body (the
+confirm endpoint) calls `RateLimitGuard.check_elicitation` itself.
+
+`AuditBudget` bounds the audit rows that requests carrying no credential at all can cause (a forged CSRF token,
+an unknown OAuth state, a wrong API key): `audit_per_address` per window for each client and `audit_total` for
+all, then one `audit_suppressed` row for the rest of that window.
+
+If the storage cannot be reached, requests are let through (and the failure is logged): a rate limit must not
+take the service down with it.
 """
 
 from __future__ import annotations
@@ -14,13 +23,17 @@ import logging
 import math
 import re
 import time
-from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 from urllib.parse import parse_qs
 
+from limits import RateLimitItem, RateLimitItemPerSecond
+from limits.aio.storage import Storage
+from limits.aio.strategies import MovingWindowRateLimiter
+from limits.storage import storage_from_string
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -37,7 +50,10 @@ RouteGroup = Literal["connect", "callback", "confirm"]
 KeyKind = Literal["address", "elicitation"]
 
 RATE_LIMITED = "rate_limited"
-MAX_KEYS = 100_000  # buckets kept at most; idle (full) ones are dropped first
+AUDIT_SUPPRESSED = "audit_suppressed"
+
+# The client address of the request being served (set by `RateLimit`), for `AuditBudget`.
+CURRENT_CLIENT: ContextVar[str | None] = ContextVar("connector_client_address", default=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,87 +64,93 @@ class Refusal:
     retry_after: int  # whole seconds, at least 1
 
 
-@dataclass(slots=True)
-class _Bucket:
-    tokens: float
-    updated: float
-
-
-class TokenBuckets:
-    """Buckets of `capacity` tokens refilled at `capacity / window` per second, one per key."""
-
-    def __init__(self, *, clock: Callable[[], float] = time.monotonic, max_keys: int = MAX_KEYS) -> None:
-        self._clock = clock
-        self._max_keys = max_keys
-        self._buckets: OrderedDict[tuple[str, ...], _Bucket] = OrderedDict()
-
-    def take(self, key: tuple[str, ...], capacity: int, window: float) -> float | None:
-        """Take one token: None if there was one, else the seconds until there will be."""
-        now = self._clock()
-        rate = capacity / window
-        bucket = self._buckets.get(key)
-        if bucket is None:
-            self._make_room(now, rate, capacity)
-            bucket = _Bucket(float(capacity), now)
-            self._buckets[key] = bucket
-        else:
-            bucket.tokens = min(float(capacity), bucket.tokens + (now - bucket.updated) * rate)
-            bucket.updated = now
-            self._buckets.move_to_end(key)
-        if bucket.tokens >= 1.0:
-            bucket.tokens -= 1.0
-            return None
-        return (1.0 - bucket.tokens) / rate
-
-    def __len__(self) -> int:
-        return len(self._buckets)
-
-    def _make_room(self, now: float, rate: float, capacity: int) -> None:
-        if len(self._buckets) < self._max_keys:
-            return
-        # Drop buckets that have refilled completely (forgetting them changes nothing), then the least recent.
-        full = [k for k, b in self._buckets.items() if b.tokens + (now - b.updated) * rate >= capacity]
-        for k in full:
-            del self._buckets[k]
-        while len(self._buckets) >= self._max_keys:
-            self._buckets.popitem(last=False)
+def storage_uri(url: str) -> str:
+    """The `limits` asyncio storage for `rate_limit.storage_url` (memory://, redis://, rediss://, ...)."""
+    return f"async+{url}"
 
 
 class RateLimiter:
-    """The configured limits of each route group, checked against one set of buckets."""
+    """The configured limits of each route group, counted in one storage over a moving window."""
 
-    def __init__(self, settings: RateLimitSettings, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, settings: RateLimitSettings, *, clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
-        self.buckets = TokenBuckets(clock=clock)
+        storage = storage_from_string(storage_uri(settings.storage_url))
+        assert isinstance(storage, Storage)
+        self.storage = storage
+        self._strategy = MovingWindowRateLimiter(self.storage)
         self._clock = clock
-        self._audited: dict[tuple[str, ...], float] = {}
+        self._once = self.per_window(1)
+
+    def per_window(self, amount: int) -> RateLimitItem:
+        return RateLimitItemPerSecond(amount, self.settings.window_seconds, namespace="connector")
 
     def limit(self, group: RouteGroup, kind: KeyKind) -> int:
         value = getattr(self.settings, f"{group}_per_{kind}")
         assert isinstance(value, int)
         return value
 
-    def hit(self, group: RouteGroup, kind: KeyKind, key: str) -> Refusal | None:
-        """Count one request of `group` for `key`; a Refusal when its bucket is empty."""
+    async def hit(self, group: RouteGroup, kind: KeyKind, key: str) -> Refusal | None:
+        """Count one request of `group` for `key`; a Refusal when the window is full."""
         if not self.settings.enabled:
             return None
-        wait = self.buckets.take((group, kind, key), self.limit(group, kind), float(self.settings.window_seconds))
-        if wait is None:
+        item = self.per_window(self.limit(group, kind))
+        if await self.take(item, group, kind, key):
             return None
+        try:
+            stats = await self._strategy.get_window_stats(item, group, kind, key)
+            wait = stats.reset_time - self._clock()
+        except Exception as exc:  # the storage went away between the two calls
+            log.warning("rate limit storage failed: %s", type(exc).__name__)
+            wait = float(self.settings.window_seconds)
         return Refusal(group, kind, key, max(1, math.ceil(wait)))
 
-    def should_audit(self, refusal: Refusal) -> bool:
-        """True for the first refusal of a key in each window: a flood writes one audit row, not thousands."""
-        now = self._clock()
-        key = (refusal.group, refusal.kind, refusal.key)
-        last = self._audited.get(key)
-        if last is not None and now - last < self.settings.window_seconds:
-            return False
-        if len(self._audited) >= MAX_KEYS:
-            horizon = now - self.settings.window_seconds
-            self._audited = {k: t for k, t in self._audited.items() if t >= horizon}
-        self._audited[key] = now
-        return True
+    async def take(self, item: RateLimitItem, *key: str) -> bool:
+        """Count one hit of `item` for `key`: True while within the limit, and whenever the storage fails."""
+        try:
+            return await self._strategy.hit(item, *key)
+        except Exception as exc:
+            log.warning("rate limit storage failed, letting the request through: %s", type(exc).__name__)
+            return True
+
+    async def first_in_window(self, *key: str) -> bool:
+        """True once per window for `key`: a flood is recorded once, not thousands of times."""
+        return await self.take(self._once, "once", *key)
+
+
+class AuditBudget:
+    """Bounds the audit rows requests without any credential cause: see the module's first lines.
+
+    Implements `service.core.ports.AuditGate`; outside a request (no client address known) it admits everything.
+    """
+
+    def __init__(self, limiter: RateLimiter, audit: AuditRepo, now: Callable[[], datetime]) -> None:
+        self.limiter = limiter
+        self.audit = audit
+        self.now = now
+
+    async def admit(self, event: str) -> bool:
+        client = CURRENT_CLIENT.get()
+        settings = self.limiter.settings
+        if client is None or not settings.enabled:
+            return True
+        over = None
+        if not await self.limiter.take(self.limiter.per_window(settings.audit_per_address), "audit", client):
+            over = client
+        elif not await self.limiter.take(self.limiter.per_window(settings.audit_total), "audit", "*"):
+            over = "*"
+        if over is None:
+            return True
+        if await self.limiter.first_in_window("audit-suppressed", over):
+            await self.audit.record(
+                AUDIT_SUPPRESSED,
+                detail={
+                    "client_address": over,
+                    "first_suppressed": event,
+                    "window_seconds": settings.window_seconds,
+                },
+                now=self.now(),
+            )
+        return False
 
 
 class RateLimitGuard:
@@ -138,7 +160,6 @@ class RateLimitGuard:
         self,
         limiter: RateLimiter,
         *,
-        trusted_proxies: Sequence[str],
         audit: AuditRepo,
         pages: Pages,
         now: Callable[[], datetime],
@@ -146,25 +167,23 @@ class RateLimitGuard:
     ) -> None:
         self.limiter = limiter
         self.metrics = metrics
-        self.trusted_proxies = tuple(trusted_proxies)
         self.audit = audit
         self.pages = pages
         self.now = now
 
     async def check_address(self, request: Request, group: RouteGroup) -> Response | None:
         """Count the request for its client address; the 429 response when over the limit."""
-        address = client_address(request, self.trusted_proxies)
-        return await self._refuse(request, self.limiter.hit(group, "address", address), address=address)
+        address = client_address(request)
+        return await self._refuse(request, await self.limiter.hit(group, "address", address), address=address)
 
     async def check_elicitation(
         self, request: Request, group: RouteGroup, key: str, *, elicitation_id: str | None = None
     ) -> Response | None:
         """Count the request for one elicitation (or one OAuth state, `key`); the 429 response when over."""
-        refusal = self.limiter.hit(group, "elicitation", key)
+        refusal = await self.limiter.hit(group, "elicitation", key)
         if refusal is None:
             return None
-        address = client_address(request, self.trusted_proxies)
-        return await self._refuse(request, refusal, address=address, elicitation_id=elicitation_id)
+        return await self._refuse(request, refusal, address=client_address(request), elicitation_id=elicitation_id)
 
     async def _refuse(
         self, request: Request, refusal: Refusal | None, *, address: str, elicitation_id: str | None = None
@@ -173,7 +192,7 @@ class RateLimitGuard:
             return None
         if self.metrics is not None:
             self.metrics.rate_limit_refused(refusal.group, refusal.kind)
-        if self.limiter.should_audit(refusal):
+        if await self.limiter.first_in_window(RATE_LIMITED, refusal.group, refusal.kind, refusal.key):
             await self.audit.record(
                 RATE_LIMITED,
                 elicitation_id=elicitation_id,
@@ -206,8 +225,9 @@ _CALLBACK = re.compile(r"^/(?:callback/[^/]+|identity/[^/]+/[^/]+)/?$")
 _CONFIRM = re.compile(r"^/v1/identity/[^/]+(?:/.*)?$")
 
 
-def route_group(method: str, path: str) -> RouteGroup | None:
-    if _CONNECT.match(path) and method in ("GET", "POST"):
+def route_group(path: str) -> RouteGroup | None:
+    """The limited group of a path, whatever the method (a HEAD or OPTIONS request counts like a GET)."""
+    if _CONNECT.match(path):
         return "connect"
     if _CALLBACK.match(path):
         return "callback"
@@ -234,32 +254,40 @@ class RateLimit:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        path: str = scope["path"]
-        group = route_group(scope["method"], path)
-        if group is None:
-            await self.app(scope, receive, send)
-            return
         request = Request(scope)
+        token = CURRENT_CLIENT.set(client_address(request))
+        try:
+            refused = await self._check(request, scope)
+            if refused is not None:
+                await refused(scope, receive, send)
+                return
+            await self.app(scope, receive, send)
+        finally:
+            CURRENT_CLIENT.reset(token)
+
+    async def _check(self, request: Request, scope: Scope) -> Response | None:
+        path: str = scope["path"]
+        group = route_group(path)
+        if group is None:
+            return None
         refused = await self.guard.check_address(request, group)
-        if refused is None:
-            if group == "connect":
-                match = _CONNECT.match(path)
-                elicitation_id = (match.group("id") if match else None) or request.query_params.get("elicitationId")
-                if elicitation_id:
-                    # Ids come from the URL: anything not shaped like one is keyed by its hash and not audited.
-                    plausible = _ID_SHAPE.fullmatch(elicitation_id) is not None
-                    refused = await self.guard.check_elicitation(
-                        request,
-                        group,
-                        elicitation_id if plausible else _digest(elicitation_id),
-                        elicitation_id=elicitation_id if plausible else None,
-                    )
-            elif group == "callback":
-                query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-                state = (query.get("state") or [""])[0]
-                if state:
-                    refused = await self.guard.check_elicitation(request, group, _digest(state))
         if refused is not None:
-            await refused(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
+            return refused
+        if group == "connect":
+            match = _CONNECT.match(path)
+            elicitation_id = (match.group("id") if match else None) or request.query_params.get("elicitationId")
+            if elicitation_id:
+                # Ids come from the URL: anything not shaped like one is keyed by its hash and not audited.
+                plausible = _ID_SHAPE.fullmatch(elicitation_id) is not None
+                return await self.guard.check_elicitation(
+                    request,
+                    group,
+                    elicitation_id if plausible else _digest(elicitation_id),
+                    elicitation_id=elicitation_id if plausible else None,
+                )
+        elif group == "callback":
+            query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+            state = (query.get("state") or [""])[0]
+            if state:
+                return await self.guard.check_elicitation(request, group, _digest(state))
+        return None

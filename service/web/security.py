@@ -58,15 +58,23 @@ class SecurityHeaders:
 
 
 class BrowserBinding:
-    """A random per-browser value in an HttpOnly cookie; the flow stores only its hash."""
+    """A random per-browser value (the binding) in an HttpOnly cookie, signed with a key derived from the vault:
+    `<binding>.<key id>.<mac>`. A value this server did not issue is no binding at all. The flow stores only the
+    binding's hash."""
 
-    def __init__(self, *, secure: bool) -> None:
+    PURPOSE = "browser-binding"
+
+    def __init__(self, vault: Vault, *, secure: bool) -> None:
+        self.vault = vault
         self.secure = secure
         self.cookie_name = BINDING_COOKIE_SECURE if secure else BINDING_COOKIE_DEV
 
     def read(self, request: Request) -> str | None:
-        value = request.cookies.get(self.cookie_name)
-        return value if value and len(value) >= 32 else None
+        """The binding of a cookie this server signed, else None."""
+        binding, _, signature = request.cookies.get(self.cookie_name, "").partition(".")
+        if len(binding) < 32 or not self.vault.verify(self.PURPOSE, binding.encode(), signature):
+            return None
+        return binding
 
     def ensure(self, request: Request) -> tuple[str, bool]:
         """(binding, is_new)."""
@@ -75,10 +83,10 @@ class BrowserBinding:
             return current, False
         return secrets.token_urlsafe(32), True
 
-    def set(self, response: Response, value: str) -> None:
+    def set(self, response: Response, binding: str) -> None:
         response.set_cookie(
             self.cookie_name,
-            value,
+            f"{binding}.{self.vault.sign(self.PURPOSE, binding.encode())}",
             max_age=BINDING_MAX_AGE,
             path="/",
             secure=self.secure,
