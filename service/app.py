@@ -29,8 +29,8 @@ from .core.browser import BrowserFlow
 from .core.clock import Clock
 from .core.errors import ConnectorError
 from .core.lifecycle import Elicitations
-from .core.retention import RetentionPolicy
 from .core.ports import AuditGate
+from .core.retention import RetentionPolicy
 from .core.settings import FlowSettings
 from .core.sweeper import Sweeper
 from .core.verification import IdentityStep

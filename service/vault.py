@@ -41,6 +41,7 @@ __all__ = [
     "ensure_dev_key_file",
     "generate_key",
     "load_key_ring",
+    "remove_from_key_file",
 ]
 
 logger = logging.getLogger(__name__)
@@ -346,6 +347,31 @@ def load_key_ring(keys: Sequence[str | SecretStr], key_file: Path | None, primar
             raise VaultError(f"vault.primary_key_id is '{primary_key_id}' but no vault keys are configured")
         return None
     return KeyRing(entries, primary_key_id)
+
+
+def remove_from_key_file(path: Path, key_id: str) -> bool:
+    """Rewrite the key file without the entry of `key_id` (comments and other keys kept, mode 0600, atomically).
+
+    False when the file holds no such entry. Refuses to leave the file without any key.
+    """
+    if key_id not in {kid for kid, _ in _read_key_file(path)}:
+        return False
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    kept = [line for line in lines if line.split("#", 1)[0].strip().partition(":")[0].strip() != key_id]
+    if not any(line.split("#", 1)[0].strip() for line in kept):
+        raise VaultError(f"key file {path} would hold no key without '{key_id}'")
+    temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.writelines(kept)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    return True
 
 
 def ensure_dev_key_file(path: Path) -> bool:

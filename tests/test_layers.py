@@ -1,8 +1,8 @@
 """The house rules of `service/`, read from the source: arrows point down, no circles, each SDK in its one place.
 
 Layers, lowest first (a module may import its own layer or lower ones, never a higher one):
-  core  <-  config, logs, metrics, vault, providers, version  <-  oauth, store, events, acp, identity, tokens
-  <-  web  <-  app  <-  connector, client  <-  cli, testing, the package itself.
+  core  <-  config, logs, metrics, vault, providers, version  <-  oauth, store, events, acp, identity, tokens,
+  rotation  <-  web  <-  app  <-  connector, client  <-  cli, testing, the package itself.
 Inside the adapter layer only the listed edges are allowed (e.g. identity may use oauth and store; acp uses
 none of its siblings). Imports under `if TYPE_CHECKING:` are annotations only and are not counted.
 """
@@ -21,7 +21,15 @@ SERVICE = Path(__file__).resolve().parent.parent / "service"
 LAYERS: list[set[str]] = [
     {"service.core"},
     {"service.config", "service.logs", "service.metrics", "service.vault", "service.providers", "service.version"},
-    {"service.oauth", "service.store", "service.events", "service.acp", "service.identity", "service.tokens"},
+    {
+        "service.oauth",
+        "service.store",
+        "service.events",
+        "service.acp",
+        "service.identity",
+        "service.tokens",
+        "service.rotation",
+    },
     {"service.web"},
     {"service.app"},
     {"service.connector", "service.client"},
@@ -34,6 +42,7 @@ ADAPTER_EDGES = {
     ("service.tokens", "service.oauth"),
     ("service.tokens", "service.store"),
     ("service.tokens", "service.events"),
+    ("service.rotation", "service.store"),
     ("service.events", "service.store"),
     ("service.cli", "service.testing"),  # `acp-connector mock-provider` serves the test kit's mock provider
 }

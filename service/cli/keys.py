@@ -1,9 +1,23 @@
-"""`acp-connector keys ...`: token-encryption keys."""
+"""`acp-connector keys ...`: token-encryption keys: generate, status, rotate, retire."""
 
 from __future__ import annotations
 
-from ..vault import generate_key
-from .framework import Commands, Invocation, UsageError
+import asyncio
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, TypeVar
+
+from ..config import Settings
+from ..vault import KeyRing, Vault, generate_key, remove_from_key_file
+from .framework import CliError, Commands, Invocation, UsageError
+from .serve import DEV_KEY_FILE
+
+if TYPE_CHECKING:
+    from ..rotation import RotationReport
+    from ..store import Store
+
+T = TypeVar("T")
+DEFAULT_BATCH_SIZE = 100
 
 
 def register(commands: Commands) -> None:
@@ -13,7 +27,8 @@ def register(commands: Commands) -> None:
         description=(
             "Keys of the vault that encrypts every stored token (AES-256-GCM). Keys are given to the\n"
             "connector as CONNECTOR_VAULT__KEYS or in the file vault.key_file, one KID:BASE64URL per entry;\n"
-            "the first (or vault.primary_key_id) encrypts, the others still decrypt."
+            "the first (or vault.primary_key_id) is the active key and encrypts, the others still decrypt.\n"
+            "To rotate: generate, roll the new key out as active everywhere, `rotate`, then `retire` the old one."
         ),
     )
     generate = keys.command(
@@ -29,6 +44,51 @@ def register(commands: Commands) -> None:
     generate.add_argument(
         "--key-id", metavar="KID", help="key id: letters, digits, '-' or '_', at most 64 (default: k-YYYYMMDD-xxxx)"
     )
+    keys.command(
+        "status",
+        run_status,
+        help="list the keys, which is active, and what each still encrypts",
+        description=(
+            "One line per key id, configured or found in the database: whether it is the active key, in the\n"
+            "ring only to decrypt, or missing from the ring; how many grants it encrypts, and how many sign-ins\n"
+            "in progress (flows, verifications) hold a secret under it. Reads the database; changes nothing."
+        ),
+        examples=["acp-connector keys status"],
+    )
+    rotate = keys.command(
+        "rotate",
+        run_rotate,
+        help="re-encrypt every grant under the active key",
+        description=(
+            "Re-encrypt every grant not yet under the active key, in batches (one transaction each). Safe to\n"
+            "interrupt and run again: it carries on where it stopped. Safe while replicas serve, once every\n"
+            "replica has the active key in its ring: a grant a replica refreshes meanwhile keeps its new tokens\n"
+            "and is picked up again. Exit code 1 when some grant cannot be decrypted with this ring."
+        ),
+        examples=["acp-connector keys rotate", "acp-connector keys rotate --batch-size 500 --pause 0.1"],
+    )
+    rotate.add_argument(
+        "--batch-size",
+        type=int,
+        default=DEFAULT_BATCH_SIZE,
+        metavar="N",
+        help=f"grants per transaction (default: {DEFAULT_BATCH_SIZE})",
+    )
+    rotate.add_argument(
+        "--pause", type=float, default=0.0, metavar="SECONDS", help="wait between batches, to spare a busy database"
+    )
+    retire = keys.command(
+        "retire",
+        run_retire,
+        help="retire a key that nothing uses any more",
+        description=(
+            "Refuse while any grant (or a sign-in in progress) is encrypted under KEY_ID, or while it is the\n"
+            "active key. Otherwise record a key_retired audit event and take it out of vault.key_file when it\n"
+            "is there; a key given in CONNECTOR_VAULT__KEYS must then be removed there by the operator."
+        ),
+        examples=["acp-connector keys retire k-20250101-ab12"],
+    )
+    retire.add_argument("key_id", metavar="KEY_ID", help="the key id to retire")
 
 
 def run_generate(invocation: Invocation) -> int:
@@ -40,4 +100,131 @@ def run_generate(invocation: Invocation) -> int:
             "use letters, digits, '-' or '_', at most 64 characters",
         ) from None
     invocation.out(key)
+    return 0
+
+
+def _vault(settings: Settings) -> Vault:
+    """The configured vault; on a loopback deployment without keys, the development key file `serve` created."""
+    from ..app import build_vault
+
+    if not settings.vault.keys and settings.vault.key_file is None and settings.is_loopback_deployment:
+        if DEV_KEY_FILE.exists():
+            settings = settings.model_copy(
+                update={"vault": settings.vault.model_copy(update={"key_file": DEV_KEY_FILE})}
+            )
+    return build_vault(settings)
+
+
+def _with_store(settings: Settings, work: Callable[[Store], Awaitable[T]]) -> T:
+    from ..store import Store
+
+    async def run() -> T:
+        store = Store.from_url(settings.database.url)
+        try:
+            await store.check_schema()
+            return await work(store)
+        finally:
+            await store.close()
+
+    return asyncio.run(run())
+
+
+def _state(ring: KeyRing, key_id: str) -> str:
+    if key_id == ring.primary_key_id:
+        return "active"
+    return "decrypt only" if key_id in ring else "not in the ring"
+
+
+def run_status(invocation: Invocation) -> int:
+    from ..rotation import key_usage
+
+    settings = invocation.settings()
+    ring = _vault(settings).ring
+    usage = _with_store(settings, lambda store: key_usage(store, datetime.now(UTC)))
+    rows = [("KEY ID", "STATE", "GRANTS", "SIGN-INS IN PROGRESS")]
+    for key_id in dict.fromkeys([*ring.key_ids, *usage]):
+        used = usage.get(key_id)
+        in_progress = 0 if used is None else used.open_flows + used.open_verifications
+        rows.append((key_id, _state(ring, key_id), str(0 if used is None else used.grants), str(in_progress)))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        invocation.out("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    lost = [key_id for key_id in usage if key_id not in ring and usage[key_id].grants]
+    if lost:
+        invocation.note(f"grants under {', '.join(lost)} cannot be read: add the key back to the ring")
+        return 1
+    return 0
+
+
+def run_rotate(invocation: Invocation) -> int:
+    from ..rotation import rotate_grants
+
+    args = invocation.args
+    if args.batch_size < 1 or args.pause < 0:
+        raise UsageError("keys rotate: --batch-size must be at least 1 and --pause not negative")
+    settings = invocation.settings()
+    vault = _vault(settings)
+
+    def progress(report: RotationReport) -> None:
+        invocation.note(f"rotated {report.rotated} grants so far")
+
+    async def rotate(store: Store) -> RotationReport:
+        report = await rotate_grants(store, vault, batch_size=args.batch_size, pause=args.pause, progress=progress)
+        await store.audit.record(
+            "keys_rotated",
+            detail={
+                "key_id": vault.primary_key_id,
+                "rotated": report.rotated,
+                "changed_meanwhile": report.changed_meanwhile,
+                "unreadable": len(report.unreadable),
+            },
+        )
+        return report
+
+    report = _with_store(settings, rotate)
+    invocation.note(f"{report.rotated} grants re-encrypted under the active key {vault.primary_key_id}")
+    if not report.complete:
+        raise CliError(
+            f"keys rotate: {len(report.unreadable)} grants do not decrypt with the configured keys "
+            f"(first: {report.unreadable[0]})",
+            "`acp-connector keys status` shows the key ids they need; add those keys to the ring and run again",
+        )
+    return 0
+
+
+def run_retire(invocation: Invocation) -> int:
+    from ..rotation import key_usage
+
+    key_id: str = invocation.args.key_id
+    settings = invocation.settings()
+    vault = _vault(settings)
+    if key_id == vault.primary_key_id:
+        raise CliError(
+            f"keys retire: {key_id} is the active key",
+            "make another key active (first in the ring, or vault.primary_key_id) everywhere, then rotate",
+        )
+
+    async def retire(store: Store) -> str | None:
+        used = (await key_usage(store, datetime.now(UTC))).get(key_id)
+        if used is not None and used.in_use:
+            return (
+                f"{used.grants} grants and {used.open_flows + used.open_verifications} sign-ins in progress "
+                "are encrypted under it"
+            )
+        await store.audit.record("key_retired", detail={"key_id": key_id})
+        return None
+
+    refusal = _with_store(settings, retire)
+    if refusal is not None:
+        raise CliError(
+            f"keys retire: {key_id} is still in use: {refusal}",
+            "run `acp-connector keys rotate` (sign-ins in progress end within minutes), then retire again",
+        )
+    key_file = settings.vault.key_file
+    if key_file is not None and remove_from_key_file(key_file, key_id):
+        invocation.note(f"{key_id} is retired and removed from {key_file}; restart the connector to drop it")
+    elif key_id in vault.ring:
+        invocation.note(f"{key_id} is retired: now remove it from CONNECTOR_VAULT__KEYS and restart the connector")
+    else:
+        invocation.note(f"{key_id} is retired (it is not in the ring)")
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import RowMapping, insert, select, update
+from sqlalchemy import RowMapping, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.core.records import FlowRecord
@@ -47,6 +47,20 @@ class FlowRepository:
         async with self._db.write(conn) as c:
             row = (await c.execute(statement)).mappings().first()
         return None if row is None else _from_row(row)
+
+    async def open_by_key(self, now: datetime, conn: AsyncConnection | None = None) -> dict[str, int]:
+        """How many unused, unexpired flows hold a PKCE verifier under each vault key id."""
+        statement = (
+            select(oauth_flows.c.verifier_key_id, func.count())
+            .where(
+                oauth_flows.c.verifier_key_id.is_not(None),
+                oauth_flows.c.used_at.is_(None),
+                oauth_flows.c.expires_at > now,
+            )
+            .group_by(oauth_flows.c.verifier_key_id)
+        )
+        async with self._db.read(conn) as c:
+            return {key_id: count for key_id, count in (await c.execute(statement)).all()}
 
     async def invalidate_open(self, elicitation_id: str, now: datetime, conn: AsyncConnection | None = None) -> int:
         """Mark every unused flow of the elicitation as used; return how many were open."""

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import RowMapping, delete, select, text, update
+from sqlalchemy import RowMapping, delete, func, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -127,6 +127,51 @@ class GrantRepository:
         )
         async with self._db.write(conn) as c:
             await c.execute(statement)
+
+    async def count_by_key(self, conn: AsyncConnection | None = None) -> dict[str, int]:
+        """How many grants each vault key id encrypts."""
+        statement = select(grants.c.token_key_id, func.count()).group_by(grants.c.token_key_id)
+        async with self._db.read(conn) as c:
+            return {key_id: count for key_id, count in (await c.execute(statement)).all()}
+
+    async def not_under(
+        self, key_id: str, *, after: str = "", limit: int, conn: AsyncConnection | None = None
+    ) -> list[GrantRecord]:
+        """Up to `limit` grants whose tokens are under another key than `key_id`, by id, ids after `after`."""
+        statement = (
+            select(grants)
+            .where(grants.c.token_key_id != key_id, grants.c.id > after)
+            .order_by(grants.c.id)
+            .limit(limit)
+        )
+        async with self._db.read(conn) as c:
+            rows = (await c.execute(statement)).mappings().all()
+        return [_from_row(row) for row in rows]
+
+    async def swap_ciphertext(
+        self,
+        id: str,
+        *,
+        old_key_id: str,
+        old_ciphertext: bytes,
+        new_key_id: str,
+        new_ciphertext: bytes,
+        conn: AsyncConnection | None = None,
+    ) -> bool:
+        """Put the same tokens under another key, if the row still holds `old_*` (a refresh elsewhere may have
+        stored new tokens meanwhile: then nothing changes and the answer is False). `updated_at` is kept."""
+        statement = (
+            update(grants)
+            .where(
+                grants.c.id == id,
+                grants.c.token_key_id == old_key_id,
+                grants.c.token_ciphertext == old_ciphertext,
+            )
+            .values(token_key_id=new_key_id, token_ciphertext=new_ciphertext)
+        )
+        async with self._db.write(conn) as c:
+            result = await c.execute(statement)
+        return result.rowcount == 1
 
     async def delete(self, id: str, conn: AsyncConnection | None = None) -> bool:
         """Delete the grant; True when it existed."""

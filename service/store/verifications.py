@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import RowMapping, insert, select, update
+from sqlalchemy import RowMapping, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.core.identity import Identity
@@ -81,6 +81,16 @@ class VerificationRepository:
             .returning(*table.c)
         )
         return await self._one(statement, conn)
+
+    async def open_by_key(self, now: datetime, conn: AsyncConnection | None = None) -> dict[str, int]:
+        """How many unused, unexpired verifications hold a PKCE verifier under each vault key id."""
+        statement = (
+            select(table.c.pkce_key_id, func.count())
+            .where(table.c.pkce_key_id.is_not(None), table.c.used_at.is_(None), table.c.expires_at > now)
+            .group_by(table.c.pkce_key_id)
+        )
+        async with self._db.read(conn) as c:
+            return {key_id: count for key_id, count in (await c.execute(statement)).all()}
 
     async def _get(self, condition: Any, conn: AsyncConnection | None) -> VerificationRecord | None:
         async with self._db.read(conn) as c:

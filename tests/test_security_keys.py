@@ -1,0 +1,227 @@
+"""Finding 7 of the security review, on SQLite and PostgreSQL: key rotation re-encrypts every grant.
+
+`acp-connector keys rotate`, a separate process, is killed with SIGKILL half way and run again: every grant then
+decrypts, is under the new key, and holds the very tokens it held before; `keys retire` refuses the old key while a
+grant uses it and succeeds after. A grant refreshed by another replica while it is being rotated keeps its new
+tokens."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import stat
+import sys
+import threading
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from service import Identity
+from service.core.errors import VaultError
+from service.core.handles import grant_aad, new_id
+from service.core.records import GrantRecord
+from service.rotation import rotate_grants
+from service.store import Store, migrate
+from service.vault import KeyRing, Vault, generate_key, remove_from_key_file
+
+GRANTS = 1000
+KEY_A = generate_key("key-a")
+KEY_B = generate_key("key-b")
+ISSUER = "https://login.example.com"
+NOW = datetime(2026, 12, 14, 12, 0, tzinfo=UTC)
+
+
+def vault(*keys: str) -> Vault:
+    return Vault(KeyRing.from_strings(list(keys)))
+
+
+def aad_of(grant: GrantRecord) -> bytes:
+    return grant_aad(grant.identity.issuer, grant.identity.subject, grant.provider, grant.provider_account_id)
+
+
+@pytest.fixture
+async def store(database_url: str) -> AsyncIterator[Store]:
+    migrate(database_url)
+    store = Store.from_url(database_url)
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+async def seed(store: Store, under: Vault, count: int) -> None:
+    async with store.transaction() as tx:
+        for number in range(count):
+            identity = Identity(ISSUER, f"user-{number}")
+            aad = grant_aad(identity.issuer, identity.subject, "github", f"account-{number}")
+            tokens = {"access_token": f"gho_{new_id(12)}", "refresh_token": f"ghr_{new_id(12)}", "n": number}
+            key_id, blob = under.encrypt_json(tokens, aad=aad)
+            await store.grants.upsert(
+                GrantRecord(
+                    id=new_id(16),
+                    identity=identity,
+                    provider="github",
+                    provider_account_id=f"account-{number}",
+                    scopes=("repo",),
+                    token_key_id=key_id,
+                    token_ciphertext=blob,
+                    token_expires_at=None,
+                    created_at=NOW,
+                    updated_at=NOW,
+                ),
+                conn=tx,
+            )
+
+
+async def all_grants(store: Store) -> list[GrantRecord]:
+    return await store.grants.not_under("", limit=10 * GRANTS)  # no key id is empty: every grant
+
+
+async def tokens_of(store: Store, ring: Vault) -> dict[str, Any]:
+    return {g.id: ring.decrypt_json(g.token_key_id, g.token_ciphertext, aad=aad_of(g)) for g in await all_grants(store)}
+
+
+def cli_env(database_url: str, keys: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONNECTOR_")}
+    return {**env, "CONNECTOR_DATABASE__URL": database_url, "CONNECTOR_VAULT__KEYS": keys}
+
+
+CLI = (sys.executable, "-m", "service.cli")
+
+
+async def keys_command(tmp_path: Path, env: dict[str, str], *args: str) -> tuple[int, str, str]:
+    """Run `acp-connector keys ARGS`: (exit code, stdout, stderr)."""
+    process = await asyncio.create_subprocess_exec(
+        *CLI, "keys", *args, cwd=tmp_path, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 300)
+    assert process.returncode is not None
+    return process.returncode, out.decode(), err.decode()
+
+
+async def test_rotation_killed_half_way_resumes_and_the_old_key_retires(
+    store: Store, database_url: str, tmp_path: Path
+) -> None:
+    await seed(store, vault(KEY_A), GRANTS)
+    before = await tokens_of(store, vault(KEY_A))
+    assert await store.grants.count_by_key() == {"key-a": GRANTS}
+    env = cli_env(database_url, f"{KEY_B},{KEY_A}")  # key-b is now the active key; key-a still decrypts
+
+    # Ten grants per transaction, a pause between batches: plenty of time to kill it half way.
+    rotating = await asyncio.create_subprocess_exec(
+        *CLI,
+        "keys",
+        "rotate",
+        "--batch-size",
+        "10",
+        "--pause",
+        "0.02",
+        cwd=tmp_path,
+        env=env,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        for _ in range(6000):
+            moved = (await store.grants.count_by_key()).get("key-b", 0)
+            if moved >= GRANTS // 4 or rotating.returncode is not None:
+                break
+            await asyncio.sleep(0.01)
+        assert rotating.returncode is None, "rotate finished before it could be killed"
+        rotating.send_signal(signal.SIGKILL)
+    finally:
+        if rotating.returncode is None:
+            rotating.kill()
+        await rotating.wait()
+    assert rotating.returncode == -signal.SIGKILL
+
+    half = await store.grants.count_by_key()
+    assert 0 < half["key-b"] < GRANTS and half["key-a"] + half["key-b"] == GRANTS
+    assert await tokens_of(store, vault(KEY_B, KEY_A)) == before  # mid-way, every grant still decrypts
+
+    code, _, err = await keys_command(tmp_path, env, "retire", "key-a")
+    assert code == 1
+    assert f"key-a is still in use: {half['key-a']} grants" in err
+    assert "Traceback" not in err
+
+    code, _, err = await keys_command(tmp_path, env, "rotate")
+    assert code == 0, err
+    assert await store.grants.count_by_key() == {"key-b": GRANTS}
+
+    code, out, err = await keys_command(tmp_path, env, "status")
+    assert code == 0, err
+    lines = [line.split() for line in out.splitlines()]
+    assert ["key-b", "active", str(GRANTS), "0"] in lines
+    assert ["key-a", "decrypt", "only", "0", "0"] in lines
+
+    code, _, err = await keys_command(tmp_path, env, "retire", "key-a")
+    assert code == 0, err
+    assert "remove it from CONNECTOR_VAULT__KEYS" in err
+    assert [e.detail for e in await store.audit.list(event="key_retired")] == [{"key_id": "key-a"}]
+
+    # Without key-a at all, every grant reads back the very tokens it held under key-a.
+    assert await tokens_of(store, vault(KEY_B)) == before
+
+
+async def test_a_grant_refreshed_on_another_replica_while_rotating_keeps_its_new_tokens(store: Store) -> None:
+    old = vault(KEY_A)
+    await seed(store, old, 30)
+    target = (await all_grants(store))[10]  # the first of the second batch of ten
+    refreshed = {"access_token": "gho_refreshed_elsewhere", "n": -1}
+    racing = Racing(vault(KEY_B, KEY_A), old, store, target, refreshed)
+    report = await rotate_grants(store, racing, batch_size=10)  # type: ignore[arg-type]
+    assert racing.refreshed_once and report.changed_meanwhile == 1 and report.complete
+    assert await store.grants.count_by_key() == {"key-b": 30}  # picked up again on the next pass
+    final = await tokens_of(store, vault(KEY_B))
+    assert final[target.id] == refreshed  # the refresh won: rotation did not put the old tokens back
+    assert [tokens for tokens in final.values() if tokens == refreshed] == [refreshed]
+
+
+class Racing:
+    """The rotating vault (active key-b), except that while it re-encrypts one grant, another replica's refresh of
+    that grant commits (its own engine, its own thread): it lands between rotate's read and rotate's write."""
+
+    def __init__(self, new: Vault, old: Vault, store: Store, target: GrantRecord, refreshed: dict[str, Any]) -> None:
+        self.new, self.old, self.store, self.target, self.refreshed = new, old, store, target, refreshed
+        self.primary_key_id = new.primary_key_id
+        self.refreshed_once = False
+
+    def reencrypt(self, key_id: str, blob: bytes, *, aad: bytes) -> tuple[str, bytes]:
+        if aad == aad_of(self.target) and not self.refreshed_once:
+            self.refreshed_once = True
+            fresh_key, fresh = self.old.encrypt_json(self.refreshed, aad=aad)  # that replica still writes key-a
+            url = self.store.engine.url.render_as_string(hide_password=False)
+            thread = threading.Thread(
+                target=asyncio.run, args=(refresh_elsewhere(url, self.target.id, fresh_key, fresh),)
+            )
+            thread.start()
+            thread.join()
+        return self.new.reencrypt(key_id, blob, aad=aad)
+
+
+async def refresh_elsewhere(url: str, grant_id: str, key_id: str, blob: bytes) -> None:
+    other = Store.from_url(url)
+    try:
+        await other.grants.update_tokens(
+            grant_id, token_key_id=key_id, token_ciphertext=blob, token_expires_at=None, scopes=("repo",), now=NOW
+        )
+    finally:
+        await other.close()
+
+
+def test_retiring_a_key_takes_it_out_of_the_key_file(tmp_path: Path) -> None:
+    path = tmp_path / "vault.keys"
+    path.write_text(f"# rotated 2026-12\n{KEY_B}\n{KEY_A}  # the old one\n")
+    path.chmod(0o600)
+    assert remove_from_key_file(path, "key-a") is True
+    assert path.read_text() == f"# rotated 2026-12\n{KEY_B}\n"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert KeyRing.from_file(path).key_ids == ("key-b",)
+    assert remove_from_key_file(path, "key-a") is False
+    with pytest.raises(VaultError, match="would hold no key"):
+        remove_from_key_file(path, "key-b")
+    assert KeyRing.from_file(path).key_ids == ("key-b",)
