@@ -20,6 +20,7 @@ from datetime import datetime
 
 from .core.errors import VaultError
 from .core.handles import grant_aad
+from .core.records import GrantRecord
 from .store import Store
 from .vault import Vault
 
@@ -61,6 +62,10 @@ class RotationReport:
         return not self.unreadable
 
 
+def aad_of(grant: GrantRecord) -> bytes:
+    return grant_aad(grant.identity.issuer, grant.identity.subject, grant.provider, grant.provider_account_id)
+
+
 async def rotate_grants(
     store: Store,
     vault: Vault,
@@ -83,17 +88,18 @@ async def rotate_grants(
             if not batch:
                 break
             after = batch[-1].id
-            async with store.transaction() as tx:
-                for grant in batch:
-                    aad = grant_aad(
-                        grant.identity.issuer, grant.identity.subject, grant.provider, grant.provider_account_id
+            # Decrypt and encrypt before the write transaction opens: it lasts only as long as the swaps.
+            swaps = []
+            for grant in batch:
+                try:
+                    swaps.append(
+                        (grant, *vault.reencrypt(grant.token_key_id, grant.token_ciphertext, aad=aad_of(grant)))
                     )
-                    try:
-                        key_id, blob = vault.reencrypt(grant.token_key_id, grant.token_ciphertext, aad=aad)
-                    except VaultError:
-                        if grant.id not in report.unreadable:
-                            report.unreadable.append(grant.id)
-                        continue
+                except VaultError:
+                    if grant.id not in report.unreadable:
+                        report.unreadable.append(grant.id)
+            async with store.transaction() as tx:
+                for grant, key_id, blob in swaps:
                     swapped = await store.grants.swap_ciphertext(
                         grant.id,
                         old_key_id=grant.token_key_id,

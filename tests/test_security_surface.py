@@ -52,8 +52,10 @@ async def test_no_request_can_forge_a_log_line(deployment: Deployment) -> None:
         async with httpx.AsyncClient(base_url=deployment.base_url) as client:
             await client.get("/connect/%0d%0aFORGED%20INFO%20admin%20logged%20in")
             await client.get("/no/such/page%0aFORGED")
+        # A decoded value in a field (a path, a provider's error text) is escaped as well.
+        logging.getLogger("service.web").warning("request for %s", "/connect/\r\nFORGED INFO admin logged in")
     logged = lines.getvalue().splitlines()
-    assert logged, "nothing was logged"
+    assert len([line for line in logged if "FORGED" in line]) == 3  # each on its own request's line
     assert not [line for line in logged if line.startswith("FORGED")]
     assert any("\\r\\nFORGED INFO admin logged in" in line for line in logged)
 

@@ -121,6 +121,7 @@ class AuditBudget:
     """Bounds the audit rows requests without any credential cause: see the module's first lines.
 
     Implements `service.core.ports.AuditGate`; outside a request (no client address known) it admits everything.
+    It holds with `rate_limit.enabled = false` too: turning request limits off does not unbound the audit table.
     """
 
     def __init__(self, limiter: RateLimiter, audit: AuditRepo, now: Callable[[], datetime]) -> None:
@@ -131,7 +132,7 @@ class AuditBudget:
     async def admit(self, event: str) -> bool:
         client = CURRENT_CLIENT.get()
         settings = self.limiter.settings
-        if client is None or not settings.enabled:
+        if client is None:
             return True
         over = None
         if not await self.limiter.take(self.limiter.per_window(settings.audit_per_address), "audit", client):
