@@ -12,7 +12,7 @@ from sqlalchemy import func, select
 from service.store import tables
 
 from .api_support import api_client, create_body, make_key
-from .conftest import Deployment
+from .conftest import Deploy, Deployment, fresh_postgres_database
 
 COUNTED = (tables.elicitations, tables.api_elicitations, tables.grants, tables.oauth_flows, tables.api_keys)
 
@@ -209,15 +209,33 @@ def _fuzz_request(rng: random.Random, eid: str, key: str) -> tuple[str, str, dic
 
 
 async def test_fuzz_gives_no_server_errors(deployment: Deployment) -> None:
-    rng = random.Random(15)
+    await fuzz(deployment, seed=15, requests=1000)
+
+
+async def test_fuzz_on_postgresql_gives_no_server_errors_and_writes_nothing_it_refused(deploy_with: Deploy) -> None:
+    """PostgreSQL refuses what SQLite lets through (NUL bytes, overlong values): the same pass there."""
+    async with fresh_postgres_database() as url, deploy_with(CONNECTOR_DATABASE__URL=url) as deployment:
+        await fuzz(deployment, seed=16, requests=1000)
+
+
+async def fuzz(deployment: Deployment, *, seed: int, requests: int) -> None:
+    rng = random.Random(seed)
     key = await make_key(deployment.connector.runtime.store)
     async with api_client(deployment.base_url, key) as api:
         eid = (await api.post("/v1/elicitations", json=create_body(deployment.local_user))).json()["elicitationId"]
+    before = await row_counts(deployment)
     statuses: dict[int, int] = {}
+    created = 0
     async with httpx.AsyncClient(base_url=deployment.base_url, timeout=30) as raw:
-        for _ in range(1000):
+        for _ in range(requests):
             method, path, kwargs = _fuzz_request(rng, eid, key)
             response = await raw.request(method, path, **kwargs)
             statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
             assert response.status_code < 500, (method, path, kwargs, response.status_code, response.text)
-    assert sum(count for status, count in statuses.items() if 400 <= status < 500) > 600
+            created += response.status_code == 201
+    assert sum(count for status, count in statuses.items() if 400 <= status < 500) > requests * 0.6
+    # Only what was accepted was written: at most one elicitation (and its API row) per 201.
+    after = await row_counts(deployment)
+    assert after["elicitations"] - before["elicitations"] == created
+    assert after["api_elicitations"] - before["api_elicitations"] == created
+    assert after["grants"] == before["grants"] and after["api_keys"] == before["api_keys"]
