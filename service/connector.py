@@ -126,6 +126,7 @@ class Connector:
         scopes: Sequence[str] | None = None,
         message: str | None = None,
         foreground: bool = True,
+        ask_again: bool = False,
     ) -> AuthorizationOutcome:
         """Make sure `user` holds a grant at `provider` covering `scopes`, asking through the client if needed.
 
@@ -134,6 +135,10 @@ class Connector:
         `ClientNotInitialized`. On a connection attached only now (too late to see `initialize`) pass
         `client_capabilities` (SDK model or raw JSON); without them this raises `ClientNotInitialized` at once.
         `foreground=False` marks a request for background activity: it changes no session's foreground state.
+
+        When the provider grants fewer scopes than asked, the outcome is `narrowed`: `refused_scopes` names the
+        others and `grant` is the stored grant. Asking again for scopes the provider refused is answered the same
+        way at once, without a new `elicitation/create`, unless `ask_again=True` (e.g. after the user said so).
 
         Returns when the grant exists, or with the reason it does not (`AuthorizationOutcome.status`). If the calling
         task is cancelled (a timeout of yours, `session/cancel`, the client's `$/cancel_request`), the pending
@@ -151,6 +156,7 @@ class Connector:
             scope=scope,
             message=message,
             foreground=foreground,
+            ask_again=ask_again,
         )
 
     async def find_grant(self, user: Identity, provider: str, scopes: Sequence[str] = ()) -> GrantInfo | None:

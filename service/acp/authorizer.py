@@ -36,7 +36,6 @@ from service.core.outcomes import (
     CLIENT_DISCONNECTED,
     AuthorizationOutcome,
     AuthorizationStatus,
-    GrantInfo,
 )
 from service.core.ports import EventSource
 from service.core.records import ElicitationRecord
@@ -140,16 +139,12 @@ class AcpAuthorizer:
         scope: ElicitationScope,
         message: str | None,
         foreground: bool,
+        ask_again: bool = False,
     ) -> AuthorizationOutcome:
         display_name = self.elicitations.providers.display_name(provider)
-        existing = await self.elicitations.find_grant(user, provider, scopes)
-        if existing is not None:
-            return AuthorizationOutcome(
-                AuthorizationStatus.ALREADY_AUTHORIZED,
-                provider,
-                grant=GrantInfo.of(existing),
-                provider_display_name=display_name,
-            )
+        settled = await self.elicitations.settled(user, provider, scopes, ask_again=ask_again)
+        if settled is not None:
+            return settled
         attached_before = SdkConnection.installed(conn) is not None
         link = self.attach(conn)
         # Only a connection attached beforehand (in on_connect) can still see the client's initialize.

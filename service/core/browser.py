@@ -24,6 +24,8 @@ from .states import ElicitationStatus
 
 log = logging.getLogger("service.flow")
 
+OFFLINE_ACCESS = "offline_access"  # the OpenID Connect scope that asks for a refresh token
+
 # How long the browser may spend at the provider before the state is no longer accepted.
 FLOW_TTL = timedelta(minutes=10)
 _ERROR_CODE = re.compile(r"[a-z0-9_.-]{1,64}")
@@ -307,18 +309,29 @@ class BrowserFlow:
         store, now = self.store, self.now()
         aad = grant_aad(record.identity.issuer, record.identity.subject, provider.name, account_id)
         key_id, blob = self.vault.encrypt_json(tokens.to_json(), aad=aad)
+        # Without a `scope` in the token response the grant is what was asked (RFC 6749 §5.1).
+        granted = tokens.scopes if tokens.scopes is not None else record.scopes
+        refused = tuple(scope for scope in record.scopes if scope not in granted)
         grant = GrantRecord(
             id=new_id(16),
             identity=record.identity,
             provider=provider.name,
             provider_account_id=account_id,
-            scopes=tokens.scopes if tokens.scopes is not None else record.scopes,
+            scopes=granted,
             token_key_id=key_id,
             token_ciphertext=blob,
             token_expires_at=_expiry(tokens),
             created_at=now,
             updated_at=now,
+            refused_scopes=refused,
         )
+        if tokens.refresh_token is None and OFFLINE_ACCESS in record.scopes:
+            log.warning(
+                "grant stored without a refresh token although offline_access was asked: it will need the user "
+                "again when its access token expires (%s)",
+                grant.token_expires_at.isoformat() if grant.token_expires_at is not None else "no expiry given",
+                extra={"elicitation_id": record.id, "provider": provider.name},
+            )
         async with store.transaction() as tx:
             completed = await store.elicitations.transition(record.id, ElicitationStatus.COMPLETED, now=now, conn=tx)
             # The agent may have cancelled while the user was at the provider. The user did authorize,
@@ -328,7 +341,12 @@ class BrowserFlow:
             await self.elicitations.audit(
                 record,
                 "completed_after_cancel" if late else "completed",
-                detail={"grant_id": stored.id, "scopes": list(stored.scopes)},
+                detail={
+                    "grant_id": stored.id,
+                    "scopes": list(stored.scopes),
+                    **({"refused_scopes": list(refused)} if refused else {}),
+                    "refreshable": tokens.refresh_token is not None,
+                },
                 now=now,
                 conn=tx,
             )

@@ -20,6 +20,8 @@ from .handles import new_id
 from .identity import Identity
 from .outcomes import (
     CLIENT_DISCONNECTED,
+    NARROWED_BEFORE,
+    NARROWED_NOW,
     AuthorizationOutcome,
     AuthorizationStatus,
     GrantInfo,
@@ -105,12 +107,44 @@ class Elicitations:
         """The newest grant of `user` at `provider` that covers every scope asked for."""
         return await find_grant(self.store.grants, user, provider, scopes)
 
+    async def settled(
+        self, user: Identity, provider: str, scopes: Sequence[str], *, ask_again: bool = False
+    ) -> AuthorizationOutcome | None:
+        """The answer to a request that needs nobody asked, or None: ALREADY_AUTHORIZED when a stored grant covers
+        `scopes`; NARROWED when a stored grant lacks only scopes the provider refused when it was made (so asking
+        again would ask the user the same thing), unless `ask_again`."""
+        grants = await self.store.grants.find(user, provider)
+        display_name = self.providers.display_name(provider)
+        for grant in grants:
+            if covers(grant.scopes, scopes):
+                return AuthorizationOutcome(
+                    AuthorizationStatus.ALREADY_AUTHORIZED,
+                    provider,
+                    grant=GrantInfo.of(grant),
+                    provider_display_name=display_name,
+                )
+        for grant in () if ask_again else grants:
+            missing = [scope for scope in scopes if scope not in grant.scopes]
+            if set(missing) <= set(grant.refused_scopes):
+                return AuthorizationOutcome(
+                    AuthorizationStatus.NARROWED,
+                    provider,
+                    grant=GrantInfo.of(grant),
+                    reason=NARROWED_BEFORE,
+                    provider_display_name=display_name,
+                    refused_scopes=tuple(missing),
+                )
+        return None
+
     async def outcome(self, record: ElicitationRecord) -> AuthorizationOutcome:
         """The outcome of an ended elicitation (with the grant, when it completed)."""
         status = terminal_status(record)
         grant = None
         if status is AuthorizationStatus.AUTHORIZED:
+            # The grant covering what was asked; else (a narrowed grant) the newest one of this user there.
             found = await self.find_grant(record.identity, record.provider, record.scopes)
+            if found is None:
+                found = next(iter(await self.store.grants.find(record.identity, record.provider)), None)
             grant = GrantInfo.of(found) if found is not None else None
         return self.outcome_of(
             record,
@@ -146,6 +180,11 @@ class Elicitations:
         error_code: int | None = None,
         client_message: str | None = None,
     ) -> AuthorizationOutcome:
+        refused: tuple[str, ...] = ()
+        if status is AuthorizationStatus.AUTHORIZED and grant is not None:
+            refused = tuple(scope for scope in record.scopes if scope not in grant.scopes)
+            if refused:
+                status, reason = AuthorizationStatus.NARROWED, NARROWED_NOW
         return AuthorizationOutcome(
             status,
             record.provider,
@@ -155,6 +194,7 @@ class Elicitations:
             error_code=error_code,
             client_message=client_message,
             provider_display_name=self.providers.display_name(record.provider),
+            refused_scopes=refused,
         )
 
     # -- changes ----------------------------------------------------------------------------------------

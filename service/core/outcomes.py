@@ -14,8 +14,11 @@ from .states import ElicitationStatus
 
 
 class AuthorizationStatus(StrEnum):
-    AUTHORIZED = "authorized"  # the user finished the flow in the browser; a grant is stored
+    AUTHORIZED = "authorized"  # the user finished the flow in the browser; a grant covering the scopes is stored
     ALREADY_AUTHORIZED = "already_authorized"  # a stored grant covered the scopes; nothing was sent
+    # A grant is stored, but without `refused_scopes` (refused at the provider). Answered again without asking when
+    # the same scopes are requested, unless the agent passes ask_again=True.
+    NARROWED = "narrowed"
     UNSUPPORTED = "unsupported"  # the client did not advertise URL-mode elicitation; nothing was sent
     DECLINED = "declined"  # the user declined, in the client, on the consent page or at the provider
     CANCELLED = "cancelled"  # a person dismissed it in the client, or the agent's work was cancelled
@@ -29,6 +32,7 @@ class AuthorizationStatus(StrEnum):
 _SENTENCES: dict[AuthorizationStatus, str] = {
     AuthorizationStatus.AUTHORIZED: "Access to {provider} was granted.",
     AuthorizationStatus.ALREADY_AUTHORIZED: "Access to {provider} was already granted.",
+    AuthorizationStatus.NARROWED: "Access to {provider} was granted without {refused}.",
     AuthorizationStatus.UNSUPPORTED: (
         "This client cannot open authorization links (it does not support URL-mode elicitation), "
         "so access to {provider} cannot be requested here."
@@ -45,6 +49,9 @@ _SENTENCES: dict[AuthorizationStatus, str] = {
 # Stable `failure_reason`s of a CANCELLED elicitation that map to their own outcome.
 CLIENT_DISCONNECTED = "client_disconnected"
 CLIENT_REFUSED = "client_refused"  # stored as "client_refused: <the client's message>"
+# The reasons of a NARROWED outcome: just now at the provider, or at an earlier request (nothing was sent).
+NARROWED_NOW = "refused at the provider"
+NARROWED_BEFORE = "refused at the provider when the grant was made; not asked again (ask_again=True asks again)"
 
 TERMINAL_OUTCOMES: dict[ElicitationStatus, AuthorizationStatus] = {
     ElicitationStatus.COMPLETED: AuthorizationStatus.AUTHORIZED,
@@ -80,14 +87,23 @@ class AuthorizationOutcome:
     error_code: int | None = None  # the JSON-RPC error code, for CLIENT_ERROR
     client_message: str | None = None  # the client's own reason, for REFUSED (length-capped, sanitised)
     provider_display_name: str | None = None  # what people are shown; the catalog name when unset
+    refused_scopes: tuple[str, ...] = ()  # for NARROWED: the scopes asked for that the grant lacks
 
     @property
     def ok(self) -> bool:
+        """A grant covering every scope asked for exists (NARROWED is not ok: look at `granted_scopes`)."""
         return self.status in (AuthorizationStatus.AUTHORIZED, AuthorizationStatus.ALREADY_AUTHORIZED)
+
+    @property
+    def granted_scopes(self) -> tuple[str, ...]:
+        """The scopes of the stored grant (empty when there is none)."""
+        return self.grant.scopes if self.grant is not None else ()
 
     def describe(self) -> str:
         """A sentence safe to show the user or the model."""
-        text = _SENTENCES[self.status].format(provider=self.provider_display_name or self.provider)
+        text = _SENTENCES[self.status].format(
+            provider=self.provider_display_name or self.provider, refused=", ".join(self.refused_scopes)
+        )
         detail = f"the client said: {self.client_message}" if self.client_message else self.reason
         return f"{text} ({detail})" if detail and not self.ok else text
 

@@ -101,6 +101,7 @@ class GrantRecord:
     token_expires_at: datetime | None
     created_at: datetime
     updated_at: datetime
+    refused_scopes: tuple[str, ...] = ()  # asked for when it was made, refused by the provider (a narrowed grant)
 
 
 @dataclass(frozen=True, slots=True)

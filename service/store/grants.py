@@ -25,7 +25,14 @@ REFRESH_LOCK_TIMEOUT = "30s"
 LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL's SQLSTATE when lock_timeout ran out
 
 _ACCOUNT_KEY = ("identity_issuer", "identity_subject", "provider", "provider_account_id")
-_REPLACED_ON_CONFLICT = ("scopes", "token_key_id", "token_ciphertext", "token_expires_at", "updated_at")
+_REPLACED_ON_CONFLICT = (
+    "scopes",
+    "refused_scopes",
+    "token_key_id",
+    "token_ciphertext",
+    "token_expires_at",
+    "updated_at",
+)
 
 
 class GrantRepository:
@@ -216,6 +223,7 @@ def _to_row(rec: GrantRecord) -> dict[str, Any]:
         "provider": rec.provider,
         "provider_account_id": rec.provider_account_id,
         "scopes": dump_json(list(rec.scopes)),
+        "refused_scopes": dump_json(list(rec.refused_scopes)) if rec.refused_scopes else None,
         "token_key_id": rec.token_key_id,
         "token_ciphertext": rec.token_ciphertext,
         "token_expires_at": rec.token_expires_at,
@@ -231,6 +239,7 @@ def _from_row(row: RowMapping) -> GrantRecord:
         provider=row["provider"],
         provider_account_id=row["provider_account_id"],
         scopes=tuple(load_json(row["scopes"])),
+        refused_scopes=tuple(load_json(row["refused_scopes"])) if row["refused_scopes"] else (),
         token_key_id=row["token_key_id"],
         token_ciphertext=bytes(row["token_ciphertext"]),
         token_expires_at=row["token_expires_at"],

@@ -147,6 +147,7 @@ grants = Table(
     Column("provider", String(64), nullable=False),
     Column("provider_account_id", String(255), nullable=False),
     Column("scopes", Text, nullable=False),  # JSON list of strings
+    Column("refused_scopes", Text, nullable=True),  # JSON list: asked for, refused by the provider; NULL: none
     Column("token_key_id", String(64), nullable=False),
     Column("token_ciphertext", LargeBinary, nullable=False),
     Column("token_expires_at", UTCDateTime, nullable=True),
