@@ -15,7 +15,7 @@ from sqlalchemy.exc import IntegrityError, StatementError
 
 from service import Identity
 from service.core.records import ElicitationRecord, FlowRecord, GrantRecord
-from service.core.states import ALLOWED, TERMINAL, ElicitationStatus, can_transition
+from service.core.states import ALLOWED, RESTART_FROM, START_FROM, TERMINAL, ElicitationStatus, can_transition
 from service.store import Store, display_url, migrate
 from service.store.elicitations import predecessors
 from service.store.tables import elicitations
@@ -142,6 +142,14 @@ async def test_datetimes_are_stored_as_utc_and_read_back_aware(store: Store) -> 
 async def test_naive_datetimes_are_refused(store: Store) -> None:
     with pytest.raises(StatementError, match="naive datetime"):
         await store.elicitations.insert(elicitation(created_at=datetime(2026, 12, 2, 12, 0)))
+
+
+def test_the_provider_step_starts_by_allowed_transitions_only() -> None:
+    # START_FROM -> VERIFIED -> AUTHORIZING and RESTART_FROM -> AUTHORIZING are written as one UPDATE each.
+    assert all(can_transition(s, ElicitationStatus.VERIFIED) for s in START_FROM)
+    assert can_transition(ElicitationStatus.VERIFIED, ElicitationStatus.AUTHORIZING)
+    assert all(can_transition(s, ElicitationStatus.AUTHORIZING) for s in RESTART_FROM)
+    assert not (START_FROM & RESTART_FROM) and not any(s.terminal for s in START_FROM | RESTART_FROM)
 
 
 def test_no_terminal_status_is_a_predecessor() -> None:

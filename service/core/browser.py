@@ -20,7 +20,7 @@ from .lifecycle import Elicitations
 from .outcomes import GrantInfo
 from .ports import Provider, ProviderGateway, Store, Vault
 from .records import ElicitationRecord, FlowRecord, GrantRecord, Intent, TokenSet
-from .states import ElicitationStatus
+from .states import RESTART_FROM, START_FROM, ElicitationStatus
 
 log = logging.getLogger("service.flow")
 
@@ -70,6 +70,10 @@ class BrowserFlow:
         record = await self.elicitations.get(elicitation_id)
         if record is None:
             raise FlowRefused("unknown_elicitation")
+        return await self.usable(record, allow_cancelled=allow_cancelled)
+
+    async def usable(self, record: ElicitationRecord, *, allow_cancelled: bool = False) -> ElicitationRecord:
+        """`open_elicitation` for a record already read."""
         record = await self.elicitations.expire_if_due(record)
         if record.status.terminal and not (allow_cancelled and record.status is ElicitationStatus.CANCELLED):
             raise FlowRefused(CLOSED_CODES[record.status])
@@ -88,17 +92,20 @@ class BrowserFlow:
         await self.elicitations.audit(record, "opened")
         return ConsentView(record, provider, record.agent_name)
 
-    async def decline(self, elicitation_id: str, browser_user: Identity) -> None:
-        """The browser's verified user declines: only the bound user can (FlowRefused `not_your_link` otherwise)."""
-        record = await self.open_elicitation(elicitation_id)
+    async def decline(self, record: ElicitationRecord, browser_user: Identity) -> None:
+        """The browser's verified user declines: only the bound user can (FlowRefused `not_your_link` otherwise).
+
+        `record` is the elicitation as just read by `open_elicitation`."""
         await self.check_identity(record, browser_user, Intent.DECLINE)
         await self.elicitations.finish(
             record, ElicitationStatus.DECLINED, "declined", reason="declined on the consent page"
         )
 
-    async def start_authorization(self, elicitation_id: str, browser_user: Identity, browser_binding: str) -> str:
-        """Check the browser's verified user against the bound one, then build the provider redirect."""
-        record = await self.open_elicitation(elicitation_id)
+    async def start_authorization(self, record: ElicitationRecord, browser_user: Identity, browser_binding: str) -> str:
+        """Check the browser's verified user against the bound one, then build the provider redirect.
+
+        `record` is the elicitation as just read by `open_elicitation`: the one conditional UPDATE below is what
+        decides whether it may still start."""
         await self.check_identity(record, browser_user)
         provider = await self.resolve(record.provider)
         redirect_uri = self.settings.callback_url(provider.name)
@@ -125,13 +132,19 @@ class BrowserFlow:
         )
         store = self.store
         async with store.transaction() as tx:
-            verified = await store.elicitations.transition(record.id, ElicitationStatus.VERIFIED, now=now, conn=tx)
-            if verified is None:
-                raise FlowRefused(CLOSED_CODES.get(record.status, "failed"))
-            # A restarted flow (back button, second click) supersedes the earlier one.
-            await store.flows.invalidate_open(record.id, now, conn=tx)
+            # -> VERIFIED -> AUTHORIZING as one UPDATE. A first start has no flow to supersede; a restart (back
+            # button, second click) supersedes the earlier flow.
+            started = await store.elicitations.transition(
+                record.id, ElicitationStatus.AUTHORIZING, from_=START_FROM, now=now, conn=tx
+            )
+            if started is None:
+                started = await store.elicitations.transition(
+                    record.id, ElicitationStatus.AUTHORIZING, from_=RESTART_FROM, now=now, conn=tx
+                )
+                if started is None:
+                    raise FlowRefused(CLOSED_CODES.get(record.status, "failed"))
+                await store.flows.invalidate_open(record.id, now, conn=tx)
             await store.flows.insert(flow, conn=tx)
-            await store.elicitations.transition(record.id, ElicitationStatus.AUTHORIZING, now=now, conn=tx)
             await self.elicitations.audit(record, "verified", now=now, conn=tx)
         return request.url
 
@@ -197,13 +210,14 @@ class BrowserFlow:
         state = params.get("state")
         if not state:
             raise FlowRefused("missing_state")
-        flow = await store.flows.get_by_state_hash(state_hash(state))
-        if flow is None:
+        found = await store.flows.get_with_elicitation(state_hash(state))
+        if found is None:
             await self.elicitations.record_unattributed("unknown_state", provider=provider_name)
             raise FlowRefused("unknown_state")
+        flow, record = found
         if flow.used_at is not None:
-            await self._refuse_used_state(flow)  # raises, unless the elicitation's own closed page should answer
-        record = await self.open_elicitation(flow.elicitation_id, allow_cancelled=True)
+            await self._refuse_used_state(flow, record)  # raises, unless the elicitation's own closed page should
+        record = await self.usable(record, allow_cancelled=True)
         if record.provider != provider_name:
             # One redirect URI per provider: an answer for provider A arriving at B's callback is a mix-up.
             await self.elicitations.audit(record, "provider_mismatch", detail={"callback_provider": provider_name})
@@ -255,11 +269,8 @@ class BrowserFlow:
         return completed, provider.display_name
 
     # -- helpers ---------------------------------------------------------------------------------------
-    async def _refuse_used_state(self, flow: FlowRecord) -> None:
+    async def _refuse_used_state(self, flow: FlowRecord, record: ElicitationRecord) -> None:
         """A state that was used before comes back: a replay, unless its elicitation ended some other way."""
-        record = await self.elicitations.get(flow.elicitation_id)
-        if record is None:
-            raise FlowRefused("unknown_elicitation")
         if record.status.terminal and record.status is not ElicitationStatus.COMPLETED:
             return  # declined, expired, ...: `open_elicitation` refuses with that
         await self._state_not_claimable(flow, record)

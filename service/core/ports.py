@@ -9,7 +9,7 @@ passes it back to repository methods so that several writes commit together.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -37,7 +37,14 @@ class ElicitationRepo(Protocol):
     async def insert(self, rec: ElicitationRecord, conn: Tx = None) -> None: ...
     async def get(self, id: str, conn: Tx = None) -> ElicitationRecord | None: ...
     async def transition(
-        self, id: str, target: ElicitationStatus, *, reason: str | None = None, now: datetime, conn: Tx = None
+        self,
+        id: str,
+        target: ElicitationStatus,
+        *,
+        reason: str | None = None,
+        now: datetime,
+        from_: Collection[ElicitationStatus] | None = None,
+        conn: Tx = None,
     ) -> ElicitationRecord | None: ...
     async def add_identity_mismatch(self, id: str, *, now: datetime, conn: Tx = None) -> int: ...
     async def expire_due(
@@ -48,6 +55,9 @@ class ElicitationRepo(Protocol):
 class FlowRepo(Protocol):
     async def insert(self, rec: FlowRecord, conn: Tx = None) -> None: ...
     async def get_by_state_hash(self, state_hash: str, conn: Tx = None) -> FlowRecord | None: ...
+    async def get_with_elicitation(
+        self, state_hash: str, conn: Tx = None
+    ) -> tuple[FlowRecord, ElicitationRecord] | None: ...
     async def claim(self, state_hash: str, now: datetime, conn: Tx = None) -> FlowRecord | None: ...
     async def invalidate_open(self, elicitation_id: str, now: datetime, conn: Tx = None) -> int: ...
 

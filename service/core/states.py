@@ -53,6 +53,12 @@ ALLOWED: dict[ElicitationStatus, frozenset[ElicitationStatus]] = {
 }
 
 
+# Sending the browser to the provider is two checked steps, -> VERIFIED -> AUTHORIZING, written as one conditional
+# UPDATE (tests/test_store.py checks both sets against ALLOWED):
+START_FROM = frozenset({ElicitationStatus.PENDING, ElicitationStatus.CONSENTED})  # a first start: no flow exists yet
+RESTART_FROM = frozenset({ElicitationStatus.VERIFIED, ElicitationStatus.AUTHORIZING})  # back button, second click
+
+
 class InvalidTransition(Exception):
     def __init__(self, current: ElicitationStatus, target: ElicitationStatus) -> None:
         super().__init__(f"elicitation cannot go from {current} to {target}")

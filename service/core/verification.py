@@ -103,7 +103,7 @@ class IdentityStep:
         step = await self._verify(elicitation_id, browser_binding, browser, Intent.CONTINUE)
         if isinstance(step, str):
             return step
-        return await self.flow.start_authorization(elicitation_id, step, browser_binding)
+        return await self.flow.start_authorization(*step, browser_binding)
 
     async def decline(self, elicitation_id: str, browser_binding: str, browser: BrowserFacts) -> str | None:
         """Decline was pressed: None once declined, or the URL of the verifier's sign-in to send the browser to
@@ -111,7 +111,7 @@ class IdentityStep:
         step = await self._verify(elicitation_id, browser_binding, browser, Intent.DECLINE)
         if isinstance(step, str):
             return step
-        await self.flow.decline(elicitation_id, step)
+        await self.flow.decline(*step)
         return None
 
     async def continue_after(self, returned: Returned, browser_binding: str) -> str:
@@ -120,21 +120,23 @@ class IdentityStep:
         if returned.intent is Intent.DECLINE:
             if returned.mismatch_recorded:
                 raise FlowRefused("not_your_link")
-            await self.flow.decline(returned.elicitation_id, returned.identity)
+            await self.flow.decline(await self.flow.open_elicitation(returned.elicitation_id), returned.identity)
             return self.flow.settings.connect_url(returned.elicitation_id)
         if returned.mismatch_recorded:
             raise FlowRefused("identity_mismatch")
-        return await self.flow.start_authorization(returned.elicitation_id, returned.identity, browser_binding)
+        record = await self.flow.open_elicitation(returned.elicitation_id)
+        return await self.flow.start_authorization(record, returned.identity, browser_binding)
 
     async def _verify(
         self, elicitation_id: str, browser_binding: str, browser: BrowserFacts, intent: Intent
-    ) -> Identity | str:
-        """The browser's identity when the verifier knows it at once, else the URL it sends the browser to."""
+    ) -> tuple[ElicitationRecord, Identity] | str:
+        """The elicitation (as read) and the browser's identity when the verifier knows it at once, else the URL
+        the verifier sends the browser to."""
         record = await self.flow.open_elicitation(elicitation_id)
         async with self.refusals():
             step = await self.verifier.begin(VerificationAttempt(record, browser_binding, browser, intent))
         if isinstance(step, Verified):
-            return step.identity
+            return record, step.identity
         await self.elicitations.audit(
             record,
             "identity_challenge",

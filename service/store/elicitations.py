@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import RowMapping, func, insert, select, update
+from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.core.identity import Identity
@@ -41,13 +42,17 @@ class ElicitationRepository:
         *,
         reason: str | None = None,
         now: datetime,
+        from_: Collection[ElicitationStatus] | None = None,
         conn: AsyncConnection | None = None,
     ) -> ElicitationRecord | None:
         """Move the elicitation to `target` if its current status allows it, in one UPDATE.
 
         Returns the updated record, or None when the id is unknown or the current status does not allow
         `target` (a terminal status never changes). `reason` is stored as the failure reason when given.
+        `from_` narrows the statuses it may move from (the core passes it for a step it checked as a path).
         """
+        allowed = predecessors(target) if from_ is None else frozenset(from_)
+        assert not any(s.terminal for s in allowed), "a terminal status never changes"
         values: dict[str, Any] = {"status": target.value, "updated_at": now}
         if reason is not None:
             values["failure_reason"] = reason
@@ -55,7 +60,7 @@ class ElicitationRepository:
             update(elicitations)
             .where(
                 elicitations.c.id == id,
-                elicitations.c.status.in_(sorted(s.value for s in predecessors(target))),
+                elicitations.c.status.in_(sorted(s.value for s in allowed)),
             )
             .values(values)
             .returning(*elicitations.c)
@@ -139,7 +144,12 @@ def _to_row(rec: ElicitationRecord) -> dict[str, Any]:
     }
 
 
-def _from_row(row: RowMapping) -> ElicitationRecord:
+def from_row(row: Mapping[Any, Any]) -> ElicitationRecord:
+    """The record of an elicitations row (also for a row joined by another repository)."""
+    return _from_row(row)
+
+
+def _from_row(row: Mapping[Any, Any]) -> ElicitationRecord:
     return ElicitationRecord(
         id=row["id"],
         connection_key=row["connection_key"],

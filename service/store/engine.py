@@ -27,6 +27,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 
 from service.core.errors import DatabaseUnavailable
 
+from .sqlite_driver import one_trip_dbapi
+
 SQLITE_BUSY_TIMEOUT_MS = 5000
 SQLITE_PRAGMAS = (
     "PRAGMA journal_mode=WAL",
@@ -70,10 +72,15 @@ def create_engine(url: str, pool: PoolSettings | None = None) -> AsyncEngine:
         except OSError as exc:
             raise unavailable(url, exc) from exc
         engine = create_async_engine(
-            parsed, pool_size=1, max_overflow=0, pool_timeout=pool.timeout, hide_parameters=True
+            parsed,
+            pool_size=1,
+            max_overflow=0,
+            pool_timeout=pool.timeout,
+            hide_parameters=True,
+            **_one_trip(),
         )
     else:
-        engine = create_async_engine(parsed, hide_parameters=True)  # in memory: one shared connection
+        engine = create_async_engine(parsed, hide_parameters=True, **_one_trip())  # in memory: one connection
     event.listen(engine.sync_engine, "connect", _sqlite_on_connect)
     event.listen(engine.sync_engine, "begin", _sqlite_begin_immediate)
     return engine
@@ -87,8 +94,16 @@ def create_read_engine(url: str, writer: AsyncEngine, pool: PoolSettings | None 
         return writer.execution_options(isolation_level="AUTOCOMMIT")
     if _sqlite_file(parsed) is None:
         return writer  # an in-memory database exists only on the writer's connection
+    # Autocommit: a read is its statement alone, with no rollback when the connection goes back to the pool.
     reader = create_async_engine(
-        parsed, pool_size=pool.size, max_overflow=pool.overflow, pool_timeout=pool.timeout, hide_parameters=True
+        parsed,
+        pool_size=pool.size,
+        max_overflow=pool.overflow,
+        pool_timeout=pool.timeout,
+        isolation_level="AUTOCOMMIT",
+        pool_reset_on_return=None,
+        hide_parameters=True,
+        **_one_trip(),
     )
     event.listen(reader.sync_engine, "connect", _sqlite_on_connect)
     return reader
@@ -138,6 +153,12 @@ class Database:
         if self.reader is not self.writer:
             await self.reader.dispose()
         await self.writer.dispose()
+
+
+def _one_trip() -> dict[str, Any]:
+    """SQLite statements in one trip to the connection's thread (`sqlite_driver`), when the libraries allow."""
+    dbapi = one_trip_dbapi()
+    return {} if dbapi is None else {"module": dbapi}
 
 
 def _sqlite_file(url: URL) -> Path | None:

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import RowMapping, func, insert, select, update
+from sqlalchemy import LABEL_STYLE_TABLENAME_PLUS_COL, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from service.core.records import FlowRecord
+from service.core.records import ElicitationRecord, FlowRecord
 
+from .elicitations import from_row as elicitation_from_row
 from .engine import Database
-from .tables import oauth_flows
+from .tables import elicitations, oauth_flows
 
 
 class FlowRepository:
@@ -27,6 +29,22 @@ class FlowRepository:
             statement = select(oauth_flows).where(oauth_flows.c.state_hash == state_hash)
             row = (await c.execute(statement)).mappings().first()
         return None if row is None else _from_row(row)
+
+    async def get_with_elicitation(
+        self, state_hash: str, conn: AsyncConnection | None = None
+    ) -> tuple[FlowRecord, ElicitationRecord] | None:
+        """The flow with this state hash and its elicitation, in one read (None when the state is unknown)."""
+        statement = (
+            select(oauth_flows, elicitations)
+            .join(elicitations, elicitations.c.id == oauth_flows.c.elicitation_id)
+            .where(oauth_flows.c.state_hash == state_hash)
+            .set_label_style(LABEL_STYLE_TABLENAME_PLUS_COL)
+        )
+        async with self._db.read(conn) as c:
+            row = (await c.execute(statement)).mappings().first()
+        if row is None:
+            return None
+        return _from_row(_columns_of(row, oauth_flows.name)), elicitation_from_row(_columns_of(row, elicitations.name))
 
     async def claim(self, state_hash: str, now: datetime, conn: AsyncConnection | None = None) -> FlowRecord | None:
         """Use the flow once: set `used_at` if it is unused and unexpired, in one UPDATE.
@@ -91,7 +109,12 @@ def _to_row(rec: FlowRecord) -> dict[str, Any]:
     }
 
 
-def _from_row(row: RowMapping) -> FlowRecord:
+def _columns_of(row: Mapping[Any, Any], table: str) -> dict[str, Any]:
+    prefix = f"{table}_"
+    return {key[len(prefix) :]: value for key, value in row.items() if key.startswith(prefix)}
+
+
+def _from_row(row: Mapping[Any, Any]) -> FlowRecord:
     ciphertext = row["verifier_ciphertext"]
     return FlowRecord(
         id=row["id"],

@@ -1,0 +1,110 @@
+"""SQLite statements in one trip to the connection's thread.
+
+aiosqlite runs each SQLite connection on its own thread, and SQLAlchemy's adapter makes four trips there for one
+statement (open a cursor, execute, fetch, close). Each trip is a hand-off between threads (a queue, a wake-up of
+the event loop, the GIL), which under load costs far more than the statement itself. This adapter runs the whole
+statement (cursor, execute, fetch, close) as one function on that thread, and skips the trip for a rollback when
+no transaction is open: a read is one trip, a write transaction is BEGIN, its statements and COMMIT. It is handed
+to SQLAlchemy's own aiosqlite dialect as its DBAPI module (`create_async_engine(..., module=one_trip_dbapi())`),
+and changes nothing else.
+
+It relies on `aiosqlite.Connection._execute` (run a function on the connection's thread, as SQLAlchemy's adapter
+itself does for `isolation_level`), its `_connection` (the sqlite3 connection) and SQLAlchemy's aiosqlite adapter
+classes; `one_trip_dbapi()` returns None when they are not as expected, and the store then uses the stock adapter.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections import deque
+from typing import Any
+
+import aiosqlite
+from sqlalchemy.dialects.sqlite.aiosqlite import (
+    AsyncAdapt_aiosqlite_connection,
+    AsyncAdapt_aiosqlite_cursor,
+    AsyncAdapt_aiosqlite_dbapi,
+)
+from sqlalchemy.util import EMPTY_DICT
+
+
+class _Done:
+    """What is left of a statement after its one trip: the cursor attributes SQLAlchemy reads."""
+
+    __slots__ = ("description", "lastrowid", "rowcount")
+
+    def __init__(self, description: Any = None, rowcount: int = -1, lastrowid: int | None = None) -> None:
+        self.description = description
+        self.rowcount = rowcount
+        self.lastrowid = lastrowid
+
+    def close(self) -> None:
+        return None
+
+
+def _run(conn: sqlite3.Connection, operation: str, parameters: Any, many: bool) -> tuple[_Done, list[Any]]:
+    cursor = conn.cursor()
+    try:
+        if many:
+            cursor.executemany(operation, parameters)
+        else:
+            cursor.execute(operation, () if parameters is None else parameters)
+        rows = cursor.fetchall() if cursor.description else []
+        return _Done(cursor.description, cursor.rowcount, cursor.lastrowid), rows
+    finally:
+        cursor.close()
+
+
+class _OneTripCursor(AsyncAdapt_aiosqlite_cursor):
+    __slots__ = ()
+    _awaitable_cursor_close = False
+
+    def __init__(self, adapt_connection: Any) -> None:
+        self._adapt_connection = adapt_connection
+        self._connection = adapt_connection._connection
+        self._cursor = _Done()  # type: ignore[assignment]
+        self._soft_closed_memoized = EMPTY_DICT
+        self._rows = deque()
+
+    async def _execute_async(self, operation: Any, parameters: Any) -> Any:
+        return await self._trip(operation, parameters, many=False)
+
+    async def _executemany_async(self, operation: Any, seq_of_parameters: Any) -> Any:
+        return await self._trip(operation, seq_of_parameters, many=True)
+
+    async def _trip(self, operation: Any, parameters: Any, *, many: bool) -> None:
+        async with self._adapt_connection._execute_mutex:
+            connection = self._connection
+            done, rows = await connection._execute(_run, connection._connection, operation, parameters, many)
+        self._cursor = done
+        self._rows = deque(rows)
+
+
+class _OneTripConnection(AsyncAdapt_aiosqlite_connection):
+    __slots__ = ()
+    _cursor_cls = _OneTripCursor
+
+    def rollback(self) -> None:
+        # Reads run in autocommit and the pool resets a connection after its commit: most rollbacks find no
+        # transaction. `in_transaction` is a flag read that SQLite allows from any thread; nothing else runs on
+        # this connection while SQLAlchemy rolls it back.
+        connection = self._connection._connection
+        if connection is not None and not connection.in_transaction:
+            return
+        super().rollback()
+
+
+class _OneTripDbapi(AsyncAdapt_aiosqlite_dbapi):
+    def connect(self, *arg: Any, **kw: Any) -> AsyncAdapt_aiosqlite_connection:
+        stock = super().connect(*arg, **kw)
+        return _OneTripConnection(self, stock._connection)
+
+
+def one_trip_dbapi() -> Any | None:
+    """The DBAPI module to give SQLAlchemy's aiosqlite dialect; None when the libraries are not as expected."""
+    connection = getattr(aiosqlite, "Connection", None)
+    if connection is None or not callable(getattr(connection, "_execute", None)):
+        return None
+    if not hasattr(AsyncAdapt_aiosqlite_cursor, "_execute_async"):
+        return None
+    return _OneTripDbapi(aiosqlite, sqlite3)
