@@ -175,7 +175,15 @@ class AcpAuthorizer:
                     return await self._delivered(answer)
                 if answer.kind is AnswerKind.ACCEPT:
                     await self.elicitations.consented(record)
-                    return await self._await_browser(link, record, ended)
+                    # Now the browser: wait for the terminal event, or for the connection to end; nothing polls.
+                    # (Inline, not a helper coroutine: thousands may wait at once, each frame costs memory.)
+                    if not ended.done():
+                        link.wake_on_close(ended)
+                        try:
+                            await ended
+                        finally:
+                            link.forget_waiter(ended)
+                    return await self._browser_done(link, record, ended)
                 outcome = await self.elicitations.answered(record, answer)
                 assert outcome is not None
                 resumes = outcome.status is not AuthorizationStatus.DISCONNECTED
@@ -234,14 +242,8 @@ class AcpAuthorizer:
             close_flows=False,
         )
 
-    async def _await_browser(self, link: AcpLink, record: ElicitationRecord, ended: Waiter) -> AuthorizationOutcome:
-        """Wait for the elicitation's terminal event, or for the connection to end; nothing polls."""
-        if not ended.done():
-            forget = link.on_close(lambda: _wake(ended))
-            try:
-                await ended
-            finally:
-                forget()
+    async def _browser_done(self, link: AcpLink, record: ElicitationRecord, ended: Waiter) -> AuthorizationOutcome:
+        """The outcome once the waiter woke: the elicitation's terminal event, or None when the connection ended."""
         event = ended.result()
         if event is not None:
             return await self._delivered(await self.elicitations.outcome_of_event(record, event))
@@ -291,12 +293,6 @@ class AcpAuthorizer:
             elicitation_id=event.elicitation_id,
             now=self.now(),
         )
-
-
-def _wake(waiter: Waiter) -> None:
-    """Wake a waiter without an event (its connection ended)."""
-    if not waiter.done():
-        waiter.set_result(None)
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:

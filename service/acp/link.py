@@ -53,7 +53,7 @@ class AcpLink:
         self._initialized = asyncio.Event()
         self._pending_creates: dict[str, RequestId] = {}  # elicitationId -> JSON-RPC id of our request
         self._cancelled_sessions: set[str] = set()  # session/cancel seen, no new prompt since
-        self._close_callbacks: set[Callable[[], None]] = set()
+        self._close_waiters: set[asyncio.Future[Any]] = set()
         self._sdk = SdkConnection.install(conn, self)
         self._connection = weakref.ref(conn)
 
@@ -112,16 +112,18 @@ class AcpLink:
     async def wait_closed(self) -> None:
         await self._sdk.transport.wait_closed()
 
-    def on_close(self, callback: Callable[[], None]) -> Callable[[], None]:
-        """Call `callback` when the connection ends (at once if it has); returns a function that unregisters it.
+    def wake_on_close(self, waiter: asyncio.Future[Any]) -> None:
+        """Resolve `waiter` with None when the connection ends (at once if it has), unless it is done by then.
 
-        For the many waiters of one connection: each costs one callback entry, not a task.
+        For the many waiters of one connection: each costs one set entry, not a task or a callback.
         """
         if self.closed:
-            callback()
-            return _nothing
-        self._close_callbacks.add(callback)
-        return lambda: self._close_callbacks.discard(callback)
+            _wake(waiter)
+        else:
+            self._close_waiters.add(waiter)
+
+    def forget_waiter(self, waiter: asyncio.Future[Any]) -> None:
+        self._close_waiters.discard(waiter)
 
     def session_cancelled(self, session_id: str) -> bool:
         """Whether the client sent `session/cancel` for `session_id` since its last prompt there."""
@@ -195,12 +197,9 @@ class AcpLink:
     def on_closed(self) -> None:
         self._pending_creates.clear()
         self._cancelled_sessions.clear()
-        callbacks, self._close_callbacks = self._close_callbacks, set()
-        for callback in callbacks:
-            try:
-                callback()
-            except Exception:
-                log.exception("connection-closed callback failed")
+        waiters, self._close_waiters = self._close_waiters, set()
+        for waiter in waiters:
+            _wake(waiter)
         if self._on_closed is not None:
             with contextlib.suppress(Exception):
                 self._on_closed(self)
@@ -211,5 +210,6 @@ class AcpLink:
                 del self._pending_creates[elicitation_id]
 
 
-def _nothing() -> None:
-    pass
+def _wake(waiter: asyncio.Future[Any]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 from service.core.events import ElicitationEvent, Event
 
@@ -54,9 +53,12 @@ class LocalBus:
             except Exception:
                 log.exception("event listener failed")
 
-    @contextmanager
-    def waiter(self, elicitation_id: str) -> Iterator[Waiter]:
-        """A future resolved with the elicitation's terminal event. Register it before the change can happen."""
+    def waiter(self, elicitation_id: str) -> Waiting:
+        """`with bus.waiter(id) as future:` a future resolved with the elicitation's terminal event, registered
+        until the block ends. Register it before the change can happen."""
+        return Waiting(self, elicitation_id)
+
+    def _register(self, elicitation_id: str) -> Waiter:
         future: Waiter = asyncio.get_running_loop().create_future()
         entry = self._waiters.get(elicitation_id)
         if entry is None:
@@ -65,10 +67,7 @@ class LocalBus:
             entry.append(future)
         else:
             self._waiters[elicitation_id] = [entry, future]
-        try:
-            yield future
-        finally:
-            self._forget(elicitation_id, future)
+        return future
 
     def _forget(self, elicitation_id: str, future: Waiter) -> None:
         entry = self._waiters.get(elicitation_id)
@@ -80,3 +79,22 @@ class LocalBus:
                 del self._waiters[elicitation_id]
         if not future.done():
             future.cancel()
+
+
+class Waiting:
+    """One registered waiter (a small object: a process may hold many thousands while they wait)."""
+
+    __slots__ = ("_bus", "_elicitation_id", "_future")
+
+    def __init__(self, bus: LocalBus, elicitation_id: str) -> None:
+        self._bus = bus
+        self._elicitation_id = elicitation_id
+        self._future: Waiter | None = None
+
+    def __enter__(self) -> Waiter:
+        self._future = self._bus._register(self._elicitation_id)
+        return self._future
+
+    def __exit__(self, *exc: object) -> None:
+        if self._future is not None:
+            self._bus._forget(self._elicitation_id, self._future)
