@@ -80,6 +80,7 @@ class RateLimiter:
         self._strategy = MovingWindowRateLimiter(self.storage)
         self._clock = clock
         self._once = self.per_window(1)
+        self._warned_at = -math.inf
 
     def per_window(self, amount: int) -> RateLimitItem:
         return RateLimitItemPerSecond(amount, self.settings.window_seconds, namespace="connector")
@@ -100,7 +101,7 @@ class RateLimiter:
             stats = await self._strategy.get_window_stats(item, group, kind, key)
             wait = stats.reset_time - self._clock()
         except Exception as exc:  # the storage went away between the two calls
-            log.warning("rate limit storage failed: %s", type(exc).__name__)
+            self._storage_failed(exc)
             wait = float(self.settings.window_seconds)
         return Refusal(group, kind, key, max(1, math.ceil(wait)))
 
@@ -109,8 +110,15 @@ class RateLimiter:
         try:
             return await self._strategy.hit(item, *key)
         except Exception as exc:
-            log.warning("rate limit storage failed, letting the request through: %s", type(exc).__name__)
+            self._storage_failed(exc)
             return True
+
+    def _storage_failed(self, exc: Exception) -> None:
+        """Log that the storage failed (and requests pass), once a minute at most: not once per request."""
+        now = time.monotonic()
+        if now - self._warned_at >= 60:
+            self._warned_at = now
+            log.warning("rate limit storage failed, letting requests through: %s: %s", type(exc).__name__, exc)
 
     async def first_in_window(self, *key: str) -> bool:
         """True once per window for `key`: a flood is recorded once, not thousands of times."""
