@@ -8,7 +8,6 @@ this process or, with a bus that crosses processes, from any other sharing the d
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Callable, Sequence
@@ -22,6 +21,7 @@ from .core.events import Event, GrantChange, GrantChanged
 from .core.handles import grant_aad
 from .core.identity import Identity
 from .core.lifecycle import find_grant
+from .core.locks import KeyedLocks
 from .core.records import GrantRecord, TokenSet
 from .metrics import Metrics, RefreshResult
 from .oauth import IdTokenError, ProviderGateway, ResolvedProvider
@@ -69,7 +69,7 @@ class TokenAccess:
         self.events = events
         self.now = clock
         self.metrics = metrics or providers.metrics
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._locks = KeyedLocks[str]()  # one per grant being refreshed; gone when no one uses it
         # Decrypted token sets by grant id, so a request does not cost a database read and a decryption.
         # A set is used from here only while it is not due for refresh; a refresh (due, or a 401 on the cached
         # token) reads the database again under the grant's lock, where another process may have stored one.
@@ -124,7 +124,7 @@ class TokenAccess:
         cached = self._tokens.get(grant_id)
         if cached is not None and not self._must_refresh(cached, stale):
             return cached.access_token
-        async with self._locks.setdefault(grant_id, asyncio.Lock()):
+        async with self._locks.hold(grant_id):
             cached = self._tokens.get(grant_id)  # another task here may have refreshed it meanwhile
             if cached is not None and not self._must_refresh(cached, stale):
                 return cached.access_token

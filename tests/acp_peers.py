@@ -123,6 +123,13 @@ class ConnectorAgent:
     async def new_session(self, cwd: str, **kwargs: Any) -> NewSessionResponse:
         return NewSessionResponse(session_id="sess-1")
 
+    async def ext_notification(self, method: str, params: dict[str, Any]) -> None:
+        """`_test/cancel_authorization {sessionId}`: the agent's own code cancels the running authorization."""
+        if method == "test/cancel_authorization":
+            task = self.authorizations.get(str(params.get("sessionId")))
+            if task is not None:
+                task.cancel()
+
     async def prompt(self, session_id: str, prompt: list[Any], **kwargs: Any) -> PromptResponse:
         assert self.conn is not None
         task = asyncio.current_task()

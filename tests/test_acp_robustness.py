@@ -16,7 +16,14 @@ from typing import Any
 import pytest
 from acp.agent.connection import AgentSideConnection
 
-from service import AcpSdkUnsupported, AuthorizationStatus, ClientNotInitialized, ElicitationStatus, SessionScope
+from service import (
+    AcpSdkUnsupported,
+    AuthorizationStatus,
+    ClientNotInitialized,
+    ElicitationStatus,
+    RequestScope,
+    SessionScope,
+)
 from service.acp import check_sdk_version
 from service.testing import Answer, ScriptedClient, memory_transport_pair
 
@@ -272,3 +279,24 @@ async def test_a_response_after_the_request_was_withdrawn_is_dropped_quietly(dep
         )
         assert wire.agent.stops == ["cancelled"]
         await asyncio.wait_for(wire.conn.new_session(cwd="/"), 10)  # still connected
+
+
+def test_request_scope_needs_an_id_that_can_be_sent() -> None:
+    for bad in (None, True, 1.5, ["x"]):
+        with pytest.raises(ValueError, match="RequestScope"):
+            RequestScope(bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("request_id", [0, "auth-1", 2**53 + 1])
+async def test_request_scoped_elicitation_carries_its_request_id_on_the_wire(
+    deployment: Deployment, request_id: int | str
+) -> None:
+    """`requestId` 0 is an id like any other: it is sent, not dropped as a default."""
+    client = ScriptedClient("decline")
+    agent = ConnectorAgent(deployment.connector, deployment.local_user)
+    agent.scope_for = lambda _session: RequestScope(request_id)
+    async with scripted_peer(deployment.connector, deployment.local_user, client, agent) as wire:
+        await asyncio.wait_for(wire.prompt(), 10)
+    (create,) = client.received("elicitation/create")
+    assert create["params"]["requestId"] == request_id and "sessionId" not in create["params"]
+    assert wire.agent.outcomes[0].status is AuthorizationStatus.DECLINED

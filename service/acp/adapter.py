@@ -5,7 +5,8 @@ message, validating what the peer sends, serving `$/cancel_request`, and knowing
 time this module, after checking the SDK's version and the attributes it relies on:
 
 - puts a `GuardedTransport` (`wire.py`, the connector's own stream) between the SDK's `Connection` and the transport
-  the SDK built (`Connection._transport`): every message in both directions passes through it;
+  the SDK built (`Connection._transport`): every message in both directions passes through it. On stdio (the SDK's
+  `NdjsonTransport`) it reads the lines from the transport's byte stream itself and sends through the SDK's writer;
 - wraps the SDK's dispatch function (`Connection._handler`) so that the task serving each of the peer's requests is
   known to the transport, which is what lets `$/cancel_request` cancel it.
 
@@ -15,6 +16,7 @@ whole conversation. Nothing outside this module names an SDK private attribute.
 
 from __future__ import annotations
 
+import asyncio
 import importlib.metadata
 import re
 from typing import Any, cast
@@ -24,7 +26,7 @@ from acp.interfaces import Client
 
 from service.core.errors import AcpSdkUnsupported
 
-from .wire import GuardedTransport, Transport, WireListener, serving
+from .wire import GuardedTransport, NdjsonLines, Transport, WireListener, serving
 
 # What the agent holds for its client: `acp.AgentSideConnection`, typed by the SDK's protocol.
 AgentConnection = Client
@@ -51,6 +53,16 @@ def check_sdk_version(version: str | None = None) -> None:
             f"{SDK_DISTRIBUTION} {version} is not supported: the connector's ACP adapter was written for "
             f"{SDK_DISTRIBUTION} {SUPPORTED_TEXT} (install a version in that range)"
         )
+
+
+def _ndjson_lines(transport: Any) -> NdjsonLines | None:
+    """On the SDK's stdio transport, the byte stream it reads from: the connector reads the lines itself (the SDK's
+    reader takes a `null` line for the end of the stream, and drops bad JSON without an answer)."""
+    reader = getattr(transport, "_reader", None)
+    if type(transport).__name__ != "NdjsonTransport" or not isinstance(reader, asyncio.StreamReader):
+        return None
+    timeout = getattr(transport, "_receive_timeout", None)
+    return NdjsonLines(reader, timeout if isinstance(timeout, int | float) else None)
 
 
 class SdkConnection:
@@ -85,7 +97,7 @@ class SdkConnection:
             )
         if isinstance(current, GuardedTransport):
             raise AcpSdkUnsupported("this connection is already attached")
-        transport = GuardedTransport(cast(Transport, current), listener)
+        transport = GuardedTransport(cast(Transport, current), listener, _ndjson_lines(current))
         assert route is not None
 
         async def dispatch(method: str, params: Any, is_notification: bool) -> Any:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final, TypeGuard
 
+PARSE_ERROR: Final = -32700
 INVALID_REQUEST: Final = -32600
 INTERNAL_ERROR: Final = -32603
 REQUEST_CANCELLED: Final = -32800

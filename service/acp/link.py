@@ -48,7 +48,7 @@ class AcpLink:
         self.initialize_params: dict[str, Any] | None = None
         self.negotiated_version: int | None = None
         self._on_closed = on_closed
-        self._initialize_id: Any = None
+        self._initialize_asked: tuple[Any, dict[str, Any]] | None = None  # (JSON-RPC id, params) until answered
         self._heard_from_client = False
         self._initialized = asyncio.Event()
         self._pending_creates: dict[str, RequestId] = {}  # elicitationId -> JSON-RPC id of our request
@@ -169,10 +169,8 @@ class AcpLink:
         if method is None:
             self._forget_create(message.get("id"))
             return
-        if method == "initialize" and "id" in message and self.initialize_params is None and isinstance(params, dict):
-            self.initialize_params = params
-            self._initialize_id = message["id"]
-            self._initialized.set()
+        if method == "initialize" and self.initialize_params is None and isinstance(params, dict):
+            self._initialize_asked = (message.get("id"), params)  # counts once the agent answers it with a result
         session_id = params.get("sessionId") if isinstance(params, dict) else None
         if isinstance(session_id, str):
             if method == "session/cancel":
@@ -188,11 +186,20 @@ class AcpLink:
             elicitation_id = params.get("elicitationId")
             if isinstance(elicitation_id, str):
                 self._pending_creates[elicitation_id] = message["id"]
-        elif method is None and self._initialize_id is not None and message.get("id") == self._initialize_id:
-            result = message.get("result")
-            version = result.get("protocolVersion") if isinstance(result, dict) else None
-            if isinstance(version, int) and not isinstance(version, bool):
-                self.negotiated_version = version
+        elif method is None and self._initialize_asked is not None:
+            asked_id, asked_params = self._initialize_asked
+            if _same_id(message.get("id"), asked_id):
+                self._initialize_asked = None
+                self._initialized_by(asked_params, message.get("result"))
+
+    def _initialized_by(self, params: dict[str, Any], result: Any) -> None:
+        if not isinstance(result, dict):
+            return  # the agent refused this initialize (an error): the client has not initialized
+        self.initialize_params = params
+        version = result.get("protocolVersion")
+        if isinstance(version, int) and not isinstance(version, bool):
+            self.negotiated_version = version
+        self._initialized.set()
 
     def on_closed(self) -> None:
         self._pending_creates.clear()
@@ -206,10 +213,14 @@ class AcpLink:
 
     def _forget_create(self, request_id: Any) -> None:
         for elicitation_id, pending in list(self._pending_creates.items()):
-            if pending == request_id and type(pending) is type(request_id):
+            if _same_id(pending, request_id):
                 del self._pending_creates[elicitation_id]
 
 
 def _wake(waiter: asyncio.Future[Any]) -> None:
     if not waiter.done():
         waiter.set_result(None)
+
+
+def _same_id(one: Any, other: Any) -> bool:
+    return valid_id(one) and valid_id(other) and type(one) is type(other) and one == other

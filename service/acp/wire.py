@@ -3,6 +3,8 @@
 Every JSON-RPC message of an attached connection passes through it, in both directions, so this is where the
 connector sees the wire and where it protects the SDK from a misbehaving peer:
 
+- on byte streams (stdio) it reads the newline-delimited JSON itself: a line that is not JSON is answered -32700, and
+  a line holding `null` is an invalid message like any other (the SDK's reader takes it for the end of the stream).
 - incoming messages are checked (`jsonrpc.inspect`) before the SDK sees them. An invalid request is answered -32600
   here; something that is neither request nor response is dropped. A response is matched to a request of ours: a
   malformed one (e.g. `error` not an object) reaches the SDK as a well-formed error for that request, so the call
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import json
 import logging
 from collections import deque
 from collections.abc import Awaitable
@@ -39,6 +42,11 @@ log = logging.getLogger("service.acp.wire")
 T = TypeVar("T")
 
 MALFORMED = "malformed_response"  # `error.data.connector` of the errors this module puts in place of a bad response
+_END = object()  # the end of the stream (distinct from a `null` the peer sent)
+
+
+class _Unreadable(Exception):
+    """A line that is not JSON (the message says why, never what)."""
 
 
 class Transport(Protocol):
@@ -49,6 +57,46 @@ class Transport(Protocol):
     async def receive(self) -> dict[str, Any] | None: ...
 
     async def close(self) -> None: ...
+
+
+MAX_LINE_BYTES = 50 * 1024 * 1024  # the SDK's own stdio buffer limit; a longer line is refused, not buffered
+
+
+class NdjsonLines:
+    """Lines of newline-delimited JSON from a byte stream (the SDK's stdio framing, read here instead)."""
+
+    def __init__(self, reader: asyncio.StreamReader, timeout: float | None = None) -> None:
+        self._reader = reader
+        self._timeout = timeout
+
+    async def next(self) -> bytes | None:
+        """The next line (without its newline), or None at the end of the stream. Raises `LineTooLong`."""
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            while True:
+                try:
+                    chunk = await asyncio.wait_for(self._reader.readuntil(b"\n"), self._timeout)
+                except asyncio.LimitOverrunError as exc:
+                    chunk = await asyncio.wait_for(self._reader.readexactly(exc.consumed), self._timeout)
+                    size += len(chunk)
+                    if size <= MAX_LINE_BYTES:
+                        chunks.append(chunk)
+                    continue
+                size += len(chunk)
+                if size > MAX_LINE_BYTES:
+                    raise LineTooLong(size)
+                chunks.append(chunk)
+                return b"".join(chunks)
+        except asyncio.IncompleteReadError as exc:
+            if not chunks and not exc.partial:
+                return None
+            return b"".join(chunks) + exc.partial
+
+
+class LineTooLong(Exception):
+    def __init__(self, size: int) -> None:
+        super().__init__(f"a line of {size} bytes (at most {MAX_LINE_BYTES})")
 
 
 class WireListener(Protocol):
@@ -87,8 +135,9 @@ def serving() -> ServedRequest | None:
 
 
 class GuardedTransport:
-    def __init__(self, inner: Transport, listener: WireListener) -> None:
+    def __init__(self, inner: Transport, listener: WireListener, lines: NdjsonLines | None = None) -> None:
         self._inner = inner
+        self._lines = lines  # on byte streams: read here; `inner` then only sends
         self.listener = listener
         self._ended = False
         self._closed_event = asyncio.Event()
@@ -150,13 +199,17 @@ class GuardedTransport:
             if self._ended:
                 return None
             try:
-                message = await self._inner.receive()
+                message = await self._read()
             except asyncio.CancelledError:
                 raise
+            except _Unreadable as exc:
+                log.warning("refused a line from the client that is not JSON: %s", exc)
+                await self._reply(jsonrpc.error_reply(None, jsonrpc.PARSE_ERROR, "Parse error"))
+                continue
             except Exception as exc:
                 self.end(f"read failed ({type(exc).__name__})")
                 return None
-            if message is None:
+            if message is _END:
                 self.end("end of stream")
                 return None
             SERVING.set(None)
@@ -167,6 +220,25 @@ class GuardedTransport:
     async def close(self) -> None:
         self.end("closed")
         await self._inner.close()
+
+    async def _read(self) -> Any:
+        """The next decoded message (any JSON value, `null` included), or `_END`."""
+        if self._lines is None:
+            message = await self._inner.receive()
+            return _END if message is None else message
+        while True:
+            try:
+                line = await self._lines.next()
+            except LineTooLong as exc:
+                raise _Unreadable(str(exc)) from None
+            if line is None:
+                return _END
+            if not line.strip():
+                continue
+            try:
+                return json.loads(line)
+            except (ValueError, RecursionError) as exc:  # bad JSON, bad UTF-8, nested beyond the parser
+                raise _Unreadable(f"{type(exc).__name__}, {len(line)} bytes") from None
 
     # -- serving the peer's requests -----------------------------------------------------------------------
     async def serve(self, request: ServedRequest, handling: Awaitable[T]) -> T:

@@ -344,6 +344,7 @@ class ScriptedClient:
         self._arrived: asyncio.Queue[Elicitation] = asyncio.Queue()
         self._consented: asyncio.Queue[Elicitation] = asyncio.Queue()
         self._completed: asyncio.Queue[str] = asyncio.Queue()
+        self._wire: Transport | None = None
 
     # -- what the client advertised ------------------------------------------------------------------------
     def advertises(self, mode: str) -> bool:
@@ -357,11 +358,22 @@ class ScriptedClient:
     # -- wiring --------------------------------------------------------------------------------------------
     def transport(self, inner: Transport) -> Transport:
         """Wrap a message transport: record both directions, serve `$/cancel_request`, set the capabilities."""
-        return _ScriptedTransport(inner, self)
+        self._wire = _ScriptedTransport(inner, self)
+        return self._wire
+
+    async def cancel_request(self, request_id: Any) -> None:
+        """Send `$/cancel_request` for one of this client's requests (e.g. `sent("session/prompt")[-1]["id"]`)."""
+        if self._wire is None:
+            raise RuntimeError("ScriptedClient is not connected")
+        await self._wire.send({"jsonrpc": "2.0", "method": CANCEL_REQUEST, "params": {"requestId": request_id}})
 
     def connect(self, transport: Transport) -> ClientSideConnection:
         """A `ClientSideConnection` (unstable protocol on) over `transport`, wrapped by `self.transport()`."""
         return ClientSideConnection(self, self.transport(transport), use_unstable_protocol=True)
+
+    def connect_streams(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> ClientSideConnection:
+        """`connect()` over newline-delimited JSON on byte streams (an agent's stdout and stdin, a socket)."""
+        return self.connect(_StdioTransport(reader, writer, self))
 
     async def initialize(self, conn: ClientSideConnection) -> InitializeResponse:
         """Send `initialize` with this client's protocol version and its capabilities exactly as configured."""
@@ -772,9 +784,7 @@ async def spawn_agent(
                 spawned_stderr.extend(chunk)
 
         stderr_task = asyncio.create_task(drain_stderr())
-        conn = ClientSideConnection(
-            client, client.transport(_StdioTransport(reader, writer, client)), use_unstable_protocol=True
-        )
+        conn = client.connect_streams(reader, writer)
         try:
             yield SpawnedAgent(conn, proc, spawned_stderr)
         finally:

@@ -1,0 +1,47 @@
+"""The connector's test agent (`acp_peers.ConnectorAgent`) as an ACP agent process over stdio.
+
+`python -m tests.stdio_agent` from the repository root. Configured like any connector (`CONNECTOR_*`), plus
+`TEST_AGENT_TIMEOUT` (seconds): the agent's own `asyncio.wait_for` around `request_authorization`. Logs go to stderr.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from contextlib import suppress
+
+from acp import run_agent
+
+from service import Connector
+from service.logs import configure
+from service.web.server import make_server
+
+from .acp_peers import ConnectorAgent
+
+
+async def main() -> None:
+    connector = Connector.from_config(os.environ.get("CONNECTOR_CONFIG") or None)
+    configure(connector.settings.log_format)
+    try:
+        await connector.start()
+        server = make_server(connector.asgi_app(), connector.settings.server.host, connector.settings.server.port)
+        web = asyncio.create_task(server.serve())
+        while not server.started:
+            if web.done():
+                web.result()
+            await asyncio.sleep(0.01)
+        agent = ConnectorAgent(connector, connector.verifier.user())
+        timeout = os.environ.get("TEST_AGENT_TIMEOUT")
+        agent.timeout = float(timeout) if timeout else None
+        try:
+            await run_agent(agent, use_unstable_protocol=True)  # type: ignore[arg-type]
+        finally:
+            web.cancel()
+            with suppress(asyncio.CancelledError):
+                await web
+    finally:
+        await connector.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
