@@ -94,7 +94,9 @@ class ConnectorAgent:
         self.scope_for: Callable[[str], SessionScope | RequestScope] = lambda sid: SessionScope(sid, "call-1")
         self.foreground = True
         self.timeout: float | None = None  # the agent's own limit on request_authorization (asyncio.wait_for)
+        self.deadline: float | None = None  # the same with asyncio.timeout, which `_test/time_out` runs out at once
         self.authorizations: dict[str, asyncio.Task[AuthorizationOutcome]] = {}  # the running one, per session
+        self.deadlines: dict[str, asyncio.Timeout] = {}
         self.stops: list[str] = []  # "timeout" / "cancelled": request_authorization stopped and the prompt went on
 
     def on_connect(self, conn: Client) -> None:
@@ -124,11 +126,17 @@ class ConnectorAgent:
         return NewSessionResponse(session_id="sess-1")
 
     async def ext_notification(self, method: str, params: dict[str, Any]) -> None:
-        """`_test/cancel_authorization {sessionId}`: the agent's own code cancels the running authorization."""
+        """`_test/cancel_authorization {sessionId}`: the agent's own code cancels the running authorization;
+        `_test/time_out {sessionId}`: the agent's own deadline (`deadline`) runs out now."""
+        session_id = str(params.get("sessionId"))
         if method == "test/cancel_authorization":
-            task = self.authorizations.get(str(params.get("sessionId")))
+            task = self.authorizations.get(session_id)
             if task is not None:
                 task.cancel()
+        elif method == "test/time_out":
+            deadline = self.deadlines.get(session_id)
+            if deadline is not None:
+                deadline.reschedule(asyncio.get_running_loop().time())
 
     async def prompt(self, session_id: str, prompt: list[Any], **kwargs: Any) -> PromptResponse:
         assert self.conn is not None
@@ -157,9 +165,14 @@ class ConnectorAgent:
         )
         self.authorizations[session_id] = authorization
         try:
-            outcome = await (
-                asyncio.wait_for(authorization, self.timeout) if self.timeout is not None else authorization
-            )
+            if self.deadline is not None:
+                async with asyncio.timeout(self.deadline) as deadline:
+                    self.deadlines[session_id] = deadline
+                    outcome = await authorization
+            else:
+                outcome = await (
+                    asyncio.wait_for(authorization, self.timeout) if self.timeout is not None else authorization
+                )
         except TimeoutError:
             self.stops.append("timeout")
             text = "Authorization took too long."

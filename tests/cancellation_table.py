@@ -22,7 +22,7 @@ from acp.exceptions import RequestError
 from service import ElicitationStatus
 from service.testing import ScriptedBrowser, ScriptedClient
 
-AGENT_TIMEOUT_SECONDS = {"create": 0.5, "browser": 3.0}  # the agent's own wait_for; the browser stage needs time
+AGENT_DEADLINE_SECONDS = 300.0  # the agent's own asyncio.timeout; the test runs it out (`_test/time_out`) on cue
 TTL_SECONDS = 1
 
 
@@ -39,8 +39,8 @@ class Row:
         return f"{self.stop}-during-{self.stage}"
 
     @property
-    def agent_timeout(self) -> float | None:
-        return AGENT_TIMEOUT_SECONDS[self.stage] if self.stop == "agent_timeout" else None
+    def agent_deadline(self) -> float | None:
+        return AGENT_DEADLINE_SECONDS if self.stop == "agent_timeout" else None
 
     @property
     def ttl(self) -> int | None:
@@ -113,14 +113,16 @@ async def run_row(
                 page = await browser.get(elicitation.url)
                 to_provider = await browser.submit(page, "continue")
 
-        if row.stop == "task_cancel":
+        if row.stop == "agent_timeout":
+            await conn.ext_notification("test/time_out", {"sessionId": session_id})
+        elif row.stop == "task_cancel":
             await conn.ext_notification("test/cancel_authorization", {"sessionId": session_id})
         elif row.stop == "session_cancel":
             await conn.cancel(session_id=session_id)
         elif row.stop == "client_cancel_request":
             prompt_id = client.sent("session/prompt")[-1]["id"]
             await client.cancel_request(prompt_id)
-        # agent_timeout and ttl: the time runs out by itself
+        # ttl: the time runs out by itself
 
         try:
             answered = (await asyncio.wait_for(prompt, 30)).stop_reason

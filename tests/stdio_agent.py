@@ -1,7 +1,8 @@
 """The connector's test agent (`acp_peers.ConnectorAgent`) as an ACP agent process over stdio.
 
 `python -m tests.stdio_agent` from the repository root. Configured like any connector (`CONNECTOR_*`), plus
-`TEST_AGENT_TIMEOUT` (seconds): the agent's own `asyncio.wait_for` around `request_authorization`. Logs go to stderr.
+`TEST_AGENT_DEADLINE` (seconds): the agent's own `asyncio.timeout` around `request_authorization`, which the client
+can run out at once with the `_test/time_out` notification. Logs go to stderr.
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ async def main() -> None:
                 web.result()
             await asyncio.sleep(0.01)
         agent = ConnectorAgent(connector, connector.verifier.user())
-        timeout = os.environ.get("TEST_AGENT_TIMEOUT")
-        agent.timeout = float(timeout) if timeout else None
+        deadline = os.environ.get("TEST_AGENT_DEADLINE")
+        agent.deadline = float(deadline) if deadline else None
         try:
             await run_agent(agent, use_unstable_protocol=True)  # type: ignore[arg-type]
         finally:

@@ -118,8 +118,8 @@ async def test_early_stop_over_stdio(stdio_setup: StdioSetup, row: Row) -> None:
     env: dict[str, str] = {}
     if row.ttl is not None:
         env["CONNECTOR_ELICITATION__TTL_SECONDS"] = str(row.ttl)
-    if row.agent_timeout is not None:
-        env["TEST_AGENT_TIMEOUT"] = str(row.agent_timeout)
+    if row.agent_deadline is not None:
+        env["TEST_AGENT_DEADLINE"] = str(row.agent_deadline)
     client = client_for(row)
     store = Store.from_url(stdio_setup.db_url)
 
