@@ -8,6 +8,7 @@ can run out at once with the `_test/time_out` notification. Logs go to stderr.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 from contextlib import suppress
 
@@ -46,3 +47,4 @@ async def main() -> None:
 
 if __name__ == "__main__":
     asyncio.run(main())
+    gc.freeze()  # as the example agent does: exit without the interpreter's final walk over every object

@@ -13,6 +13,7 @@ config/connector.toml, and `CONNECTOR_*` variables); see README.md next to this 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import sys
@@ -259,4 +260,8 @@ def run() -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    finally:
+        # Everything is closed by now. A client that closes our stdin waits for us to exit: spare it the
+        # interpreter's final walk over every object of the libraries loaded (a second or more on a busy machine).
+        gc.freeze()
     return 0

@@ -768,13 +768,17 @@ async def spawn_agent(
     *args: str,
     env: Mapping[str, str] | None = None,
     cwd: str | Path | None = None,
+    shutdown_timeout: float = 10.0,
 ) -> AsyncIterator[SpawnedAgent]:
     """Start an ACP agent subprocess (the SDK's `spawn_stdio_transport`) and connect `client` to its stdio.
 
     `env` is added to the SDK's trimmed default environment. Stderr is collected (`SpawnedAgent.stderr()`).
-    On exit the connection closes, stdin is closed and the process is given time to exit, then terminated.
+    On exit the connection closes, stdin is closed and the process is given `shutdown_timeout` seconds to exit
+    before it is terminated (a terminated agent has a negative `process.returncode`).
     """
-    async with spawn_stdio_transport(command, *args, env=env, cwd=cwd, limit=STDIO_LIMIT) as (reader, writer, proc):
+    async with spawn_stdio_transport(
+        command, *args, env=env, cwd=cwd, limit=STDIO_LIMIT, shutdown_timeout=shutdown_timeout
+    ) as (reader, writer, proc):
         spawned_stderr = bytearray()
 
         async def drain_stderr() -> None:
