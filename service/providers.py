@@ -91,6 +91,9 @@ class ProviderEntry:
     jwks_uri: str | None = None  # the provider's signing keys, for ID tokens (OpenID Connect)
     account_id_field: str = "id"
     extra_authorize_params: Mapping[str, str] = field(default_factory=dict, hash=False)
+    # A scope as asked -> the name the provider's token response gives it (Google answers `email` with
+    # https://www.googleapis.com/auth/userinfo.email): either counts as granted.
+    scope_aliases: Mapping[str, str] = field(default_factory=dict, hash=False)
     token_endpoint_auth_method: TokenEndpointAuthMethod | None = None  # unset: chosen at resolution (oauth)
     client_id: str | None = None
     client_secret: SecretStr | None = field(default=None, repr=False)
@@ -104,6 +107,7 @@ class ProviderEntry:
             raise ValueError(f"token_endpoint_auth_method must be one of {', '.join(_AUTH_METHODS)}")
         object.__setattr__(self, "default_scopes", tuple(self.default_scopes))
         object.__setattr__(self, "extra_authorize_params", MappingProxyType(dict(self.extra_authorize_params)))
+        object.__setattr__(self, "scope_aliases", MappingProxyType(dict(self.scope_aliases)))
 
     @property
     def has_secret(self) -> bool:
@@ -241,6 +245,7 @@ class _ProviderTable(BaseModel):
     jwks_uri: StrictStr | None = None
     account_id_field: StrictStr = Field(default="id", min_length=1)
     extra_authorize_params: dict[StrictStr, StrictStr] = Field(default_factory=dict)
+    scope_aliases: dict[StrictStr, StrictStr] = Field(default_factory=dict)
     token_endpoint_auth_method: TokenEndpointAuthMethod | None = None
     tenant: StrictStr | None = None
 

@@ -706,3 +706,34 @@ def test_provider_variables_are_settings_and_an_environment_only_provider_is_poi
     assert list(warnings) == ["providers.githb"]
     assert "described only by CONNECTOR_PROVIDERS__GITHB__* variables" in warnings["providers.githb"]
     assert "a misspelling of 'github'?" in warnings["providers.githb"]
+
+
+GOOGLE_EMAIL = "https://www.googleapis.com/auth/userinfo.email"
+
+
+@pytest.mark.parametrize(
+    ("answered", "refresh_token", "granted"),
+    [
+        # Google: the scopes asked for by name come back as URLs.
+        (f"openid {GOOGLE_EMAIL}", None, {"openid", "email", GOOGLE_EMAIL}),
+        # Microsoft: openid and offline_access are left out of `scope`; the refresh token tells offline access.
+        ("User.Read profile", "rt", {"User.Read", "profile", "openid", "offline_access"}),
+        # A conformant provider that dropped offline_access: no refresh token, so it is not granted.
+        ("openid offline_access email", None, {"openid", "email"}),
+    ],
+)
+async def test_granted_scopes_are_named_as_asked(answered: str, refresh_token: str | None, granted: set[str]) -> None:
+    catalog = oidc_catalog(CONNECTOR_PROVIDERS__OIDC__SCOPE_ALIASES=f'{{"email": "{GOOGLE_EMAIL}"}}')
+    gateway = ProviderGateway(catalog)
+    with respx.mock:
+        respx.get(DISCOVERY).respond(json=discovery_document())
+        provider = await gateway.resolve("oidc")
+        answer = {"access_token": "at", "token_type": "Bearer", "scope": answered}
+        if refresh_token is not None:
+            answer["refresh_token"] = refresh_token
+        respx.post(provider.token_endpoint).respond(json=answer)
+        tokens = await gateway.exchange_code(
+            provider, redirect_uri="https://c.example/cb", code="c", code_verifier=None, now=datetime.now(UTC)
+        )
+    await gateway.aclose()
+    assert tokens.scopes is not None and set(tokens.scopes) == granted

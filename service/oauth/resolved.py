@@ -101,6 +101,10 @@ class ResolvedProvider:
         return self.entry.extra_authorize_params
 
     @property
+    def scope_aliases(self) -> Mapping[str, str]:
+        return self.entry.scope_aliases
+
+    @property
     def sign_in_host(self) -> str:
         """The host the user is sent to (the consent page highlights it)."""
         return host_of(self.authorization_endpoint) or ""

@@ -14,6 +14,9 @@ from service.core.records import TokenSet
 from .endpoint import post_form
 from .resolved import ResolvedProvider
 
+OPENID = "openid"
+OFFLINE_ACCESS = "offline_access"
+
 
 def granted_scopes(raw: object) -> tuple[str, ...] | None:
     """The `scope` member of a token response (None when absent: then it is what was asked, RFC 6749 §5.1)."""
@@ -21,6 +24,22 @@ def granted_scopes(raw: object) -> tuple[str, ...] | None:
         return None
     # Providers differ: GitHub and Slack separate granted scopes with commas, others with spaces.
     return tuple(s for s in raw.replace(",", " ").split() if s)
+
+
+def with_granted_names(tokens: TokenSet, entry: ResolvedProvider) -> TokenSet:
+    """The token set with its scopes named as they were asked, so that a grant covers what was granted:
+    a scope whose alias the provider answered (`scope_aliases`) is listed by its asked name too; for an OpenID
+    provider `openid` is granted (its ID token was checked) and `offline_access` is granted exactly when a refresh
+    token came (some providers leave both out of `scope`, and a dropped `offline_access` shows only this way)."""
+    if tokens.scopes is None:
+        return tokens
+    scopes = list(tokens.scopes)
+    scopes += [asked for asked, answered in entry.scope_aliases.items() if answered in scopes and asked not in scopes]
+    if entry.oidc:
+        scopes = [scope for scope in scopes if scope != OFFLINE_ACCESS]
+        scopes += [OPENID] if OPENID not in scopes else []
+        scopes += [OFFLINE_ACCESS] if tokens.refresh_token is not None else []
+    return replace(tokens, scopes=tuple(scopes))
 
 
 def token_set(raw: Any, entry: ResolvedProvider, *, now: float) -> TokenSet:
@@ -65,7 +84,7 @@ async def exchange_code(
     if code_verifier is not None:
         form["code_verifier"] = code_verifier
     _, body = await post_form(entry, http, entry.token_endpoint, form, "authorization code exchange")
-    return token_set(body, entry, now=now)
+    return with_granted_names(token_set(body, entry, now=now), entry)
 
 
 async def refresh(entry: ResolvedProvider, http: httpx.AsyncClient, token: TokenSet, *, now: float) -> TokenSet:
@@ -75,8 +94,7 @@ async def refresh(entry: ResolvedProvider, http: httpx.AsyncClient, token: Token
     _, body = await post_form(entry, http, entry.token_endpoint, form, "token refresh")
     fresh = token_set(body, entry, now=now)
     # Providers without rotation keep the old refresh token valid and may omit the scopes.
-    return replace(
-        fresh,
-        refresh_token=fresh.refresh_token or token.refresh_token,
-        scopes=fresh.scopes if fresh.scopes is not None else token.scopes,
-    )
+    fresh = replace(fresh, refresh_token=fresh.refresh_token or token.refresh_token)
+    if fresh.scopes is None:
+        return replace(fresh, scopes=token.scopes)
+    return with_granted_names(fresh, entry)
