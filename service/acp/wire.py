@@ -155,10 +155,6 @@ class GuardedTransport:
     async def wait_closed(self) -> None:
         await self._closed_event.wait()
 
-    def outstanding(self) -> int:
-        """How many of our requests wait for an answer."""
-        return len(self._outstanding)
-
     def abandon(self, request_id: RequestId) -> None:
         """We stopped waiting for our request `request_id` (and told the peer): its answer, if any, is dropped."""
         key = id_key(request_id)
