@@ -34,7 +34,7 @@ from .core.retention import RetentionPolicy
 from .core.settings import FlowSettings
 from .core.sweeper import Sweeper
 from .core.verification import IdentityStep
-from .events import LocalBus, OutboxFeed
+from .events import LocalBus, OutboxFeed, PgBus, Replica
 from .identity import IdentityVerifier, VerifierContext
 from .identity import registry as verifiers
 from .metrics import Metrics
@@ -81,13 +81,16 @@ class Runtime:
     sweeper: Sweeper
     agent_api: AgentApi
     rate_limiter: RateLimiter
+    replica: Replica
     # Started by `start`: reads each configured provider's discovery document and logs what is wrong.
     provider_check: asyncio.Task[list[ProviderReport]] | None = field(default=None, init=False, repr=False)
 
     async def start(self) -> None:
-        """Refuse to run on an unmigrated or newer-schema database; start the feed and the sweeper; check the
-        providers in the background."""
+        """Refuse to run on a database this code cannot run on; then hear the other replicas, join them, start
+        the feed and the sweeper, and check the providers in the background."""
         await self.store.check_schema()
+        await self.bus.start()
+        await self.replica.start()
         await self.feed.start()
         self.sweeper.start()
         self.provider_check = asyncio.create_task(log_provider_problems(self.providers))
@@ -99,6 +102,8 @@ class Runtime:
         await self.sweeper.close()
         await self.feed.close()
         await self.acp.close()
+        await self.replica.close()
+        await self.bus.close()
         await self.providers.aclose()
         await self.store.close()
 
@@ -248,7 +253,12 @@ def build_runtime(settings: Settings) -> Runtime:
     report_configuration_warnings(settings, catalog)
     metrics = build_metrics(store, (entry.name for entry in catalog.entries()))
     providers = build_gateway(settings, catalog, metrics)
-    bus = LocalBus()
+    bus = build_bus(settings, store, clock, metrics)
+    feed = OutboxFeed(store.outbox, bus, interval=settings.events.poll_interval_seconds)
+    replica = Replica(store, bus.dispatch, settings.replicas, clock, metrics)
+    if isinstance(bus, PgBus):
+        bus.feed = feed
+        bus.on_reconnect.append(replica.catch_up)
     flow = flow_settings(settings)
     rate_limiter, audit_budget = build_rate_limits(settings, store, clock)
     elicitations = Elicitations(store, bus, providers, flow, clock, metrics, unattributed=audit_budget)
@@ -268,7 +278,8 @@ def build_runtime(settings: Settings) -> Runtime:
         tokens=TokenAccess(store, vault, providers, bus, clock, metrics),
         acp=AcpAuthorizer(elicitations, bus, metrics),
         metrics=metrics,
-        feed=OutboxFeed(store.outbox, bus, interval=settings.events.poll_interval_seconds),
+        feed=feed,
+        replica=replica,
         sweeper=Sweeper(
             elicitations,
             retention_policy(settings),
@@ -286,6 +297,13 @@ def build_rate_limits(settings: Settings, store: Store, clock: Clock) -> tuple[R
 
     limiter = RateLimiter(settings.rate_limit)
     return limiter, AuditBudget(limiter, store.audit, clock)
+
+
+def build_bus(settings: Settings, store: Store, clock: Clock, metrics: Metrics) -> LocalBus:
+    """PostgreSQL: events cross the replicas at once (LISTEN/NOTIFY). SQLite (one process): they stay in it."""
+    if store.db.dialect != "postgresql":
+        return LocalBus()
+    return PgBus(store, metrics=metrics, clock=clock, ping_seconds=settings.replicas.heartbeat_seconds)
 
 
 def build_metrics(store: Store, providers: Iterable[str]) -> Metrics:

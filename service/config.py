@@ -29,6 +29,7 @@ from pydantic import (
     SecretStr,
     ValidationError,
     field_validator,
+    model_validator,
 )
 from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
@@ -58,6 +59,7 @@ __all__ = [
     "MetricsSettings",
     "ProvidersSettings",
     "RateLimitSettings",
+    "ReplicaSettings",
     "RetentionSettings",
     "ServerSettings",
     "Settings",
@@ -176,6 +178,23 @@ class ElicitationSettings(_Section):
 class EventsSettings(_Section):
     # While anything in this process waits, how often it reads changes other processes logged (one query each time).
     poll_interval_seconds: float = Field(default=1.0, gt=0, le=60)
+
+
+class ReplicaSettings(_Section):
+    """`[replicas]`: how the processes sharing one database know which of them are alive.
+
+    Each writes a heartbeat every `heartbeat_seconds`; one silent for `dead_after_seconds` is gone, and the
+    completions its connections were waiting for are recorded undeliverable by the others.
+    """
+
+    heartbeat_seconds: float = Field(default=5.0, gt=0, le=3600)
+    dead_after_seconds: float = Field(default=30.0, gt=0, le=86400)
+
+    @model_validator(mode="after")
+    def _dead_after_several_beats(self) -> ReplicaSettings:
+        if self.dead_after_seconds < 3 * self.heartbeat_seconds:
+            raise ValueError("dead_after_seconds must be at least 3 heartbeats (3 x heartbeat_seconds)")
+        return self
 
 
 class RetentionSettings(_Section):
@@ -372,6 +391,7 @@ class Settings(BaseSettings):
     rate_limit: RateLimitSettings = Field(default_factory=RateLimitSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
+    replicas: ReplicaSettings = Field(default_factory=ReplicaSettings)
     config_file: Path | None = None
 
     @field_validator("public_base_url")

@@ -1,26 +1,39 @@
-"""Several connector processes on one PostgreSQL database: one refresh of an expired grant for all of them.
+"""Several connector processes on one PostgreSQL database: the completion reaches the ACP connection whichever replica
+the browser used, exactly once; it is recorded undeliverable when the replica holding the connection is gone; the
+event bus survives losing its connection; and an expired grant is refreshed once for all of them.
 
-The replicas are real, separate processes (`tests/replica_worker.py`); the provider is the mock provider served
-over loopback HTTP, rotating refresh tokens (an old one is refused once used) and counting every call.
+Every replica is a real, separate process: the GitHub example agent (an ACP agent embedding the connector, driven
+over stdio by the official SDK's client side), `acp-connector serve`, or `tests/replica_worker.py`. The provider is
+the mock provider served over loopback HTTP, rotating refresh tokens and counting every call.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import socket
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
+from acp import text_block
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
 
+from service import ElicitationStatus
 from service.core.handles import grant_aad
 from service.core.records import TokenSet
-from service.testing import MockOAuthProvider
+from service.store import Store, migrate
+from service.testing import MockOAuthProvider, ScriptedBrowser, ScriptedClient, spawn_agent
+from service.testing.acp_client import SpawnedAgent
 from service.vault import generate_key
 
 from .conftest import ALICE, Deployment, deploy, fresh_postgres_database, write_catalog
@@ -153,3 +166,297 @@ async def test_two_replicas_refresh_an_expired_grant_exactly_once(seeded: Deploy
     assert stored.access_token == provider.issued_access_tokens[-1]
     events = [e.event for e in await runtime.store.audit.list() if e.event.startswith("refresh")]
     assert events == ["refreshed"]
+
+
+# -- the completion across replicas ---------------------------------------------------------------------------------
+# Waiters that never poll and replicas that never sweep: only the event bus can tell replica A in time.
+BUS_ONLY = {
+    "CONNECTOR_EVENTS__POLL_INTERVAL_SECONDS": "60",
+    "CONNECTOR_REPLICAS__HEARTBEAT_SECONDS": "600",
+    "CONNECTOR_REPLICAS__DEAD_AFTER_SECONDS": "3600",
+}
+# Replicas that notice quickly that one of them is gone.
+QUICK_SWEEPS = {"CONNECTOR_REPLICAS__HEARTBEAT_SECONDS": "0.5", "CONNECTOR_REPLICAS__DEAD_AFTER_SECONDS": "2"}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@asynccontextmanager
+async def replica_b(cluster: Cluster, **overrides: str) -> AsyncIterator[str]:
+    """`acp-connector serve` on its own port (no ACP connection): the replica the browser talks to. Its URL."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {
+        **os.environ,
+        **cluster.env,
+        "CONNECTOR_PUBLIC_BASE_URL": url,
+        "CONNECTOR_SERVER__PORT": str(port),
+        "PYTHONPATH": str(REPO),
+        **overrides,
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "service.cli", "serve", cwd=REPO, env=env, stderr=asyncio.subprocess.PIPE
+    )
+    try:
+        async with httpx.AsyncClient() as http:
+            for _ in range(600):
+                if proc.returncode is not None:
+                    assert proc.stderr is not None
+                    raise AssertionError(f"replica B stopped: {(await proc.stderr.read()).decode()}")
+                with contextlib.suppress(httpx.TransportError):
+                    if (await http.get(f"{url}/readyz")).status_code == 200:
+                        break
+                await asyncio.sleep(0.05)
+            else:
+                raise AssertionError("replica B did not become ready")
+        yield url
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+            await proc.wait()
+
+
+def replica_a(cluster: Cluster, client: ScriptedClient, public_url: str, port: int, **overrides: str):  # type: ignore[no-untyped-def]
+    """The GitHub example agent (replica A, holding the ACP connection); its links point at `public_url`."""
+    env = {
+        **cluster.env,
+        "CONNECTOR_PUBLIC_BASE_URL": public_url,
+        "CONNECTOR_SERVER__PORT": str(port),
+        "PYTHONUNBUFFERED": "1",
+        **overrides,
+    }
+    return spawn_agent(client, sys.executable, "-m", "examples.github_agent", env=env, cwd=REPO)
+
+
+async def start_prompt(client: ScriptedClient, agent: SpawnedAgent) -> tuple[str, asyncio.Task[Any]]:
+    await asyncio.wait_for(client.initialize(agent.conn), 30)
+    session_id = (await asyncio.wait_for(agent.conn.new_session(cwd=str(REPO)), 10)).session_id
+    prompt = asyncio.create_task(agent.conn.prompt(session_id=session_id, prompt=[text_block("list my repos")]))
+    return session_id, prompt
+
+
+async def authorize_on(url: str, replica: str, provider: MockOAuthProvider) -> None:
+    """The user's browser: the whole flow at replica `replica` (and the provider), nowhere else."""
+    async with ScriptedBrowser() as browser:
+        final = await browser.authorize(url)
+        assert final.status_code == 200, final.text
+        assert "You can close this tab" in final.text
+        hosts = {response.request.url.netloc.decode() for response in browser.responses}
+    assert hosts == {httpx.URL(replica).netloc.decode(), httpx.URL(provider.base_url).netloc.decode()}
+
+
+@asynccontextmanager
+async def reading(database_url: str) -> AsyncIterator[Store]:
+    store = Store.from_url(database_url)
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+async def audit_events(database_url: str, elicitation_id: str) -> list[tuple[str, dict[str, Any]]]:
+    async with reading(database_url) as store:
+        return [(e.event, e.detail) for e in await store.audit.list(elicitation_id=elicitation_id)]
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], what: str, within: float = 30) -> None:
+    async with asyncio.timeout(within):
+        while not await check():  # noqa: ASYNC110 - the condition lives in another process or the database
+            await asyncio.sleep(0.05)
+
+
+async def listener_pids(database_url: str, replica_id: str) -> list[int]:
+    async with reading(database_url) as store, store.engine.connect() as conn:
+        rows = await conn.execute(
+            text("SELECT pid FROM pg_stat_activity WHERE application_name = :name"),
+            {"name": f"acp-connector listen {replica_id}"},
+        )
+        return [int(pid) for (pid,) in rows.all()]
+
+
+async def assert_told_once(client: ScriptedClient, database_url: str, elicitation_id: str) -> None:
+    completes = client.received("elicitation/complete")
+    assert [c["params"] for c in completes] == [{"elicitationId": elicitation_id}]
+    assert client.completions == [elicitation_id] and client.ignored == [] and client.violations == []
+    events = [event for event, _ in await audit_events(database_url, elicitation_id)]
+    assert events.count("completion_sent") == 1 and "completion_undeliverable" not in events
+    async with reading(database_url) as store:
+        record = await store.elicitations.get(elicitation_id)
+    assert record is not None and record.status is ElicitationStatus.COMPLETED
+
+
+@pytest.fixture
+async def migrated(cluster: Cluster) -> Cluster:
+    migrate(cluster.database_url)
+    return cluster
+
+
+async def test_the_browser_on_replica_b_completes_the_request_on_replica_a_exactly_once(migrated: Cluster) -> None:
+    cluster, client = migrated, ScriptedClient("accept")
+    async with replica_b(cluster, **BUS_ONLY) as b_url, replica_a(cluster, client, b_url, free_port(), **BUS_ONLY) as a:
+        session_id, prompt = await start_prompt(client, a)
+        elicitation = await client.next_consented(within=30)
+        assert elicitation.url == f"{b_url}/connect/{elicitation.elicitation_id}"
+
+        await authorize_on(elicitation.url, b_url, cluster.provider)
+
+        result = await asyncio.wait_for(prompt, 30)
+        assert result.stop_reason == "end_turn", a.stderr()
+    await assert_told_once(client, cluster.database_url, elicitation.elicitation_id)
+    assert "octocat/hello-world" in client.agent_text(session_id)  # authorized, and the grant used server-side
+
+
+async def test_a_completion_whose_replica_is_gone_is_recorded_undeliverable(migrated: Cluster) -> None:
+    cluster, client = migrated, ScriptedClient("accept")
+    async with replica_b(cluster, **QUICK_SWEEPS) as b_url:
+        async with replica_a(cluster, client, b_url, free_port(), **QUICK_SWEEPS) as a:
+            _, prompt = await start_prompt(client, a)
+            elicitation = await client.next_consented(within=30)
+            a.process.kill()  # replica A dies with the client's connection, after the create
+            await a.process.wait()
+            prompt.cancel()
+        async with reading(cluster.database_url) as store:
+            created = await store.elicitations.get(elicitation.elicitation_id)
+        assert created is not None and created.replica_id is not None
+
+        await authorize_on(elicitation.url, b_url, cluster.provider)  # the user still finishes, on replica B
+
+        async def recorded() -> bool:
+            events = await audit_events(cluster.database_url, elicitation.elicitation_id)
+            return any(event == "completion_undeliverable" for event, _ in events)
+
+        await eventually(recorded, "replica B records the completion undeliverable")
+    events = await audit_events(cluster.database_url, elicitation.elicitation_id)
+    undeliverable = [detail for event, detail in events if event == "completion_undeliverable"]
+    assert undeliverable == [{"reason": "replica_gone", "replica_id": created.replica_id}]
+    assert "completion_sent" not in [event for event, _ in events]
+    assert client.received("elicitation/complete") == []
+    async with reading(cluster.database_url) as store:
+        assert len(await store.grants.find(ALICE, "github")) == 1  # the grant is stored all the same
+        record = await store.elicitations.get(elicitation.elicitation_id)
+    assert record is not None and record.status is ElicitationStatus.COMPLETED
+
+
+async def test_the_bus_reconnects_after_its_connection_is_terminated_mid_flow(migrated: Cluster) -> None:
+    cluster, client = migrated, ScriptedClient("accept")
+    a_port = free_port()
+    async with replica_b(cluster, **BUS_ONLY) as b_url, replica_a(cluster, client, b_url, a_port, **BUS_ONLY) as a:
+        session_id, prompt = await start_prompt(client, a)
+        elicitation = await client.next_consented(within=30)
+        async with reading(cluster.database_url) as store:
+            created = await store.elicitations.get(elicitation.elicitation_id)
+        assert created is not None and created.replica_id is not None
+        (old_pid,) = await listener_pids(cluster.database_url, created.replica_id)
+
+        async with reading(cluster.database_url) as store, store.engine.connect() as conn:
+            terminated = await conn.scalar(text("SELECT pg_terminate_backend(:pid)"), {"pid": old_pid})
+        assert terminated is True
+
+        async def listening_again() -> bool:
+            pids = await listener_pids(cluster.database_url, created.replica_id or "")
+            return len(pids) == 1 and pids[0] != old_pid
+
+        await eventually(listening_again, "replica A listens again")
+        await authorize_on(elicitation.url, b_url, cluster.provider)
+
+        result = await asyncio.wait_for(prompt, 30)
+        assert result.stop_reason == "end_turn", a.stderr()
+        async with httpx.AsyncClient() as http:
+            scraped = (await http.get(f"http://127.0.0.1:{a_port}/metrics")).text
+    await assert_told_once(client, cluster.database_url, elicitation.elicitation_id)
+    assert "acp_connector_event_bus_reconnects_total 1.0" in scraped
+    assert "octocat/hello-world" in client.agent_text(session_id)
+
+
+class Partition:
+    """A TCP proxy in front of PostgreSQL that can cut every connection through it and refuse new ones."""
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        self.upstream = upstream
+        self.cut = False
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._server: asyncio.Server | None = None
+        self.port = 0
+        self._last_traffic = 0.0
+
+    async def __aenter__(self) -> Partition:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        self.sever()
+
+    async def quiet(self, seconds: float) -> None:
+        """Return once nothing has crossed the proxy for `seconds` (the replica behind it is idle, waiting)."""
+        loop = asyncio.get_running_loop()
+        while loop.time() - self._last_traffic < seconds:  # noqa: ASYNC110 - traffic is observed, not awaited
+            await asyncio.sleep(0.05)
+
+    def sever(self) -> None:
+        """Cut every connection now (new ones are refused while `cut` is set)."""
+        for writer in list(self._writers):
+            writer.close()
+        self._writers.clear()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.cut:
+            writer.close()
+            return
+        up_reader, up_writer = await asyncio.open_connection(*self.upstream)
+        if self.cut:  # cut while this one was connecting
+            up_writer.close()
+            writer.close()
+            return
+        self._writers.update({writer, up_writer})
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(ConnectionError, OSError):
+                while data := await src.read(65536):
+                    self._last_traffic = asyncio.get_running_loop().time()
+                    dst.write(data)
+                    await dst.drain()
+            dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+
+async def test_a_replica_cut_off_from_the_database_catches_up_when_it_is_back(migrated: Cluster) -> None:
+    """Replica A loses the database while the browser finishes on B: no notification can reach it. Once back, the
+    bus's catch-up finds the elicitation ended and A tells the client."""
+    cluster, client = migrated, ScriptedClient("accept")
+    upstream = make_url(cluster.database_url)
+    async with Partition((upstream.host or "127.0.0.1", upstream.port or 5432)) as partition:
+        through_proxy = upstream.set(host="127.0.0.1", port=partition.port).render_as_string(hide_password=False)
+        a_env = {**BUS_ONLY, "CONNECTOR_DATABASE__URL": through_proxy}
+        async with (
+            replica_b(cluster, **BUS_ONLY) as b_url,
+            replica_a(cluster, client, b_url, free_port(), **a_env) as a,
+        ):
+            session_id, prompt = await start_prompt(client, a)
+            elicitation = await client.next_consented(within=30)
+
+            async def consented() -> bool:
+                async with reading(cluster.database_url) as store:
+                    record = await store.elicitations.get(elicitation.elicitation_id)
+                return record is not None and record.status is ElicitationStatus.CONSENTED
+
+            await eventually(consented, "replica A recorded the consent")
+            await partition.quiet(0.5)  # A waits for an event now, touching the database no more
+            partition.cut = True
+            partition.sever()
+            await authorize_on(elicitation.url, b_url, cluster.provider)  # completed while A hears nothing
+            assert client.received("elicitation/complete") == []
+            partition.cut = False
+
+            # Well before the event log's interval poll (60 s) could find it: only the catch-up can.
+            result = await asyncio.wait_for(prompt, 30)
+            assert result.stop_reason == "end_turn", a.stderr()
+        await assert_told_once(client, cluster.database_url, elicitation.elicitation_id)
+        assert "octocat/hello-world" in client.agent_text(session_id)

@@ -40,7 +40,7 @@ from service.core.outcomes import (
 from service.core.ports import EventSource
 from service.core.records import ElicitationRecord
 from service.core.scopes import ElicitationScope, SessionScope
-from service.core.states import ElicitationStatus
+from service.core.states import CompletionDelivery, ElicitationStatus
 from service.metrics import CompletionResult, Metrics
 
 from .adapter import AgentConnection, SdkConnection
@@ -51,6 +51,8 @@ from .messages import send_completion, send_url_elicitation
 from .wire import serving
 
 log = logging.getLogger("service.acp")
+
+CONNECTION_CLOSED = "connection_closed"  # why a completion is undeliverable: the connection is gone
 
 Waiter = asyncio.Future[ElicitationEvent | None]
 
@@ -97,6 +99,9 @@ class AcpAuthorizer:
     def __init__(self, elicitations: Elicitations, events: EventSource, metrics: Metrics | None = None) -> None:
         self.elicitations = elicitations
         self.events = events
+        # This process among the replicas sharing the database: the one that tells the completions of the
+        # connections it holds.
+        self.replica_id = elicitations.store.origin
         self.metrics = metrics or Metrics()
         self.foreground = ForegroundTracker()
         self._links: dict[str, AcpLink] = {}  # live connections by key; a link leaves when its connection ends
@@ -160,7 +165,13 @@ class AcpAuthorizer:
             return AuthorizationOutcome(AuthorizationStatus.UNSUPPORTED, provider, provider_display_name=display_name)
 
         record = await self.elicitations.create(
-            connection_key=link.key, user=user, provider=provider, scopes=scopes, scope=scope, message=message
+            connection_key=link.key,
+            user=user,
+            provider=provider,
+            scopes=scopes,
+            scope=scope,
+            message=message,
+            replica_id=self.replica_id,
         )
         blocking = foreground and isinstance(scope, SessionScope)
         session_id = scope.session_id if isinstance(scope, SessionScope) else ""
@@ -172,7 +183,7 @@ class AcpAuthorizer:
             with self.events.waiter(record.id) as ended:
                 answer = await self._ask(link, record, scope, ended)
                 if isinstance(answer, AuthorizationOutcome):
-                    return await self._delivered(answer)
+                    return await self._delivered(answer, record)
                 if answer.kind is AnswerKind.ACCEPT:
                     await self.elicitations.consented(record)
                     # Now the browser: wait for the terminal event, or for the connection to end; nothing polls.
@@ -187,7 +198,7 @@ class AcpAuthorizer:
                 outcome = await self.elicitations.answered(record, answer)
                 assert outcome is not None
                 resumes = outcome.status is not AuthorizationStatus.DISCONNECTED
-                return await self._delivered(outcome)
+                return await self._delivered(outcome, record)
         except asyncio.CancelledError:
             cause = stop_cause(link, scope)
             resumes = not cause.ends_the_work
@@ -246,7 +257,7 @@ class AcpAuthorizer:
         """The outcome once the waiter woke: the elicitation's terminal event, or None when the connection ended."""
         event = ended.result()
         if event is not None:
-            return await self._delivered(await self.elicitations.outcome_of_event(record, event))
+            return await self._delivered(await self.elicitations.outcome_of_event(record, event), record)
         # The connection ended: nobody waits for the elicitation any more. A flow the user already took to the
         # provider still stores its grant (close_flows=False); nothing is sent.
         if await self.elicitations.finish(
@@ -260,39 +271,65 @@ class AcpAuthorizer:
             return self.elicitations.outcome_of(record, AuthorizationStatus.DISCONNECTED, reason=CLIENT_DISCONNECTED)
         return await self.elicitations.outcome(await self.elicitations.get(record.id) or record)
 
-    async def _delivered(self, outcome: AuthorizationOutcome) -> AuthorizationOutcome:
-        """Let `elicitation/complete` reach the client before the waiting work resumes."""
-        if outcome.status is AuthorizationStatus.AUTHORIZED and outcome.elicitation_id is not None:
-            delivery = self._deliveries.get(outcome.elicitation_id)
-            if delivery is not None:
-                await asyncio.shield(delivery)
+    async def _delivered(self, outcome: AuthorizationOutcome, record: ElicitationRecord) -> AuthorizationOutcome:
+        """Let `elicitation/complete` reach the client before the waiting work resumes.
+
+        The waiting call tells the client itself when no event has started it yet; the database makes sure that
+        happens once, whoever gets there first.
+        """
+        completed = outcome.status in (AuthorizationStatus.AUTHORIZED, AuthorizationStatus.NARROWED)
+        if completed and outcome.elicitation_id is not None:
+            await asyncio.shield(self._tell(outcome.elicitation_id, record.connection_key))
         return outcome
 
     def _on_event(self, event: Event) -> None:
         if not isinstance(event, ElicitationEvent) or event.status is not ElicitationStatus.COMPLETED:
             return
-        link = self._links.get(event.connection_key)
-        if link is None:
-            if event.origin == self.elicitations.store.origin:  # another process's connection is not ours to serve
-                log.info(
-                    "originating connection is gone; elicitation/complete not sent",
-                    extra={"elicitation_id": event.elicitation_id},
-                )
-            return
-        # Exactly once: only the single winning transition to COMPLETED publishes this event.
-        task = asyncio.get_running_loop().create_task(self._deliver(link, event))
-        self._deliveries[event.elicitation_id] = task
-        task.add_done_callback(lambda _t: self._deliveries.pop(event.elicitation_id, None))
+        if event.connection_key in self._links or event.replica_id == self.replica_id:
+            self._tell(event.elicitation_id, event.connection_key)
+        # Otherwise another replica holds the connection: that one tells it.
 
-    async def _deliver(self, link: AcpLink, event: ElicitationEvent) -> None:
-        sent = await send_completion(link, event.elicitation_id)
-        since = (self.now() - event.at).total_seconds() if sent and event.at is not None else None
+    def _tell(self, elicitation_id: str, connection_key: str) -> asyncio.Task[None]:
+        """Tell the connection that the elicitation completed: one task per elicitation in this process."""
+        task = self._deliveries.get(elicitation_id)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._deliver(elicitation_id, connection_key))
+            self._deliveries[elicitation_id] = task
+            task.add_done_callback(lambda _t: self._deliveries.pop(elicitation_id, None))
+        return task
+
+    async def _deliver(self, elicitation_id: str, connection_key: str) -> None:
+        """Send `elicitation/complete` once. The database decides, by a conditional update, whatever repeats the
+        event (a duplicate, a catch-up after a reconnect, the waiting call); without a live connection the
+        completion is recorded undeliverable instead."""
+        store = self.elicitations.store
+        try:
+            completed_at = await store.elicitations.claim_completion(elicitation_id, self.replica_id)
+            if completed_at is None:
+                return  # told already, or settled by another replica
+            link = self._links.get(connection_key)
+            sent = link is not None and await send_completion(link, elicitation_id)
+            async with store.transaction() as tx:
+                outcome = CompletionDelivery.SENT if sent else CompletionDelivery.UNDELIVERABLE
+                settled = await store.elicitations.settle_completion(elicitation_id, outcome, conn=tx)
+                if settled:
+                    await store.audit.record(
+                        "completion_sent" if sent else "completion_undeliverable",
+                        elicitation_id=elicitation_id,
+                        detail={} if sent else {"reason": CONNECTION_CLOSED},
+                        now=self.now(),
+                        conn=tx,
+                    )
+        except Exception as exc:  # this replica's heartbeat catch-up tries an untold completion again
+            log.warning("telling a completion failed: %s", type(exc).__name__, extra={"elicitation_id": elicitation_id})
+            return
+        if not settled:
+            log.warning(
+                "a completion was settled undeliverable while this replica was telling it (presumed gone)",
+                extra={"elicitation_id": elicitation_id},
+            )
+        since = (self.now() - completed_at).total_seconds() if sent else None
         self.metrics.completion(CompletionResult.SENT if sent else CompletionResult.UNDELIVERABLE, since)
-        await self.elicitations.store.audit.record(
-            "completion_sent" if sent else "completion_undeliverable",
-            elicitation_id=event.elicitation_id,
-            now=self.now(),
-        )
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:

@@ -34,6 +34,8 @@ class ElicitationEvent:
     origin: str | None = None
     reason: str | None = None
     grant: GrantInfo | None = None
+    # The replica holding the connection, when this process knows it (it made the change, or it read the row).
+    replica_id: str | None = None
 
 
 class GrantChange(StrEnum):

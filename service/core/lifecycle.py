@@ -213,11 +213,14 @@ class Elicitations:
         message: str | None = None,
         agent_name: str | None = None,
         within: Callable[[ElicitationRecord, Tx], Awaitable[None]] | None = None,
+        replica_id: str | None = None,
     ) -> ElicitationRecord:
         """A new pending elicitation; its time (`elicitation_ttl`) runs from now.
 
         `agent_name` is who the consent page says asks (default: the configured agent name). `within` runs in
         the creating transaction, to write what belongs with the new row; if it raises, nothing is written.
+        `replica_id` names the replica whose process holds the connection `connection_key`: the one that tells
+        the client when it completes (None: no process here holds it, e.g. a `/v1` agent's own connection).
         """
         now = self.now()
         record = ElicitationRecord(
@@ -237,6 +240,7 @@ class Elicitations:
             created_at=now,
             expires_at=now + self.settings.elicitation_ttl,
             updated_at=now,
+            replica_id=replica_id,
         )
         async with self.store.transaction() as tx:
             await self.store.elicitations.insert(record, conn=tx)
@@ -352,7 +356,7 @@ class Elicitations:
         """After the commit of `record`'s terminal transition: count it and publish its event."""
         if self.metrics is not None:
             self.metrics.flow_ended(record.provider, event.status)
-        self.events.publish(event)
+        self.events.publish(replace(event, replica_id=record.replica_id))
 
     async def expire_if_due(self, record: ElicitationRecord) -> ElicitationRecord:
         """End an open elicitation whose time is up (before the sweeper gets to it); the current record either way."""

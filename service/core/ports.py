@@ -28,7 +28,7 @@ from .records import (
     VerificationRecord,
 )
 from .retention import RetentionRepo
-from .states import ElicitationStatus
+from .states import CompletionDelivery, ElicitationStatus
 
 Tx = Any  # an open transaction of the store, passed through unchanged
 
@@ -47,6 +47,8 @@ class ElicitationRepo(Protocol):
         conn: Tx = None,
     ) -> ElicitationRecord | None: ...
     async def add_identity_mismatch(self, id: str, *, now: datetime, conn: Tx = None) -> int: ...
+    async def claim_completion(self, id: str, replica_id: str, conn: Tx = None) -> datetime | None: ...
+    async def settle_completion(self, id: str, outcome: CompletionDelivery, conn: Tx = None) -> bool: ...
     async def expire_due(
         self, now: datetime, *, limit: int = ..., reason: str | None = None, conn: Tx = None
     ) -> list[ElicitationRecord]: ...

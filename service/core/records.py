@@ -35,6 +35,8 @@ class ElicitationRecord:
     created_at: datetime
     expires_at: datetime
     updated_at: datetime
+    # The replica whose process holds the ACP connection; None when no process here does.
+    replica_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,6 +21,14 @@ class ElicitationStatus(StrEnum):
         return self in TERMINAL
 
 
+class CompletionDelivery(StrEnum):
+    """Telling the client that an elicitation completed (`elicitation/complete`), decided once in the database."""
+
+    DELIVERING = "delivering"  # the replica holding the connection took it and is sending
+    SENT = "sent"
+    UNDELIVERABLE = "undeliverable"  # no live connection could take it (closed, or its replica is gone)
+
+
 TERMINAL = frozenset(
     {
         ElicitationStatus.COMPLETED,

@@ -42,6 +42,11 @@ class LocalBus:
         return len(self._waiters)
 
     def publish(self, event: Event) -> None:
+        """Tell this process's waiters and listeners (a bus across processes tells the others too)."""
+        self.dispatch(event)
+
+    def dispatch(self, event: Event) -> None:
+        """Tell this process's waiters and listeners only (an event that came from elsewhere)."""
         if isinstance(event, ElicitationEvent):
             entry = self._waiters.pop(event.elicitation_id, None)
             for future in entry if isinstance(entry, list) else (entry,) if entry is not None else ():
@@ -52,6 +57,12 @@ class LocalBus:
                 listener(event)
             except Exception:
                 log.exception("event listener failed")
+
+    async def start(self) -> None:
+        """Nothing to start in one process."""
+
+    async def close(self) -> None:
+        """Nothing to close in one process."""
 
     def waiter(self, elicitation_id: str) -> Waiting:
         """`with bus.waiter(id) as future:` a future resolved with the elicitation's terminal event, registered

@@ -73,7 +73,7 @@ class OutboxFeed:
                 for event in events:
                     self.cursor = max(self.cursor, event.id or 0)
                     if event.origin != self._log.origin:  # our own were published at their commit
-                        self._bus.publish(event)
+                        self._bus.dispatch(event)  # here only: the process that wrote it told the others
                         published += 1
                 if len(events) < BATCH:
                     return published

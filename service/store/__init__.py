@@ -17,6 +17,7 @@ from .engine import Database, PoolSettings, connected, create_engine, display_ur
 from .flows import FlowRepository
 from .grants import GrantRepository
 from .outbox import OutboxRepository
+from .replicas import ReplicaRepository
 from .retention import RetentionRepository
 from .schema import alembic_config, head_revision, migrate
 from .schema import check_schema as _check_schema
@@ -32,6 +33,7 @@ __all__ = [
     "GrantRepository",
     "OutboxRepository",
     "PoolSettings",
+    "ReplicaRepository",
     "RetentionRepository",
     "Store",
     "VerificationRepository",
@@ -63,6 +65,7 @@ class Store:
         self.verifications = VerificationRepository(db)
         self.api_keys = ApiKeyRepository(db)
         self.api_elicitations = ApiElicitationRepository(db)
+        self.replicas = ReplicaRepository(db)
 
     @classmethod
     def from_url(cls, url: str, pool: PoolSettings | None = None) -> Store:

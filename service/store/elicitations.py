@@ -6,15 +6,15 @@ from collections.abc import Collection, Mapping
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import exists, func, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.core.identity import Identity
 from service.core.records import ElicitationRecord, ScopeKind
-from service.core.states import ALLOWED, ElicitationStatus
+from service.core.states import ALLOWED, CompletionDelivery, ElicitationStatus
 
 from .engine import Database, dump_json, load_json
-from .tables import elicitations
+from .tables import COMPLETION_PENDING, elicitations, replicas
 
 
 def predecessors(target: ElicitationStatus) -> frozenset[ElicitationStatus]:
@@ -81,6 +81,74 @@ class ElicitationRepository:
             count = (await c.execute(statement)).scalar()
         return int(count or 0)
 
+    # -- telling the client that it completed: exactly once, decided here ---------------------------------------
+    async def claim_completion(self, id: str, replica_id: str, conn: AsyncConnection | None = None) -> datetime | None:
+        """Take the telling of `id`'s completion for `replica_id` (the replica holding its connection) unless it
+        was taken or settled already: one conditional UPDATE. The completion time when taken, else None."""
+        statement = (
+            update(elicitations)
+            .where(
+                elicitations.c.id == id,
+                elicitations.c.status == ElicitationStatus.COMPLETED.value,
+                elicitations.c.replica_id == replica_id,
+                elicitations.c.completion_delivery.is_(None),
+            )
+            .values(completion_delivery=CompletionDelivery.DELIVERING.value)
+            .returning(elicitations.c.updated_at)
+        )
+        async with self._db.write(conn) as c:
+            completed_at: datetime | None = (await c.execute(statement)).scalar()
+        return completed_at
+
+    async def settle_completion(
+        self, id: str, outcome: CompletionDelivery, conn: AsyncConnection | None = None
+    ) -> bool:
+        """Record how a claimed telling ended (`sent` or `undeliverable`); False if it was settled meanwhile."""
+        statement = (
+            update(elicitations)
+            .where(
+                elicitations.c.id == id,
+                elicitations.c.completion_delivery == CompletionDelivery.DELIVERING.value,
+            )
+            .values(completion_delivery=outcome.value)
+        )
+        async with self._db.write(conn) as c:
+            return bool((await c.execute(statement)).rowcount > 0)
+
+    async def completions_to_tell(
+        self, replica_id: str, *, limit: int = 100, conn: AsyncConnection | None = None
+    ) -> list[ElicitationRecord]:
+        """Completed elicitations of `replica_id` that nobody started to tell (a catch-up after a missed event)."""
+        statement = (
+            select(elicitations)
+            .where(
+                text(COMPLETION_PENDING),
+                elicitations.c.replica_id == replica_id,
+                elicitations.c.completion_delivery.is_(None),
+            )
+            .limit(limit)
+        )
+        async with self._db.read(conn) as c:
+            rows = (await c.execute(statement)).mappings().all()
+        return [_from_row(row) for row in rows]
+
+    async def abandon_completions(
+        self, *, live_since: datetime, limit: int = 100, conn: AsyncConnection | None = None
+    ) -> list[ElicitationRecord]:
+        """Settle as undeliverable the completions whose replica is gone (no heartbeat since `live_since`): the
+        connection they were to be told on went with it. The rows so settled."""
+        alive = exists().where(replicas.c.id == elicitations.c.replica_id, replicas.c.heartbeat_at >= live_since)
+        orphans = select(elicitations.c.id).where(text(COMPLETION_PENDING), ~alive).limit(limit).scalar_subquery()
+        statement = (
+            update(elicitations)
+            .where(elicitations.c.id.in_(orphans), text(COMPLETION_PENDING))
+            .values(completion_delivery=CompletionDelivery.UNDELIVERABLE.value)
+            .returning(*elicitations.c)
+        )
+        async with self._db.write(conn) as c:
+            rows = (await c.execute(statement)).mappings().all()
+        return [_from_row(row) for row in rows]
+
     async def count_open(self, conn: AsyncConnection | None = None) -> dict[ElicitationStatus, int]:
         """How many elicitations are in each open (not terminal) status; every open status is present."""
         open_statuses = [s for s in ElicitationStatus if not s.terminal]
@@ -141,6 +209,7 @@ def _to_row(rec: ElicitationRecord) -> dict[str, Any]:
         "created_at": rec.created_at,
         "expires_at": rec.expires_at,
         "updated_at": rec.updated_at,
+        "replica_id": rec.replica_id,
     }
 
 
@@ -167,4 +236,5 @@ def _from_row(row: Mapping[Any, Any]) -> ElicitationRecord:
         created_at=row["created_at"],
         expires_at=row["expires_at"],
         updated_at=row["updated_at"],
+        replica_id=row["replica_id"],
     )

@@ -78,6 +78,12 @@ class GrantRepository:
             rows = (await c.execute(statement)).mappings().all()
         return [_from_row(row) for row in rows]
 
+    async def changed_since(self, since: datetime, conn: AsyncConnection | None = None) -> list[GrantRecord]:
+        """Grants stored or refreshed at or after `since`."""
+        async with self._db.read(conn) as c:
+            rows = (await c.execute(select(grants).where(grants.c.updated_at >= since))).mappings().all()
+        return [_from_row(row) for row in rows]
+
     async def get(self, id: str, conn: AsyncConnection | None = None) -> GrantRecord | None:
         async with self._db.read(conn) as c:
             row = (await c.execute(select(grants).where(grants.c.id == id))).mappings().first()

@@ -22,6 +22,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.types import TypeDecorator
 
@@ -65,6 +66,12 @@ class UTCDateTime(TypeDecorator[datetime]):
 
 ID = String(64)
 
+# Completed elicitations whose telling is not settled yet (the rows the completion sweeps look for).
+COMPLETION_PENDING = (
+    "status = 'completed' AND replica_id IS NOT NULL "
+    "AND (completion_delivery IS NULL OR completion_delivery = 'delivering')"
+)
+
 elicitations = Table(
     "elicitations",
     metadata,
@@ -87,8 +94,20 @@ elicitations = Table(
     Column("updated_at", UTCDateTime, nullable=False),
     # Browsers of another user that tried to finish this elicitation; at identity.max_mismatches it is locked.
     Column("identity_mismatches", Integer, nullable=False, server_default="0"),
+    # The replica (`Store.origin` of the process) holding the ACP connection; NULL when no process here does.
+    Column("replica_id", String(32), nullable=True),
+    # Telling the client that it completed, decided by conditional updates: NULL (not yet), "delivering" (its
+    # replica took it and is sending elicitation/complete), "sent", "undeliverable".
+    Column("completion_delivery", String(16), nullable=True),
     Index(None, "status", "expires_at"),
     Index(None, "connection_key"),
+    # Only the completions still to be told, so that the sweeps looking for them stay cheap.
+    Index(
+        "ix_elicitations_completion_pending",
+        "replica_id",
+        postgresql_where=text(COMPLETION_PENDING),
+        sqlite_where=text(COMPLETION_PENDING),
+    ),
 )
 
 oauth_flows = Table(
@@ -228,4 +247,14 @@ api_elicitations = Table(
     Column("created_at", UTCDateTime, nullable=False),
     Column("answered_at", UTCDateTime, nullable=True),  # when the agent reported the client's answer (once)
     UniqueConstraint("tenant", "idempotency_key"),
+)
+
+# The live replicas: each process sharing the database (by its `Store.origin`) writes its row at start and a
+# heartbeat while it runs. One silent for `replicas.dead_after_seconds` is gone, with the connections it held.
+replicas = Table(
+    "replicas",
+    metadata,
+    Column("id", String(32), primary_key=True),
+    Column("started_at", UTCDateTime, nullable=False),
+    Column("heartbeat_at", UTCDateTime, nullable=False),
 )
