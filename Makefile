@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CONFIG ?= config/connector.toml
 
-.PHONY: run test lint typecheck check migrate clean
+.PHONY: run test lint typecheck check migrate clean bench
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,11 @@ run: $(STAMP)
 
 test: $(STAMP) $(OIDC_OP_STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The benchmarks (bench/): each side by side with its baseline on loopback; the tables go into bench/RESULTS.md.
+# BENCH_POSTGRES_URL=postgresql+asyncpg://... adds the PostgreSQL concurrency sweep. BENCH_ARGS=--quick for a smoke run.
+bench: $(STAMP)
+	$(BIN)/python -m bench $(BENCH_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check service tests migrations examples bench

@@ -1,0 +1,87 @@
+"""The benchmark's ACP agent: one stdio agent with the connector embedded, as an agent author would run it.
+
+Every prompt asks the connector for the configured user's `github` access with one scope, the prompt's text (the
+driver makes it unique per flow, so no stored grant ever covers it), and ends the turn when the call returns,
+with the outcome's status as its text. The connector's settings come from the CONNECTOR_* environment the driver
+sets; its connect pages are served on loopback in this process.
+
+    python -m bench.agent        (started by bench/flow.py; stdout carries ACP, logs go to stderr)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import sys
+from typing import Any
+
+from acp import PROTOCOL_VERSION, run_agent, update_agent_message_text
+from acp.interfaces import Client
+from acp.schema import AgentCapabilities, InitializeResponse, NewSessionResponse, PromptResponse
+
+from service import Connector, Identity, SessionScope, load_settings
+
+
+class BenchAgent:
+    def __init__(self, connector: Connector, user: Identity) -> None:
+        self.connector = connector
+        self.user = user
+        self.conn: Client | None = None
+        self.capabilities: Any = None
+        self.sessions = 0
+
+    def on_connect(self, conn: Client) -> None:
+        self.conn = conn
+        self.connector.attach(conn)
+
+    async def initialize(self, protocol_version: int, client_capabilities: Any = None, **kwargs: Any) -> Any:
+        self.capabilities = client_capabilities
+        return InitializeResponse(protocol_version=PROTOCOL_VERSION, agent_capabilities=AgentCapabilities())
+
+    async def new_session(self, cwd: str, **kwargs: Any) -> NewSessionResponse:
+        self.sessions += 1
+        return NewSessionResponse(session_id=f"s{self.sessions}")
+
+    async def prompt(self, session_id: str, prompt: list[Any], **kwargs: Any) -> PromptResponse:
+        assert self.conn is not None
+        scope_name = prompt[0].text
+        outcome = await self.connector.request_authorization(
+            self.conn,
+            self.capabilities,
+            user=self.user,
+            provider="github",
+            scopes=[scope_name],
+            scope=SessionScope(session_id, f"call-{scope_name}"),
+        )
+        await self.conn.session_update(session_id, update_agent_message_text(outcome.status.value))
+        return PromptResponse(stop_reason="end_turn")
+
+    async def cancel(self, session_id: str, **kwargs: Any) -> None:
+        return None
+
+
+async def main() -> None:
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    connector = Connector.from_settings(load_settings(None))
+    await connector.start()
+    web = asyncio.create_task(connector.serve())
+    try:
+        user = connector.verifier.user()  # the local verifier's one user
+        await run_agent(BenchAgent(connector, user), use_unstable_protocol=True)  # type: ignore[arg-type]
+    finally:
+        web.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await web
+        await connector.close()
+
+
+if __name__ == "__main__":
+    profile_to = os.environ.get("BENCH_PROFILE")  # a path: profile this agent (cProfile) and write the stats there
+    if profile_to:
+        import cProfile
+
+        cProfile.run("asyncio.run(main())", profile_to)
+    else:
+        asyncio.run(main())

@@ -1,0 +1,129 @@
+"""What the benchmarks share: loopback servers, child processes in one process group, percentiles, the machine.
+
+Everything listens on 127.0.0.1 only, on sockets from `service.web.server.listening_socket` (TCP_NODELAY on
+accepted connections: otherwise every keep-alive request would stall on Nagle's algorithm).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from service.web.server import listening_socket, serving
+
+REPO = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+
+
+def free_port() -> int:
+    with listening_socket("127.0.0.1") as sock:
+        return int(sock.getsockname()[1])
+
+
+async def serve_on_loopback(app: Any, port: int) -> None:
+    """Serve an ASGI app on 127.0.0.1:`port` until cancelled (TCP_NODELAY on accepted connections)."""
+    async with serving(app, listening_socket("127.0.0.1", port)) as running:
+        await running.stopped()
+
+
+class Children:
+    """Child processes started in their own process group, all ended (by group) when the block ends."""
+
+    def __init__(self) -> None:
+        self.processes: list[subprocess.Popen[bytes]] = []
+
+    def start(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        process = subprocess.Popen(  # noqa: S603 - our own modules, fixed arguments
+            [PYTHON, *args],
+            cwd=REPO,
+            env={**os.environ, **(env or {}), "PYTHONPATH": str(REPO)},
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self.processes.append(process)
+        return process
+
+    def stop(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGTERM)
+        for process in self.processes:
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=10)
+        self.processes.clear()
+
+
+@contextlib.asynccontextmanager
+async def children() -> AsyncIterator[Children]:
+    group = Children()
+    try:
+        yield group
+    finally:
+        group.stop()
+
+
+async def wait_until_up(url: str, within: float = 30.0) -> None:
+    deadline = time.monotonic() + within
+    async with httpx.AsyncClient(timeout=2.0) as client:
+        while True:
+            try:
+                await client.get(url)
+                return
+            except httpx.TransportError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{url} did not come up within {within:g} s") from None
+                await asyncio.sleep(0.05)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) by nearest rank."""
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    rank = max(1, round(q / 100 * len(ordered)))
+    return ordered[min(rank, len(ordered)) - 1]
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def machine() -> str:
+    """One line about where the numbers were measured."""
+    cpu = "unknown CPU"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    return (
+        f"{cpu}, {os.cpu_count()} CPUs, Linux {platform.release()}, Python {platform.python_version()}; "
+        f"load average at start {load}; {datetime.now(UTC):%Y-%m-%d %H:%M} UTC"
+    )
+
+
+def rss_bytes() -> int:
+    """This process's resident set size."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
