@@ -4,6 +4,7 @@ Tokens stay server-side and encrypted; the agent uses them through `Connector.ht
 """
 
 from .acp import AcpLink, ForegroundState, url_mode_advertised
+from .bootstrap import generate_key, migrate_database, use_development_key
 from .config import Settings, load_settings
 from .connector import Connector
 from .core.errors import (
@@ -45,6 +46,9 @@ __all__ = [
     "SessionScope",
     "Settings",
     "UnknownProvider",
+    "generate_key",
     "load_settings",
+    "migrate_database",
     "url_mode_advertised",
+    "use_development_key",
 ]

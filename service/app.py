@@ -28,6 +28,7 @@ from .core.agent_api import AgentApi
 from .core.browser import BrowserFlow
 from .core.clock import Clock
 from .core.errors import ConnectorError
+from .core.identity import Identity
 from .core.lifecycle import Elicitations
 from .core.ports import AuditGate
 from .core.retention import RetentionPolicy
@@ -246,6 +247,9 @@ def report_configuration_warnings(settings: Settings, catalog: ProviderCatalog |
 
 def build_runtime(settings: Settings) -> Runtime:
     """Wire one connector from its settings. Raises ConfigError when the settings cannot work."""
+    demo_problem = settings.demo_problem()
+    if demo_problem is not None:
+        raise settings.config_error(("demo",), demo_problem)
     clock = Clock()
     vault = build_vault(settings)
     store = Store.from_url(settings.database.url, pool_settings(settings))
@@ -344,6 +348,9 @@ def build_web_app(runtime: Runtime) -> Starlette:
             )
             if runtime.settings.api.enabled
             else None,
+            providers=runtime.providers,
+            elicitations=runtime.elicitations,
+            demo_user=demo_user(runtime),
         )
     )
 
@@ -354,3 +361,12 @@ def build_metrics_app(runtime: Runtime) -> Starlette | None:
 
     config = runtime.settings.metrics
     return metrics_app(runtime.metrics, runtime.settings) if config.enabled and config.port is not None else None
+
+
+def demo_user(runtime: Runtime) -> Identity | None:
+    """Whom the demo acts for: the local verifier's one user (demo mode needs that verifier)."""
+    user = getattr(runtime.verifier, "user", None)
+    if not runtime.settings.demo or not callable(user):
+        return None
+    identity = user()
+    return identity if isinstance(identity, Identity) else None

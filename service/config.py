@@ -380,6 +380,9 @@ class Settings(BaseSettings):
     public_base_url: str = "http://127.0.0.1:8700"
     agent_name: str = Field(default="ACP agent", min_length=1)
     log_format: Literal["text", "json"] = "text"
+    # Development demo (`acp-connector serve --demo`, `make run`): `/` offers a link that starts an authorization
+    # for the local verifier's user without an agent. Loopback deployments with the local verifier only.
+    demo: bool = False
     server: ServerSettings = Field(default_factory=ServerSettings)
     database: DatabaseSettings = Field(default_factory=DatabaseSettings)
     elicitation: ElicitationSettings = Field(default_factory=ElicitationSettings)
@@ -461,6 +464,19 @@ class Settings(BaseSettings):
     def is_loopback_deployment(self) -> bool:
         """True when both the listening address and the public URL are loopback: a single-machine setup."""
         return is_loopback_host(self.server.host) and is_loopback_host(self.public_host)
+
+    def demo_problem(self) -> str | None:
+        """Why `demo` cannot be on with these settings, or None."""
+        if not self.demo:
+            return None
+        if not self.is_loopback_deployment:
+            return (
+                "the demo starts authorizations without an agent, so it runs on a loopback deployment only "
+                f"(server.host is '{self.server.host}', public_base_url's host is '{self.public_host}')"
+            )
+        if self.identity.verifier != "local":
+            return f"the demo acts for the local verifier's user, but identity.verifier is '{self.identity.verifier}'"
+        return None
 
     @classmethod
     def settings_customise_sources(
@@ -671,6 +687,10 @@ def load_settings(path: str | Path | None = None, env: Mapping[str, str] | None 
         if not isinstance(value, dict):  # only [identity.<name>] tables are free-form; any other key is a typo
             problem = unknown_key_problem(key, _keys_at(("identity",)))
             raise _config_error_at(("identity", key), problem, config_file, environ)
+
+    demo_problem = settings.demo_problem()
+    if demo_problem is not None:
+        raise _config_error_at(("demo",), demo_problem, config_file, environ)
 
     base = config_file.resolve().parent if config_file is not None else None
     key_file = settings.vault.key_file

@@ -44,9 +44,10 @@ def escape_control_characters(logger: WrappedLogger, name: str, event_dict: Even
     return {key: escape_control_characters_in(value) for key, value in event_dict.items()}
 
 
-def _uvicorn_access_fields(logger: WrappedLogger, name: str, event_dict: EventDict) -> EventDict:
+def _uvicorn_fields(logger: WrappedLogger, name: str, event_dict: EventDict) -> EventDict:
     """uvicorn's access log line as fields: client, method, path, http_version, status (from its format args)."""
     args = event_dict.pop("positional_args", None)
+    event_dict.pop("color_message", None)  # uvicorn's terminal-coloured copy of the message
     record = event_dict.get("_record")
     if isinstance(record, logging.LogRecord) and record.name == "uvicorn.access":
         if isinstance(args, tuple) and len(args) == 5:
@@ -61,7 +62,7 @@ def _shared_processors() -> list[Processor]:
         structlog.stdlib.add_logger_name,
         structlog.stdlib.add_log_level,
         structlog.stdlib.ExtraAdder(),
-        _uvicorn_access_fields,
+        _uvicorn_fields,
         structlog.processors.TimeStamper(fmt="iso", utc=True, key="time"),
     ]
 

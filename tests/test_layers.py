@@ -32,7 +32,7 @@ LAYERS: list[set[str]] = [
     },
     {"service.web"},
     {"service.app"},
-    {"service.connector", "service.client"},
+    {"service.connector", "service.client", "service.bootstrap"},
     {"service.cli", "service.testing", "service"},
 ]
 # Allowed imports between siblings of one layer (any other sideways import is refused).

@@ -50,6 +50,8 @@ from service import (
     NotAuthorized,
     SchemaNotCurrent,
     SessionScope,
+    load_settings,
+    use_development_key,
 )
 from service.logs import configure
 
@@ -231,8 +233,10 @@ async def _until_serving(connector: Connector, web: asyncio.Task[None], *, attem
 
 async def main(config: str | None = None) -> None:
     """Build the connector from config, serve its connect pages, and speak ACP on stdin/stdout until EOF."""
-    connector = Connector.from_config(config)
-    configure(connector.settings.log_format)  # to stderr: stdout belongs to ACP
+    settings = load_settings(config)
+    configure(settings.log_format)  # to stderr: stdout belongs to ACP
+    # Like `acp-connector serve`: on loopback without a configured key, a development key file (var/vault.keys).
+    connector = Connector.from_settings(use_development_key(settings))
     try:
         await connector.start()  # refuses an unmigrated database
         user = local_user(connector)
@@ -255,9 +259,12 @@ def run() -> int:
     except ConfigError as exc:
         print(f"github-agent: config error: {exc}", file=sys.stderr)
         return 2
-    except SchemaNotCurrent as exc:
+    except (SchemaNotCurrent, ConnectorError) as exc:  # e.g. "run acp-connector migrate", no database
+        print(f"github-agent: {exc.code}: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # e.g. the connect-page port is taken
         print(f"github-agent: {exc}", file=sys.stderr)
-        return 2
+        return 1
     except KeyboardInterrupt:
         return 130
     finally:

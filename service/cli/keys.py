@@ -7,10 +7,10 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, TypeVar
 
+from ..bootstrap import DEVELOPMENT_KEY_FILE
 from ..config import Settings
 from ..vault import KeyRing, Vault, generate_key, remove_from_key_file
 from .framework import CliError, Commands, Invocation, UsageError
-from .serve import DEV_KEY_FILE
 
 if TYPE_CHECKING:
     from ..rotation import RotationReport
@@ -108,9 +108,9 @@ def _vault(settings: Settings) -> Vault:
     from ..app import build_vault
 
     if not settings.vault.keys and settings.vault.key_file is None and settings.is_loopback_deployment:
-        if DEV_KEY_FILE.exists():
+        if DEVELOPMENT_KEY_FILE.exists():
             settings = settings.model_copy(
-                update={"vault": settings.vault.model_copy(update={"key_file": DEV_KEY_FILE})}
+                update={"vault": settings.vault.model_copy(update={"key_file": DEVELOPMENT_KEY_FILE})}
             )
     return build_vault(settings)
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ..store import display_url, migrate
+from ..bootstrap import migrate_database
+from ..store import display_url
 from .framework import Commands, Invocation
 
 
@@ -24,7 +25,7 @@ def register(commands: Commands) -> None:
 
 
 def run(invocation: Invocation) -> int:
-    url = invocation.settings().database.url
-    migrate(url)
-    invocation.note(f"database at {display_url(url)} is up to date")
+    settings = invocation.settings()
+    migrate_database(settings)
+    invocation.note(f"database at {display_url(settings.database.url)} is up to date")
     return 0

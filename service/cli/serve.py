@@ -1,36 +1,55 @@
-"""`acp-connector serve`: the web service (connect pages, provider callbacks, health)."""
+"""`acp-connector serve`: the web service (connect pages, provider callbacks, health), optionally as a demo."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
-from ..config import Settings
-from ..core.errors import ConfigError
-from ..vault import ensure_dev_key_file
-from .framework import Commands, Invocation
+from ..bootstrap import use_development_key
+from ..config import Settings, load_settings
+from ..core.urls import is_loopback_host
+from ..providers import load_catalog, provider_env_var
+from .framework import Commands, Invocation, UsageError
 
-DEV_KEY_FILE = Path("var/vault.keys")
+DEMO_CATALOG = Path("var/demo-providers.toml")
+DEMO_PROVIDER = "demo"
 
 
 def register(commands: Commands) -> None:
-    commands.command(
+    serve = commands.command(
         "serve",
         run,
         help="run the web service (connect pages, provider callbacks, health)",
         description=(
             "Serve the connector's web routes on server.host:server.port until interrupted: the connect pages\n"
-            "users open from an agent's link, the OAuth callbacks, /healthz and /readyz.\n\n"
+            "users open from an agent's link, the OAuth callbacks, /, /healthz and /readyz.\n\n"
             "The database must be migrated first (`acp-connector migrate`). On a loopback deployment without a\n"
-            "token-encryption key, a development key file is created at var/vault.keys (mode 0600)."
+            "token-encryption key, a development key file is created at var/vault.keys (mode 0600).\n\n"
+            "--demo (what `make run` uses) turns on the demo: / offers a link that starts an authorization for\n"
+            "the local user without an agent and, when no provider in the catalog has credentials, a mock\n"
+            f"provider ('{DEMO_PROVIDER}') is served on a loopback port to sign in at. Loopback deployments only."
         ),
-        examples=["acp-connector migrate && acp-connector serve", "acp-connector serve --config /etc/connector.toml"],
+        examples=[
+            "acp-connector migrate && acp-connector serve",
+            "acp-connector serve --config /etc/connector.toml",
+            "acp-connector serve --demo",
+        ],
+    )
+    serve.add_argument(
+        "--demo",
+        action="store_true",
+        help="development demo on loopback: a start link on / and, without real providers, a mock provider",
     )
 
 
 def run(invocation: Invocation) -> int:
-    settings = with_dev_key(invocation, invocation.settings())
-    return asyncio.run(_serve(invocation, settings))
+    settings = invocation.settings()
+    if invocation.args.demo:
+        return asyncio.run(_serve_demo(invocation, settings))
+    return asyncio.run(_serve(invocation, use_development_key(settings)))
 
 
 async def _serve(invocation: Invocation, settings: Settings) -> int:
@@ -46,24 +65,64 @@ async def _serve(invocation: Invocation, settings: Settings) -> int:
     return 0
 
 
-def with_dev_key(invocation: Invocation, settings: Settings) -> Settings:
-    """On a loopback deployment without a key, create a development key file (0600) and use it."""
-    if settings.vault.keys:
-        return settings
-    path = settings.vault.key_file
-    if path is not None and path.exists():
-        return settings
+async def _serve_demo(invocation: Invocation, settings: Settings) -> int:
     if not settings.is_loopback_deployment:
-        raise ConfigError(
-            str(settings.config_file or "environment"),
-            "vault.key_file" if path is not None else "vault.keys",
-            "no token-encryption key is available and this is not a loopback deployment: run "
-            "`acp-connector keys generate` and set CONNECTOR_VAULT__KEYS or point vault.key_file at a key file",
+        raise UsageError(
+            f"serve --demo: this is not a loopback deployment (server.host '{settings.server.host}', "
+            f"public_base_url {settings.public_base_url})",
+            "serve the demo on 127.0.0.1 only, or drop --demo",
         )
-    path = path or DEV_KEY_FILE
-    if ensure_dev_key_file(path):
+    catalog = load_catalog(settings.providers.catalog, env=settings.environment())
+    if any(entry.configured for entry in catalog.entries()):
+        ready = ", ".join(entry.name for entry in catalog.entries() if entry.configured)
+        invocation.note(f"demo: using the configured provider(s) {ready}")
+        demo = _reload(invocation, {"CONNECTOR_DEMO": "true"})
+        return await _serve(invocation, use_development_key(demo))
+    async with _demo_provider(settings) as extra_env:
+        demo = _reload(invocation, {"CONNECTOR_DEMO": "true", **extra_env})
         invocation.note(
-            f"created a development key file at {path} (mode 0600). "
-            "Use a managed key (CONNECTOR_VAULT__KEYS or a secret-mounted key file) in any real deployment."
+            f"DEMO: no provider has credentials, so a mock provider ('{DEMO_PROVIDER}') serves on loopback. "
+            f"Open {settings.public_base_url}/ and press “Start a demo authorization”."
         )
-    return settings.model_copy(update={"vault": settings.vault.model_copy(update={"key_file": path})})
+        return await _serve(invocation, use_development_key(demo))
+
+
+@asynccontextmanager
+async def _demo_provider(settings: Settings) -> AsyncIterator[dict[str, str]]:
+    """Serve the mock provider on loopback; yields the environment that adds it to the catalog."""
+    import secrets
+
+    from ..testing.mock_provider import MockOAuthProvider
+
+    provider = MockOAuthProvider(
+        client_id=f"demo-{secrets.token_hex(4)}",
+        client_secret=secrets.token_urlsafe(24),
+        account={"id": 4242, "login": "demo-user", "name": "Demo User"},
+        repos=[{"id": 1, "full_name": "demo-user/hello-world", "private": False}],
+    )
+    host = settings.server.host if is_loopback_host(settings.server.host) else "127.0.0.1"
+    async with provider.serve_http(host, 0):
+        catalog = _write_demo_catalog(settings, {**provider.catalog_entry(), "display_name": "Demo provider (mock)"})
+        yield {
+            "CONNECTOR_PROVIDERS__CATALOG": str(catalog),
+            provider_env_var(DEMO_PROVIDER, "CLIENT_ID"): provider.client_id,
+            provider_env_var(DEMO_PROVIDER, "CLIENT_SECRET"): provider.client_secret,
+        }
+
+
+def _write_demo_catalog(settings: Settings, entry: dict[str, object]) -> Path:
+    """The catalog as configured (its entries are listed as not set up on /), plus the demo provider."""
+    configured = settings.providers.catalog
+    original = configured.read_text() if configured.is_file() else ""
+    table = "\n".join(f"{key} = {json.dumps(value)}" for key, value in entry.items())
+    DEMO_CATALOG.parent.mkdir(parents=True, exist_ok=True)
+    DEMO_CATALOG.write_text(
+        f"# Written by `acp-connector serve --demo` at every start: {configured} and the mock provider it serves\n"
+        f"# on loopback.\n{original}\n\n[{DEMO_PROVIDER}]\n{table}\n"
+    )
+    return DEMO_CATALOG.resolve()
+
+
+def _reload(invocation: Invocation, extra_env: dict[str, str]) -> Settings:
+    """The settings again with `extra_env` added to the environment (the same file, the same checks)."""
+    return load_settings(getattr(invocation.args, "config", None), env={**invocation.env, **extra_env})

@@ -769,10 +769,12 @@ async def spawn_agent(
     env: Mapping[str, str] | None = None,
     cwd: str | Path | None = None,
     shutdown_timeout: float = 10.0,
+    on_stderr: Callable[[str], None] | None = None,
 ) -> AsyncIterator[SpawnedAgent]:
     """Start an ACP agent subprocess (the SDK's `spawn_stdio_transport`) and connect `client` to its stdio.
 
-    `env` is added to the SDK's trimmed default environment. Stderr is collected (`SpawnedAgent.stderr()`).
+    `env` is added to the SDK's trimmed default environment. Stderr is collected (`SpawnedAgent.stderr()`) and,
+    with `on_stderr`, handed over line by line as it arrives (to show the agent's log while it runs).
     On exit the connection closes, stdin is closed and the process is given `shutdown_timeout` seconds to exit
     before it is terminated (a terminated agent has a negative `process.returncode`).
     """
@@ -784,8 +786,15 @@ async def spawn_agent(
         async def drain_stderr() -> None:
             if proc.stderr is None:
                 return
+            pending = b""
             while chunk := await proc.stderr.read(65536):
                 spawned_stderr.extend(chunk)
+                if on_stderr is not None:
+                    *lines, pending = (pending + chunk).split(b"\n")
+                    for line in lines:
+                        on_stderr(line.decode("utf-8", errors="replace"))
+            if on_stderr is not None and pending:
+                on_stderr(pending.decode("utf-8", errors="replace"))
 
         stderr_task = asyncio.create_task(drain_stderr())
         conn = client.connect_streams(reader, writer)

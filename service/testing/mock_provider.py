@@ -124,6 +124,14 @@ class MockOAuthProvider:
     offline_access_needs_consent: bool = False  # offline_access is dropped unless prompt includes consent
     refresh_token_needs_offline_access: bool = False  # a refresh token only for a grant with offline_access
     narrow_scopes: set[str] = field(default_factory=set)  # refused at consent: the grant lacks them
+    # False: a refresh keeps the refresh token valid and answers without a new one (Google-style), instead of
+    # rotating it (the old one dies, a new one comes back).
+    rotate_refresh_tokens: bool = True
+    # OAuth errors the next token-endpoint calls answer, one per call, e.g. ["invalid_grant"] or
+    # ["temporarily_unavailable"] (server_error: 500, temporarily_unavailable: 503, invalid_client: 401, else 400).
+    token_errors: list[str] = field(default_factory=list)
+    # Over HTTP: seconds every answer waits before it leaves (a slow provider).
+    response_delay: float = 0.0
     issued_access_tokens: list[str] = field(default_factory=list)
     issued_refresh_tokens: list[str] = field(default_factory=list)
     issued_codes: list[str] = field(default_factory=list)
@@ -258,6 +266,8 @@ class MockOAuthProvider:
             if self.refresh_delay and mock_request.path == "/token":
                 if mock_request.form().get("grant_type") == "refresh_token":
                     await asyncio.sleep(self.refresh_delay)
+            if self.response_delay:
+                await asyncio.sleep(self.response_delay)
             return Response(answer.body, status_code=answer.status, headers=dict(answer.headers))
 
         return Starlette(routes=[Route("/{path:path}", endpoint, methods=["GET", "POST"])])
@@ -350,6 +360,10 @@ class MockOAuthProvider:
         self.token_requests.append({"grant_type": form.get("grant_type", ""), "client_auth": method or "failed"})
         if method is None:
             return MockResponse.json(401, {"error": "invalid_client"})
+        if self.token_errors:
+            error = self.token_errors.pop(0)
+            status = _TOKEN_ERROR_STATUS.get(error, 400)
+            return MockResponse.json(status, {"error": error, "error_description": "configured to fail"})
         grant_type = form.get("grant_type")
         if grant_type == "authorization_code":
             issued = self._codes.get(form.get("code", ""))
@@ -371,11 +385,13 @@ class MockOAuthProvider:
             old = form.get("refresh_token", "")
             if old not in self._refresh:
                 return MockResponse.json(400, {"error": "invalid_grant", "error_description": "bad refresh token"})
+            if not self.rotate_refresh_tokens:
+                return MockResponse.json(200, self._issue(self._grants[old], with_scope=False, refresh=False))
             self._refresh.discard(old)  # rotation: the old refresh token dies
             return MockResponse.json(200, self._issue(self._grants[old], with_scope=False))
         return MockResponse.json(400, {"error": "unsupported_grant_type"})
 
-    def _issue(self, grant: _Grant, *, with_scope: bool) -> dict[str, Any]:
+    def _issue(self, grant: _Grant, *, with_scope: bool, refresh: bool = True) -> dict[str, Any]:
         access = "mock_at_" + secrets.token_urlsafe(24)
         self.issued_access_tokens.append(access)
         self._access.add(access)
@@ -386,13 +402,13 @@ class MockOAuthProvider:
             body["scope"] = ",".join(grant.scope.split()) if self.comma_scopes else grant.scope
         if self.expires_in is not None:
             body["expires_in"] = self.expires_in
-        if grant.refreshable:
-            refresh = "mock_rt_" + secrets.token_urlsafe(24)
-            self.issued_refresh_tokens.append(refresh)
-            self._refresh.add(refresh)
-            self._grants[refresh] = grant
-            grant.tokens.add(refresh)
-            body["refresh_token"] = refresh
+        if grant.refreshable and refresh:
+            refresh_token = "mock_rt_" + secrets.token_urlsafe(24)
+            self.issued_refresh_tokens.append(refresh_token)
+            self._refresh.add(refresh_token)
+            self._grants[refresh_token] = grant
+            grant.tokens.add(refresh_token)
+            body["refresh_token"] = refresh_token
         return body
 
     def _revoke(self, request: MockRequest) -> MockResponse:
@@ -428,6 +444,9 @@ class MockOAuthProvider:
     def _api_path(self, request: MockRequest) -> str:
         """The full request path, as recorded in `api_calls` (e.g. "/api/user/repos")."""
         return urlsplit(self.base_url).path.rstrip("/") + request.path
+
+
+_TOKEN_ERROR_STATUS = {"server_error": 500, "temporarily_unavailable": 503, "invalid_client": 401}
 
 
 def _first_values(query: str) -> dict[str, str]:

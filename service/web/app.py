@@ -25,14 +25,18 @@ from ..config import Settings
 from ..core.browser import BrowserFlow
 from ..core.clock import Clock
 from ..core.errors import FlowRefused, SchemaNotCurrent
+from ..core.identity import Identity
+from ..core.lifecycle import Elicitations
 from ..core.verification import IdentityStep
 from ..identity import IdentityVerifier, VerifierRoute
 from ..metrics import Metrics
+from ..oauth import ProviderGateway
 from ..store import Store
 from ..vault import Vault
 from .api import ApiParts, api_routes
 from .browser import BrowserRoutes
 from .client_address import ForwardedClient
+from .home import Home
 from .inputs import InputGuard, checked
 from .kit import Kit, api_error
 from .metrics import metrics_route, on_public_listener
@@ -57,7 +61,10 @@ class WebParts:
     clock: Clock
     metrics: Metrics
     rate_limiter: RateLimiter
+    providers: ProviderGateway
+    elicitations: Elicitations
     api: ApiParts | None = None  # the `/v1` agent API, when `api.enabled`
+    demo_user: Identity | None = None  # whom `/demo/start` acts for (demo mode only)
 
 
 def _is_api(request: Request) -> bool:
@@ -66,7 +73,9 @@ def _is_api(request: Request) -> bool:
 
 def create_app(parts: WebParts) -> Starlette:
     settings, store = parts.settings, parts.store
-    pages = Pages()
+    # Demo routes exist only where nobody else can reach them (demo_problem() is None).
+    demo_user = parts.demo_user if settings.demo and settings.demo_problem() is None else None
+    pages = Pages(demo=demo_user is not None)
     https = settings.public_base_url.startswith("https://")
     binding = BrowserBinding(parts.vault, secure=https)
     # Handlers that learn the elicitation only from a request body use it through the kit's `limit`.
@@ -141,9 +150,12 @@ def create_app(parts: WebParts) -> Starlette:
         log.error("unhandled error on %s %s: %s", request.method, request.url.path, type(exc).__name__, exc_info=exc)
         return await refused(request, FlowRefused("internal_error"))
 
+    home = Home(pages, settings, parts.providers, parts.elicitations, demo_user)
     verifier_routes = parts.verifier.routes(Kit(parts.identity, binding, guard, settings.server.trusted_proxies))
     name = parts.verifier.name
     routes: list[BaseRoute] = [
+        Route("/", home.page, methods=["GET"]),
+        *([Route("/demo/start", home.demo_start, methods=["GET"])] if home.demo_user is not None else []),
         Route("/connect/{elicitation_id}", checked(browser.connect_page), methods=["GET"]),
         Route("/connect/{elicitation_id}", checked(browser.connect_submit), methods=["POST"]),
         Route("/connect", browser.connect_page, methods=["GET"]),

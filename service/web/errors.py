@@ -18,6 +18,11 @@ class Refusal:
     status: int
     title: str
     sentence: str
+    # How a request ended (connected, declined, cancelled) rather than something wrong: its page shows no
+    # error reference.
+    outcome: bool = False
+    # The message of a JSON answer under /v1 when it differs from what a person in the browser reads.
+    api_sentence: str | None = None
 
 
 _START_AGAIN = "Open the link from the agent again."
@@ -28,13 +33,21 @@ REFUSALS: dict[str, Refusal] = {
     "already_completed": Refusal(
         409,
         "Already connected",
-        "This authorization link was already used and the connection is complete. You can close this tab.",
+        "You are connected: this link was already used to connect your account, and there is nothing more to "
+        "do. You can close this tab.",
+        outcome=True,
     ),
     "declined": Refusal(
-        410, "Request declined", "This authorization request was declined. Ask the agent again if you change your mind."
+        410,
+        "Request declined",
+        "This authorization request was declined. Ask the agent again if you change your mind.",
+        outcome=True,
     ),
     "cancelled": Refusal(
-        410, "Request cancelled", "This authorization request was cancelled and can no longer be used."
+        410,
+        "Request cancelled",
+        "The agent withdrew this request, so there is nothing to do here. You can close this tab.",
+        outcome=True,
     ),
     "expired": Refusal(410, "Link expired", "This authorization link has expired. Ask the agent to start again."),
     "failed": Refusal(
@@ -89,13 +102,26 @@ REFUSALS: dict[str, Refusal] = {
     "access_denied": Refusal(
         400, "Access not granted", "You did not grant access at the provider. Nothing was stored."
     ),
-    "provider_error": Refusal(400, "Provider error", "The provider reported an error: {error}."),
+    "provider_error": Refusal(
+        400, "Provider error", f"The provider reported a problem ({{error}}) and nothing was connected. {_START_AGAIN}"
+    ),
     "missing_code": Refusal(400, "Invalid request", "The answer carries no authorization code."),
     "provider_discovery_failed": Refusal(
-        502, "Provider unavailable", "The provider's settings could not be read right now: {message}"
+        502, "Provider unavailable", "The provider cannot be reached right now. Try the link again in a few minutes."
     ),
-    "provider_not_configured": Refusal(503, "Provider unavailable", "{message}"),
-    "unknown_provider": Refusal(404, "Unknown provider", "{message}"),
+    # The detail of these two names settings: for a developer calling /v1, not for the person in the browser.
+    "provider_not_configured": Refusal(
+        503,
+        "Provider unavailable",
+        "This connector is not set up for that provider yet, so nothing can be connected. Tell whoever runs the agent.",
+        api_sentence="{message}",
+    ),
+    "unknown_provider": Refusal(
+        404,
+        "Unknown provider",
+        "This connector does not know that provider, so nothing can be connected. Tell whoever runs the agent.",
+        api_sentence="{message}",
+    ),
     # The identity step.
     "unknown_verification": Refusal(
         400, "Invalid request", "This sign-in answer does not match any sign-in started here."
@@ -176,7 +202,11 @@ REFUSALS: dict[str, Refusal] = {
     "upstream_timeout": Refusal(504, "Provider timed out", "The provider's API did not answer in time."),
 }
 
-_PROVIDER_FAILURE = Refusal(502, "Provider error", "The provider could not complete the sign-in: {message}")
+_PROVIDER_FAILURE = Refusal(
+    502,
+    "Provider error",
+    f"The provider could not complete the sign-in ({{message}}), so nothing was connected. {_START_AGAIN}",
+)
 _OTHER = Refusal(400, "Invalid request", "This request cannot be served.")
 
 
@@ -194,10 +224,13 @@ def refusal_of(code: str) -> Refusal:
     return _OTHER
 
 
-def sentence(code: str, detail: Mapping[str, str] | None = None) -> str:
-    return refusal_of(code).sentence.format_map(_Blank(detail or {})).strip()
+def sentence(code: str, detail: Mapping[str, str] | None = None, *, for_api: bool = False) -> str:
+    refusal = refusal_of(code)
+    text = refusal.api_sentence if for_api and refusal.api_sentence is not None else refusal.sentence
+    return text.format_map(_Blank(detail or {})).strip()
 
 
-def describe(exc: FlowRefused) -> tuple[Refusal, str]:
-    """The status and title for `exc`, and its sentence with its detail filled in."""
-    return refusal_of(exc.code), sentence(exc.code, exc.detail)
+def describe(exc: FlowRefused, *, for_api: bool = False) -> tuple[Refusal, str]:
+    """The status and title for `exc`, and its sentence (for a page, or the JSON answer of `/v1`) with its detail
+    filled in."""
+    return refusal_of(exc.code), sentence(exc.code, exc.detail, for_api=for_api)
