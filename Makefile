@@ -7,7 +7,7 @@ RUNTIME_STAMP := $(VENV)/.runtime-installed
 STAMP := $(VENV)/.installed
 CONFIG ?= config/connector.toml
 
-.PHONY: run test lint typecheck check migrate clean bench
+.PHONY: run test lint typecheck check migrate clean bench reference
 
 # A venv without a pip of its own when the interpreter's pip can install into it (`pip --python`, pip >= 22.3):
 # seconds instead of the half minute ensurepip takes. Packages are not byte-compiled at install (Python compiles
@@ -61,6 +61,10 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 check: lint typecheck test
+
+# docs/reference.md from the code (settings, environment variables, error codes, audit events, commands).
+reference: $(STAMP)
+	$(BIN)/python -m service.reference > docs/reference.md
 
 clean:
 	rm -rf $(VENV) var/*.db var/*.db-* .pytest_cache .mypy_cache .ruff_cache

@@ -117,15 +117,20 @@ def optional_str(value: Any) -> Any:
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Each field's docstring is its description (docs/reference.md is generated from them).
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 class ServerSettings(_Section):
     host: str = Field(default="127.0.0.1", min_length=1)
+    """Address the HTTP server listens on. 127.0.0.1 keeps it private to this machine; 0.0.0.0 (behind a
+    TLS-terminating proxy that serves public_base_url) accepts connections from elsewhere."""
     port: int = Field(default=8700, ge=1, le=65535)
-    # Networks of reverse proxies whose forwarded headers (client address, identity headers) are believed.
-    # Empty: no peer is trusted, and forwarded headers are never used.
+    """Port the HTTP server listens on."""
     trusted_proxies: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Reverse proxies (CIDR networks) whose forwarded headers are believed: X-Forwarded-For for the client address
+    (rate limits) and, with the trusted_header verifier, the identity headers. Empty: none are believed. In the
+    environment: comma-separated."""
 
     @field_validator("trusted_proxies", mode="before")
     @classmethod
@@ -150,11 +155,16 @@ DATABASE_SCHEMES = ("sqlite+aiosqlite", "postgresql+asyncpg")
 
 class DatabaseSettings(_Section):
     url: str = Field(default="sqlite+aiosqlite:///./var/connector.db", min_length=1)
-    # PostgreSQL: connections in the pool (reads and writes). SQLite: reading connections (writes use one).
+    """SQLAlchemy async URL: sqlite+aiosqlite:///./var/connector.db (one process; the folder is created) or
+    postgresql+asyncpg://user@host:5432/connector (replicas sharing one database; put the password in the
+    environment, not the file)."""
     pool_size: int = Field(default=10, gt=0, le=1000)
+    """Connections kept open. PostgreSQL: the pool reads and writes share. SQLite: reading connections (every write
+    goes through one connection per process)."""
     max_overflow: int = Field(default=10, ge=0, le=1000)
-    # How long a request waits for a free connection (SQLite: for the one writing connection) before it fails.
+    """Extra connections opened under load, closed again when returned."""
     pool_timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
+    """How long a request waits for a free connection (SQLite: for its turn to write) before it fails."""
 
     @field_validator("url")
     @classmethod
@@ -171,13 +181,16 @@ class DatabaseSettings(_Section):
 
 class ElicitationSettings(_Section):
     ttl_seconds: int = Field(default=600, gt=0)
-    # How often the sweeper expires elicitations whose time is up (their waiters then get `expired`).
+    """How long a user has, after the agent asks, to open the link and finish authorizing; an elicitation nobody
+    finishes is expired then."""
     sweep_interval_seconds: float = Field(default=5.0, gt=0, le=3600)
+    """How often the sweeper looks for elicitations whose time is up."""
 
 
 class EventsSettings(_Section):
-    # While anything in this process waits, how often it reads changes other processes logged (one query each time).
     poll_interval_seconds: float = Field(default=1.0, gt=0, le=60)
+    """While anything in this process waits for an elicitation, how often it reads the changes other processes wrote
+    to the event log."""
 
 
 class ReplicaSettings(_Section):
@@ -200,12 +213,19 @@ class ReplicaSettings(_Section):
 class RetentionSettings(_Section):
     """Days to keep rows that are no longer needed (0: keep forever). Grants are never deleted by retention."""
 
-    elicitation_days: int = Field(default=30, ge=0)  # ended elicitations, with their OAuth flows and verifications
-    verification_days: int = Field(default=7, ge=0)  # identity-verification rows, after they expired
+    elicitation_days: int = Field(default=30, ge=0)
+    """Days to keep ended elicitations, with their OAuth flows and verifications (0: forever)."""
+    verification_days: int = Field(default=7, ge=0)
+    """Days to keep identity-verification rows after they expired (0: forever)."""
     audit_days: int = Field(default=365, ge=0)
-    event_days: int = Field(default=7, ge=0)  # the event log (how far back an event stream can resume)
-    batch_size: int = Field(default=500, gt=0, le=100_000)  # rows per delete transaction
-    interval_seconds: float = Field(default=300.0, gt=0)  # how often the sweeper applies retention
+    """Days to keep audit events (0: forever)."""
+    event_days: int = Field(default=7, ge=0)
+    """Days to keep the event log: how far back an event stream (or a replica that was down) can catch up (0:
+    forever)."""
+    batch_size: int = Field(default=500, gt=0, le=100_000)
+    """Rows deleted per transaction when retention is applied."""
+    interval_seconds: float = Field(default=300.0, gt=0)
+    """How often the running service applies retention (`acp-connector purge` applies it at once)."""
 
 
 def split_list(value: Any) -> Any:
@@ -219,11 +239,14 @@ class IdentitySettings(BaseModel):
     """`[identity]`: which verifier learns who is in the browser. Each verifier's own settings are in
     `[identity.<name>]` (e.g. `[identity.oidc]`), validated by that verifier (`service.identity`)."""
 
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(extra="allow", frozen=True, use_attribute_docstrings=True)
 
     verifier: str = Field(default="local", min_length=1)
-    # Identity mismatches (someone else's browser) an elicitation survives; the last one fails it as locked.
+    """How the service proves that the person in the browser is the user the agent bound the link to: local
+    (development, loopback only), oidc, trusted_header, confirm, or an installed plugin. Each reads its own
+    [identity.<name>] table."""
     max_mismatches: int = Field(default=3, gt=0, le=100)
+    """How many times another account may try to finish one link before it fails as locked."""
 
     def section(self, name: str) -> dict[str, Any]:
         """The `[identity.<name>]` table as written (TOML and environment merged); empty when absent."""
@@ -234,8 +257,13 @@ class IdentitySettings(BaseModel):
 class VaultSettings(_Section):
     # NoDecode: the environment may give `CONNECTOR_VAULT__KEYS="k1:AAA,k0:BBB"` as well as a JSON list.
     keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
+    """Token-encryption keys, KID:BASE64URL each (`acp-connector keys generate`); environment only, comma-separated
+    or a JSON list. The first (or primary_key_id) encrypts, the others still decrypt."""
     key_file: Path | None = None
+    """A file of keys, one KID:BASE64URL per line, readable only by its owner (e.g. a mounted secret). On a loopback
+    deployment without any key, serve creates var/vault.keys."""
     primary_key_id: str | None = None
+    """The key id that encrypts new data; unset: the first key given."""
 
     @field_validator("keys", mode="before")
     @classmethod
@@ -277,16 +305,21 @@ class ProvidersSettings(BaseModel):
     of them (read by `service.providers.load_catalog`), so this section tolerates those tables from the environment.
     """
 
-    model_config = ConfigDict(extra="allow", frozen=True)
+    model_config = ConfigDict(extra="allow", frozen=True, use_attribute_docstrings=True)
 
     catalog: Path = Path("providers.toml")
-    # A provider's discovery document (and its JWKS) is re-read this often; a failed read is retried at next use.
+    """The provider catalog file (endpoints, scopes and options per OAuth provider); relative to the config file."""
     discovery_ttl_seconds: int = Field(default=3600, ge=0)
-    # One pooled HTTP client per provider (token, revocation, userinfo, discovery, keys and its API).
+    """How long a provider's discovery document (and its JWKS) is cached; a failed read is retried at next use."""
     http_timeout_seconds: float = Field(default=15.0, gt=0)
+    """Timeout of each request to a provider (one pooled HTTP client per provider: token, revocation, userinfo,
+    discovery, keys and its API)."""
     http_max_connections: int = Field(default=100, gt=0)
+    """Connections per provider in the pooled HTTP client."""
     http_max_keepalive_connections: int = Field(default=20, ge=0)
+    """Idle connections kept per provider."""
     http_keepalive_expiry_seconds: float = Field(default=30.0, ge=0)
+    """How long an idle provider connection is kept."""
 
 
 RATE_LIMIT_STORAGES = ("memory", "redis", "rediss", "redis+sentinel", "redis+cluster")
@@ -301,16 +334,28 @@ class RateLimitSettings(_Section):
     `audit_per_address` audit rows per client and `audit_total` in all per window; then one `audit_suppressed`."""
 
     enabled: bool = True
+    """Rate limits on the browser-facing routes (HTTP 429 with Retry-After over a limit)."""
     storage_url: str = Field(default="memory://", min_length=1)
+    """Where requests are counted: memory:// per process, or a Redis URL (redis://host:6379/0) once for all
+    replicas."""
     window_seconds: int = Field(default=60, gt=0, le=86400)
+    """The window every limit counts requests of any method in (a moving window)."""
     connect_per_address: int = Field(default=60, gt=0)
+    """Requests to the connect page per client address per window."""
     connect_per_elicitation: int = Field(default=30, gt=0)
+    """Requests to the connect page per elicitation per window."""
     callback_per_address: int = Field(default=30, gt=0)
+    """Provider callbacks (and identity returns) per client address per window."""
     callback_per_elicitation: int = Field(default=10, gt=0)
+    """Provider callbacks (and identity returns) per authorization request per window."""
     confirm_per_address: int = Field(default=60, gt=0)
+    """Calls to the confirm verifier's API per client address per window."""
     confirm_per_elicitation: int = Field(default=10, gt=0)
+    """Calls to the confirm verifier's API per flow per window."""
     audit_per_address: int = Field(default=20, gt=0)
+    """Audit rows per client address per window for requests that carry no credential at all."""
     audit_total: int = Field(default=600, gt=0)
+    """Audit rows in all per window for such requests; then one audit_suppressed row."""
 
     @field_validator("storage_url")
     @classmethod
@@ -331,9 +376,13 @@ class MetricsSettings(_Section):
     """
 
     enabled: bool = True
+    """Prometheus metrics at /metrics."""
     bearer_token: SecretStr | None = None
+    """When set (environment only, at least 16 characters), /metrics needs Authorization: Bearer <token>."""
     host: str = Field(default="127.0.0.1", min_length=1)
+    """Address of the metrics' own listener (with port)."""
     port: int | None = Field(default=None, ge=1, le=65535)
+    """When set, metrics are served only on their own listener (host:port), not on the public one."""
 
     @field_validator("bearer_token", "port", mode="before")
     @classmethod
@@ -354,15 +403,22 @@ class ApiSettings(_Section):
     """`[api]`: the `/v1` API for agents (keys from `acp-connector api-keys create`) and its token proxy."""
 
     enabled: bool = True
-    max_body_bytes: int = Field(default=16384, ge=1024, le=1048576)  # JSON bodies of the API itself
-    max_wait_seconds: int = Field(default=60, ge=1, le=300)  # the longest `?wait=` long-poll
-    # The proxy: request bodies up to this size are buffered so a 401 can be retried after a refresh; larger
-    # ones stream through (up to proxy_max_request_bytes) and a 401 is returned as it came.
+    """The /v1 API for agents in other languages (with API keys) and its token proxy."""
+    max_body_bytes: int = Field(default=16384, ge=1024, le=1048576)
+    """Largest JSON body of the API itself."""
+    max_wait_seconds: int = Field(default=60, ge=1, le=300)
+    """The longest ?wait= long-poll."""
     proxy_retry_body_bytes: int = Field(default=1048576, ge=0)
+    """Proxied request bodies up to this size are buffered, so a 401 can be retried after a refresh; larger ones
+    stream through and a 401 is returned as it came."""
     proxy_max_request_bytes: int = Field(default=104857600, ge=0)
+    """Largest request body the token proxy forwards."""
     proxy_max_response_bytes: int = Field(default=1073741824, ge=0)
-    proxy_timeout_seconds: float = Field(default=60.0, gt=0, le=3600)  # connect, and between two reads or writes
-    proxy_max_seconds: float = Field(default=600.0, gt=0, le=86400)  # a whole proxied exchange
+    """Largest response body the token proxy returns."""
+    proxy_timeout_seconds: float = Field(default=60.0, gt=0, le=3600)
+    """Proxy timeout to connect, and between two reads or writes."""
+    proxy_max_seconds: float = Field(default=600.0, gt=0, le=86400)
+    """Longest a whole proxied exchange may take."""
 
 
 class Settings(BaseSettings):
@@ -375,14 +431,19 @@ class Settings(BaseSettings):
         case_sensitive=False,
         extra="forbid",
         frozen=True,
+        use_attribute_docstrings=True,
     )
 
     public_base_url: str = "http://127.0.0.1:8700"
+    """The URL at which browsers reach this service: links and the OAuth redirect URIs are built from it. https
+    unless the host is loopback; no query or fragment."""
     agent_name: str = Field(default="ACP agent", min_length=1)
+    """The agent's name as the user sees it on the consent page."""
     log_format: Literal["text", "json"] = "text"
-    # Development demo (`acp-connector serve --demo`, `make run`): `/` offers a link that starts an authorization
-    # for the local verifier's user without an agent. Loopback deployments with the local verifier only.
+    """Log line format: text for people, json for log collectors (one object per line). --log-format overrides it."""
     demo: bool = False
+    """Development demo (`acp-connector serve --demo`, `make run`): / offers a link that starts an authorization for
+    the local verifier's user without an agent. Loopback deployments with the local verifier only."""
     server: ServerSettings = Field(default_factory=ServerSettings)
     database: DatabaseSettings = Field(default_factory=DatabaseSettings)
     elicitation: ElicitationSettings = Field(default_factory=ElicitationSettings)

@@ -33,7 +33,7 @@ LAYERS: list[set[str]] = [
     {"service.web"},
     {"service.app"},
     {"service.connector", "service.client", "service.bootstrap"},
-    {"service.cli", "service.testing", "service"},
+    {"service.cli", "service.reference", "service.testing", "service"},
 ]
 # Allowed imports between siblings of one layer (any other sideways import is refused).
 ADAPTER_EDGES = {

@@ -39,12 +39,16 @@ MAX_USER_ID_LENGTH = 512
 class ConfirmSettings(BaseModel):
     """`[identity.confirm]`: the operator's own app confirms its logged-in user over an authenticated call."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
-    operator_url: str | None = None  # where the browser is sent with ?flow_id=...
-    issuer: str | None = None  # the identity issuer the operator's user ids belong to
-    # SHA-256 (hex) of each operator API key; the keys themselves are never configured.
+    operator_url: str | None = None
+    """Where Continue sends the browser: a page of your app, which gets ?flow_id=<id> and confirms its logged-in user
+    with POST /v1/identity/confirm."""
+    issuer: str | None = None
+    """The issuer your app's user ids belong to (what the agent reports as Identity.issuer)."""
     api_key_hashes: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """SHA-256 hex digests of the API keys your app may use (never the keys); several allow rotation. In the
+    environment: comma-separated."""
 
     @field_validator("operator_url", "issuer", mode="before")
     @classmethod

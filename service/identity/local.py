@@ -24,12 +24,15 @@ log = logging.getLogger("service.identity.local")
 class LocalSettings(BaseModel):
     """`[identity.local]`: the one user this connector serves."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     issuer: str = Field(default="local", min_length=1)
+    """The issuer of the one user this connector serves (what the agent reports as Identity.issuer)."""
     subject: str = Field(default="local-user", min_length=1)
-    # Start even where others can reach the connect page: every one of them is then this user.
+    """That user's subject (Identity.subject)."""
     unsafe_allow_remote: bool = False
+    """Start even where others can reach the connect page (every one of them is then this user); logged as UNSAFE at
+    every start."""
 
 
 class LocalVerifier(NoRoutes):

@@ -46,16 +46,22 @@ _ERROR_CODE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 class OidcSettings(BaseModel):
     """`[identity.oidc]`: the operator's OpenID Connect identity provider (authorization code + PKCE)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
-    discovery_url: str | None = None  # .../.well-known/openid-configuration
+    discovery_url: str | None = None
+    """The identity provider's discovery document (.../.well-known/openid-configuration; https unless loopback).
+    Register <public_base_url>/identity/oidc/callback there."""
     client_id: str | None = None
-    client_secret: SecretStr | None = None  # environment only; unset: a public client (PKCE only)
-    # unset: client_secret_basic or client_secret_post as the discovery document lists them, or "none" (PKCE only)
-    # without a secret
+    """The connector's client id at the identity provider."""
+    client_secret: SecretStr | None = None
+    """Its client secret, from the environment only; unset: a public client (PKCE only)."""
     token_endpoint_auth_method: TokenEndpointAuthMethod | None = None
+    """How the client authenticates at the token endpoint; unset: client_secret_basic or client_secret_post as the
+    discovery document lists them, or none (PKCE only) without a secret."""
     scopes: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["openid"])
+    """Scopes requested at sign-in; openid is always included."""
     leeway_seconds: int = Field(default=60, ge=0, le=600)
+    """Clock skew allowed when checking the ID token's exp and iat."""
 
     @field_validator("discovery_url", "client_id", "token_endpoint_auth_method", mode="before")
     @classmethod

@@ -26,14 +26,19 @@ MAX_SUBJECT_LENGTH = 512
 class TrustedHeaderSettings(BaseModel):
     """`[identity.trusted_header]`: an authenticating reverse proxy (oauth2-proxy, ...) names the user."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
-    issuer: str | None = None  # the identity issuer the proxy's user names belong to
+    issuer: str | None = None
+    """The issuer the proxy's user names belong to (what the agent reports as Identity.issuer). Required."""
     user_headers: Annotated[list[str], NoDecode] = Field(
         default_factory=lambda: ["X-Forwarded-User", "X-Auth-Request-User"]
     )
-    email_header: str | None = None  # e.g. X-Auth-Request-Email; needed when subject = "email"
+    """Headers that carry the user name, in the order they are read; two naming different users are refused, and any
+    of them from outside server.trusted_proxies is refused with 403."""
+    email_header: str | None = None
+    """The header with the user's email (e.g. X-Auth-Request-Email); needed when subject is email."""
     subject: Literal["user", "email"] = "user"
+    """Which header gives Identity.subject: user (user_headers) or email (email_header, lower-cased)."""
 
     @field_validator("issuer", "email_header", mode="before")
     @classmethod

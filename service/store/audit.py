@@ -23,6 +23,7 @@ from typing import Any
 from sqlalchemy import RowMapping, insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from service.core.audit_events import checked_event
 from service.core.identity import Identity
 from service.core.records import AuditRecord, ElicitationRecord
 
@@ -135,7 +136,7 @@ class AuditRepository:
         """Append one event and log it. `detail` must be JSON-serialisable; secret-named keys are redacted."""
         values = {
             "at": now if now is not None else datetime.now(UTC),
-            "event": _bounded_field("event", event),
+            "event": _bounded_field("event", checked_event(event)),
             "elicitation_id": _bounded_field("elicitation_id", elicitation_id),
             "identity_issuer": _bounded_field("identity_issuer", None if identity is None else identity.issuer),
             "identity_subject": _bounded_field("identity_subject", None if identity is None else identity.subject),
@@ -163,6 +164,7 @@ class AuditRepository:
         if not records:
             return
         text = dump_json(_redact(detail or {}))
+        checked_event(event)
         rows = [
             {
                 "at": now,
