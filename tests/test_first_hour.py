@@ -6,7 +6,7 @@
 2. The example agent's README, "Run it", followed literally: `make run` once, then `try_it --demo`, answering `y`
    and going through the page the agent links to.
 
-Both tests share one clone (made once per module, its .venv created by the first `make run`).
+Both tests share one clone (made once per test session, its .venv created by the first `make run`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ EXAMPLE_README = REPO / "examples" / "github_agent" / "README.md"
 BOOT_SECONDS = 300  # a fresh venv from a warm package cache takes well under a minute; CI machines vary
 README_STEPS = ["make run", ".venv/bin/python -m examples.github_agent.try_it --demo"]
 
-pytestmark = pytest.mark.xdist_group("first_hour")  # one clone for the module, on one worker
+pytestmark = pytest.mark.xdist_group("first_hour")  # one worker runs them all: one clone
 
 
 def newcomer_env(port: int) -> dict[str, str]:
@@ -86,7 +86,7 @@ class MakeRun:
                 self.process.wait()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # with the xdist group: one clone, on one worker, however tests are ordered
 def clone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A fresh clone of this repository in which `make run` has run once (so .venv and the database exist)."""
     git = shutil.which("git")

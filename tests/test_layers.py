@@ -10,6 +10,7 @@ none of its siblings). Imports under `if TYPE_CHECKING:` are annotations only an
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,6 +46,7 @@ ADAPTER_EDGES = {
     ("service.rotation", "service.store"),
     ("service.events", "service.store"),
     ("service.cli", "service.testing"),  # `acp-connector mock-provider` serves the test kit's mock provider
+    ("service.reference", "service.cli"),  # docs/reference.md lists the commands
 }
 # Third-party packages and the only parts of service/ that may import them.
 CONFINED = {
@@ -65,8 +67,17 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports(path: Path) -> Iterator[str]:
-    """Absolute names of every module `path` imports, except under `if TYPE_CHECKING:`."""
+def _imports(path: Path) -> tuple[str, ...]:
+    """Absolute names of every module `path` imports, except under `if TYPE_CHECKING:` (parsed once per file)."""
+    return _imports_of(path)
+
+
+@functools.cache
+def _imports_of(path: Path) -> tuple[str, ...]:
+    return tuple(_each_import(path))
+
+
+def _each_import(path: Path) -> Iterator[str]:
     tree = ast.parse(path.read_text(), str(path))
     package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
     skipped: set[int] = set()
