@@ -45,10 +45,11 @@ run: $(RUNTIME_STAMP)
 	$(BIN)/acp-connector --config $(CONFIG) migrate
 	exec $(BIN)/acp-connector --config $(CONFIG) serve --demo
 
-# One worker per core (pytest-xdist); tests marked with the same xdist_group run on one worker.
+# One worker per core (pytest-xdist); an idle worker takes queued tests from a busy one (worksteal), since a few
+# tests (fresh clones, pip installs, two-process runs) take far longer than the rest.
 PYTEST_WORKERS ?= auto
 test: $(STAMP) $(OIDC_OP_STAMP)
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 # The benchmarks (bench/): each side by side with its baseline on loopback; the tables go into bench/RESULTS.md.
 # BENCH_POSTGRES_URL=postgresql+asyncpg://... adds the PostgreSQL concurrency sweep. BENCH_ARGS=--quick for a smoke run.

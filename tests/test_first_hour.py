@@ -6,7 +6,7 @@
 2. The example agent's README, "Run it", followed literally: `make run` once, then `try_it --demo`, answering `y`
    and going through the page the agent links to.
 
-Both tests share one clone (made once per test session, its .venv created by the first `make run`).
+One test does both, in one clone: the second step needs what the first created (.venv, the database).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -33,8 +32,6 @@ REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_README = REPO / "examples" / "github_agent" / "README.md"
 BOOT_SECONDS = 300  # a fresh venv from a warm package cache takes well under a minute; CI machines vary
 README_STEPS = ["make run", ".venv/bin/python -m examples.github_agent.try_it --demo"]
-
-pytestmark = pytest.mark.xdist_group("first_hour")  # one worker runs them all: one clone
 
 
 def newcomer_env(port: int) -> dict[str, str]:
@@ -86,23 +83,23 @@ class MakeRun:
                 self.process.wait()
 
 
-@pytest.fixture(scope="session")  # with the xdist group: one clone, on one worker, however tests are ordered
-def clone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A fresh clone of this repository in which `make run` has run once (so .venv and the database exist)."""
+@pytest.fixture
+def clone(tmp_path: Path) -> Path:
+    """A fresh clone of this repository (its committed HEAD)."""
     git = shutil.which("git")
     if git is None or not (REPO / ".git").exists():
         pytest.skip("needs git and a git checkout to clone")
-    path = tmp_path_factory.mktemp("first-hour") / "clone"
+    path = tmp_path / "clone"
     subprocess.run([git, "clone", "--quiet", str(REPO), str(path)], check=True, timeout=120)
-    first = MakeRun(path)
-    try:
-        first.wait_healthy()
-    finally:
-        first.stop()
-    yield path
+    return path
 
 
-async def test_make_run_serves_a_demo_that_completes_a_whole_flow(clone: Path) -> None:
+async def test_the_first_hour_in_a_fresh_clone(clone: Path) -> None:
+    await make_run_serves_a_demo_that_completes_a_whole_flow(clone)
+    await the_example_readme_steps_work_literally_against_the_demo_provider(clone)
+
+
+async def make_run_serves_a_demo_that_completes_a_whole_flow(clone: Path) -> None:
     run = MakeRun(clone)
     try:
         await asyncio.to_thread(run.wait_healthy)
@@ -118,7 +115,7 @@ async def test_make_run_serves_a_demo_that_completes_a_whole_flow(clone: Path) -
         assert done.status_code == 200, done.text
         assert "Your Demo provider (mock) account is connected" in done.text
     finally:
-        run.stop()
+        run.stop()  # Ctrl-C, as the README's first step says
 
 
 def readme_steps() -> list[str]:
@@ -134,8 +131,8 @@ def test_the_example_readme_steps_are_the_ones_tested() -> None:
     assert readme_steps() == README_STEPS
 
 
-async def test_the_example_readme_steps_work_literally_against_the_demo_provider(clone: Path) -> None:
-    # Step 1 (`make run` once) is what the `clone` fixture did; step 2, interactively:
+async def the_example_readme_steps_work_literally_against_the_demo_provider(clone: Path) -> None:
+    # Step 1 (`make run` once, then Ctrl-C) is what the demo above did; step 2, interactively:
     env = {**newcomer_env(free_port()), "BROWSER": "true"}  # the test is the browser: `webbrowser` opens nothing
     process = await asyncio.create_subprocess_exec(
         *shlex.split(README_STEPS[1]),

@@ -116,6 +116,7 @@ async def test_log_lines_carry_structured_fields(deployment: Deployment, caplog:
     assert line["detail"]["reason"] == "declined in the client"
 
 
+@pytest.mark.filterwarnings("ignore::service.core.audit_events.UnregisteredAuditEvent")  # made-up event names
 async def test_rolled_back_events_are_neither_stored_nor_logged(
     deployment: Deployment, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -140,6 +141,7 @@ async def test_rolled_back_events_are_neither_stored_nor_logged(
     assert [line["event"] for line in audit_log_lines(caplog)].count("probe_after") == 1
 
 
+@pytest.mark.filterwarnings("ignore::service.core.audit_events.UnregisteredAuditEvent")  # made-up event names
 async def test_secret_named_detail_is_redacted_in_table_and_log(
     deployment: Deployment, caplog: pytest.LogCaptureFixture
 ) -> None:

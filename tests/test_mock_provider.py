@@ -21,6 +21,8 @@ from service.cli import main
 from service.oauth import basic_credentials
 from service.testing import MockOAuthProvider, MockOIDCProvider
 
+from .identity_support import logging_restored
+
 REDIRECT = "http://127.0.0.1:9/callback/github"
 
 
@@ -122,11 +124,13 @@ def test_cli_mock_provider_needs_the_client_credentials(
 ) -> None:
     monkeypatch.delenv("CONNECTOR_PROVIDER_GITHUB_CLIENT_ID", raising=False)
     monkeypatch.delenv("CONNECTOR_PROVIDER_GITHUB_CLIENT_SECRET", raising=False)
-    assert main(["mock-provider", "--port", "0"]) == 2
+    with logging_restored():  # the CLI sends logs to this test's captured stderr
+        assert main(["mock-provider", "--port", "0"]) == 2
     assert "CONNECTOR_PROVIDER_GITHUB_CLIENT_ID" in capsys.readouterr().err
     monkeypatch.setenv("CONNECTOR_PROVIDER_GITHUB_CLIENT_ID", "cid")
     monkeypatch.setenv("CONNECTOR_PROVIDER_GITHUB_CLIENT_SECRET", "a-secret-value")
-    assert main(["mock-provider", "--host", "192.0.2.1", "--port", "0"]) == 2
+    with logging_restored():
+        assert main(["mock-provider", "--host", "192.0.2.1", "--port", "0"]) == 2
     err = capsys.readouterr().err
     assert "loopback" in err and "a-secret-value" not in err
 

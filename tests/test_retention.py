@@ -8,6 +8,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
 from sqlalchemy import func, select
 
 from service.core.events import ElicitationEvent
@@ -44,6 +45,7 @@ def verification(elicitation_id: str, expires_at: datetime) -> VerificationRecor
     )
 
 
+@pytest.mark.filterwarnings("ignore::service.core.audit_events.UnregisteredAuditEvent")  # made-up event names
 async def test_retention_deletes_only_what_is_past_its_window(store: Store) -> None:  # noqa: F811
     # Elicitations: ended more than 30 days ago go (with their flows and verifications); ended recently or still
     # open (however old) stay. Three old ones with batches of two: the purge takes two batches.
@@ -97,6 +99,7 @@ async def test_retention_deletes_only_what_is_past_its_window(store: Store) -> N
     assert await count_due(store.retention, POLICY, NOW) == dict.fromkeys(expected, 0)
 
 
+@pytest.mark.filterwarnings("ignore::service.core.audit_events.UnregisteredAuditEvent")  # made-up event names
 async def test_a_window_of_zero_days_keeps_everything(store: Store) -> None:  # noqa: F811
     await store.elicitations.insert(elicitation(status=ElicitationStatus.COMPLETED, updated_at=NOW - 3000 * DAY))
     await store.audit.record("old", now=NOW - 3000 * DAY)
@@ -106,6 +109,7 @@ async def test_a_window_of_zero_days_keeps_everything(store: Store) -> None:  # 
     assert await _count(store, audit_events) == 1 and await _count(store, elicitation_events) == 0
 
 
+@pytest.mark.filterwarnings("ignore::service.core.audit_events.UnregisteredAuditEvent")  # made-up event names
 async def test_purge_batches_are_bounded(store: Store) -> None:  # noqa: F811
     for n in range(5):
         await store.audit.record(f"old-{n}", now=NOW - 400 * DAY)
@@ -130,6 +134,7 @@ async def _count(on: Store, table) -> int:  # type: ignore[no-untyped-def]
         return int((await conn.execute(select(func.count()).select_from(table))).scalar_one())
 
 
+@pytest.mark.filterwarnings("ignore::service.core.audit_events.UnregisteredAuditEvent")  # made-up event names
 def test_purge_command_counts_with_dry_run_then_deletes(tmp_path: Path) -> None:
     url = f"sqlite+aiosqlite:///{tmp_path / 'connector.db'}"
     migrate(url)

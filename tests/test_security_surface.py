@@ -84,8 +84,8 @@ async def test_redirects_are_built_from_the_public_url_never_the_host_header(dep
         answer = await client.get("/connect/abc/?x=1", headers={"Host": "evil.example"})
         assert answer.status_code == 307
         assert answer.headers["location"] == f"{deployment.base_url}/connect/abc?x=1"
-        odd = await client.get("//evil.example/", headers={"Host": "evil.example"})
-        assert "location" not in odd.headers and odd.status_code == 404
+        odd = await client.get("//evil.example/", headers={"Host": "evil.example"})  # httpx sends it as "/"
+        assert "location" not in odd.headers and odd.status_code == 200  # the start page, no redirect
 
 
 async def test_a_malformed_chunked_body_is_one_warning_line(

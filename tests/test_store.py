@@ -408,6 +408,7 @@ def test_token_ciphertext_is_not_in_the_repr() -> None:
 # -- audit -----------------------------------------------------------------------------------------
 
 
+@pytest.mark.filterwarnings("ignore::service.core.audit_events.UnregisteredAuditEvent")  # made-up event names
 async def test_audit_records_are_listed_oldest_first_and_filtered(store: Store) -> None:
     await store.audit.record("elicitation.created", elicitation_id="e1", identity=ALICE, provider="github", now=NOW)
     await store.audit.record("elicitation.completed", elicitation_id="e1", detail={"scopes": ["repo"], "n": 1})

@@ -107,7 +107,9 @@ REFUSALS: dict[str, Refusal] = {
     ),
     "missing_code": Refusal(400, "Invalid request", "The answer carries no authorization code."),
     "provider_discovery_failed": Refusal(
-        502, "Provider unavailable", "The provider cannot be reached right now. Try the link again in a few minutes."
+        502,
+        "Provider unavailable",
+        "The provider's settings could not be read right now ({message}). Try the link again in a few minutes.",
     ),
     # The detail of these two names settings: for a developer calling /v1, not for the person in the browser.
     "provider_not_configured": Refusal(
