@@ -201,7 +201,10 @@ class ReplicaSettings(_Section):
     """
 
     heartbeat_seconds: float = Field(default=5.0, gt=0, le=3600)
+    """How often each process writes its heartbeat."""
     dead_after_seconds: float = Field(default=30.0, gt=0, le=86400)
+    """A process silent this long is gone: its connections' pending completions are recorded undeliverable (at
+    least 3 heartbeats)."""
 
     @model_validator(mode="after")
     def _dead_after_several_beats(self) -> ReplicaSettings:
