@@ -118,6 +118,9 @@ def log_audit_event(values: Mapping[str, Any]) -> None:
     )
 
 
+_INSERT = insert(audit_events)  # built once: every step of every flow appends a row
+
+
 class AuditRepository:
     def __init__(self, db: Database) -> None:
         self._db = db
@@ -144,7 +147,7 @@ class AuditRepository:
             "detail": dump_json(_bounded_detail(_redact(detail or {}))),
         }
         async with self._db.write(conn) as c:
-            await c.execute(insert(audit_events).values(values))
+            await c.execute(_INSERT, values)
         pending = conn.info.get(PENDING_AUDIT_LOG) if conn is not None else None
         if isinstance(pending, builtins.list):
             pending.append(values)  # logged by Store.transaction() after the commit
@@ -177,7 +180,7 @@ class AuditRepository:
             }
             for rec in records
         ]
-        await conn.execute(insert(audit_events), rows)
+        await conn.execute(_INSERT, rows)
         pending = conn.info.get(PENDING_AUDIT_LOG)
         for values in rows:
             if isinstance(pending, builtins.list):

@@ -6,7 +6,7 @@ from collections.abc import Collection, Mapping
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import exists, func, insert, select, text, update
+from sqlalchemy import bindparam, exists, func, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.core.identity import Identity
@@ -15,6 +15,20 @@ from service.core.states import ALLOWED, CompletionDelivery, ElicitationStatus
 
 from .engine import Database, dump_json, load_json
 from .tables import COMPLETION_PENDING, elicitations, replicas
+
+# The statements every flow runs, built once (building and keying a statement costs more than running it).
+_INSERT = insert(elicitations)
+_GET = select(elicitations).where(elicitations.c.id == bindparam("elicitation_id"))
+_TRANSITION = (
+    update(elicitations)
+    .where(
+        elicitations.c.id == bindparam("elicitation_id"),
+        elicitations.c.status.in_(bindparam("from_statuses", expanding=True)),
+    )
+    .values(status=bindparam("new_status"), updated_at=bindparam("now"))
+    .returning(*elicitations.c)
+)
+_TRANSITION_WITH_REASON = _TRANSITION.values(failure_reason=bindparam("reason"))
 
 
 def predecessors(target: ElicitationStatus) -> frozenset[ElicitationStatus]:
@@ -28,11 +42,11 @@ class ElicitationRepository:
 
     async def insert(self, rec: ElicitationRecord, conn: AsyncConnection | None = None) -> None:
         async with self._db.write(conn) as c:
-            await c.execute(insert(elicitations).values(_to_row(rec)))
+            await c.execute(_INSERT, _to_row(rec))
 
     async def get(self, id: str, conn: AsyncConnection | None = None) -> ElicitationRecord | None:
         async with self._db.read(conn) as c:
-            row = (await c.execute(select(elicitations).where(elicitations.c.id == id))).mappings().first()
+            row = (await c.execute(_GET, {"elicitation_id": id})).mappings().first()
         return None if row is None else _from_row(row)
 
     async def transition(
@@ -53,20 +67,17 @@ class ElicitationRepository:
         """
         allowed = predecessors(target) if from_ is None else frozenset(from_)
         assert not any(s.terminal for s in allowed), "a terminal status never changes"
-        values: dict[str, Any] = {"status": target.value, "updated_at": now}
+        params = {
+            "elicitation_id": id,
+            "from_statuses": sorted(s.value for s in allowed),
+            "new_status": target.value,
+            "now": now,
+        }
         if reason is not None:
-            values["failure_reason"] = reason
-        statement = (
-            update(elicitations)
-            .where(
-                elicitations.c.id == id,
-                elicitations.c.status.in_(sorted(s.value for s in allowed)),
-            )
-            .values(values)
-            .returning(*elicitations.c)
-        )
+            params["reason"] = reason
         async with self._db.write(conn) as c:
-            row = (await c.execute(statement)).mappings().first()
+            statement = _TRANSITION if reason is None else _TRANSITION_WITH_REASON
+            row = (await c.execute(statement, params)).mappings().first()
         return None if row is None else _from_row(row)
 
     async def add_identity_mismatch(self, id: str, *, now: datetime, conn: AsyncConnection | None = None) -> int:

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import LABEL_STYLE_TABLENAME_PLUS_COL, func, insert, select, update
+from sqlalchemy import LABEL_STYLE_TABLENAME_PLUS_COL, bindparam, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.core.records import ElicitationRecord, FlowRecord
@@ -15,6 +15,25 @@ from .elicitations import from_row as elicitation_from_row
 from .engine import Database
 from .tables import elicitations, oauth_flows
 
+# The statements every flow runs, built once (building and keying a statement costs more than running it).
+_INSERT = insert(oauth_flows)
+_WITH_ELICITATION = (
+    select(oauth_flows, elicitations)
+    .join(elicitations, elicitations.c.id == oauth_flows.c.elicitation_id)
+    .where(oauth_flows.c.state_hash == bindparam("state"))
+    .set_label_style(LABEL_STYLE_TABLENAME_PLUS_COL)
+)
+_CLAIM = (
+    update(oauth_flows)
+    .where(
+        oauth_flows.c.state_hash == bindparam("state"),
+        oauth_flows.c.used_at.is_(None),
+        oauth_flows.c.expires_at > bindparam("now"),
+    )
+    .values(used_at=bindparam("now"))
+    .returning(*oauth_flows.c)
+)
+
 
 class FlowRepository:
     def __init__(self, db: Database) -> None:
@@ -22,7 +41,7 @@ class FlowRepository:
 
     async def insert(self, rec: FlowRecord, conn: AsyncConnection | None = None) -> None:
         async with self._db.write(conn) as c:
-            await c.execute(insert(oauth_flows).values(_to_row(rec)))
+            await c.execute(_INSERT, _to_row(rec))
 
     async def get_by_state_hash(self, state_hash: str, conn: AsyncConnection | None = None) -> FlowRecord | None:
         async with self._db.read(conn) as c:
@@ -34,14 +53,8 @@ class FlowRepository:
         self, state_hash: str, conn: AsyncConnection | None = None
     ) -> tuple[FlowRecord, ElicitationRecord] | None:
         """The flow with this state hash and its elicitation, in one read (None when the state is unknown)."""
-        statement = (
-            select(oauth_flows, elicitations)
-            .join(elicitations, elicitations.c.id == oauth_flows.c.elicitation_id)
-            .where(oauth_flows.c.state_hash == state_hash)
-            .set_label_style(LABEL_STYLE_TABLENAME_PLUS_COL)
-        )
         async with self._db.read(conn) as c:
-            row = (await c.execute(statement)).mappings().first()
+            row = (await c.execute(_WITH_ELICITATION, {"state": state_hash})).mappings().first()
         if row is None:
             return None
         return _from_row(_columns_of(row, oauth_flows.name)), elicitation_from_row(_columns_of(row, elicitations.name))
@@ -52,18 +65,8 @@ class FlowRepository:
         Returns the claimed record, or None when the flow is unknown, already used, or expired. Of two
         concurrent claimers exactly one gets the record.
         """
-        statement = (
-            update(oauth_flows)
-            .where(
-                oauth_flows.c.state_hash == state_hash,
-                oauth_flows.c.used_at.is_(None),
-                oauth_flows.c.expires_at > now,
-            )
-            .values(used_at=now)
-            .returning(*oauth_flows.c)
-        )
         async with self._db.write(conn) as c:
-            row = (await c.execute(statement)).mappings().first()
+            row = (await c.execute(_CLAIM, {"state": state_hash, "now": now})).mappings().first()
         return None if row is None else _from_row(row)
 
     async def open_by_key(self, now: datetime, conn: AsyncConnection | None = None) -> dict[str, int]:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import RowMapping, delete, func, select, text, update
+from sqlalchemy import RowMapping, bindparam, delete, func, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -35,6 +35,27 @@ _REPLACED_ON_CONFLICT = (
 )
 
 
+def _upsert(insert: Any) -> Any:
+    statement = insert(grants)
+    return statement.on_conflict_do_update(
+        index_elements=list(_ACCOUNT_KEY),
+        set_={name: statement.excluded[name] for name in _REPLACED_ON_CONFLICT},
+    ).returning(*grants.c)
+
+
+# Built once (building and keying a statement costs more than running it); values come with each execution.
+_UPSERT = {"postgresql": _upsert(postgresql.insert), "sqlite": _upsert(sqlite.insert)}
+_FIND = (
+    select(grants)
+    .where(
+        grants.c.identity_issuer == bindparam("issuer"),
+        grants.c.identity_subject == bindparam("subject"),
+        grants.c.provider == bindparam("provider"),
+    )
+    .order_by(grants.c.updated_at.desc(), grants.c.id)
+)
+
+
 class GrantRepository:
     def __init__(self, db: Database) -> None:
         self._db = db
@@ -45,37 +66,17 @@ class GrantRepository:
         An existing grant keeps its id and created_at; the stored record is returned.
         """
         async with self._db.write(conn) as c:
-            dialect = c.dialect.name
-            if dialect == "postgresql":
-                pg_insert = postgresql.insert(grants).values(_to_row(rec))
-                statement: Any = pg_insert.on_conflict_do_update(
-                    index_elements=list(_ACCOUNT_KEY),
-                    set_={name: pg_insert.excluded[name] for name in _REPLACED_ON_CONFLICT},
-                )
-            elif dialect == "sqlite":
-                lite_insert = sqlite.insert(grants).values(_to_row(rec))
-                statement = lite_insert.on_conflict_do_update(
-                    index_elements=list(_ACCOUNT_KEY),
-                    set_={name: lite_insert.excluded[name] for name in _REPLACED_ON_CONFLICT},
-                )
-            else:  # pragma: no cover - only the two supported backends are configured
-                raise NotImplementedError(f"grant upsert is not implemented for {dialect}")
-            row = (await c.execute(statement.returning(*grants.c))).mappings().one()
+            statement = _UPSERT.get(c.dialect.name)
+            if statement is None:  # pragma: no cover - only the two supported backends are configured
+                raise NotImplementedError(f"grant upsert is not implemented for {c.dialect.name}")
+            row = (await c.execute(statement, _to_row(rec))).mappings().one()
         return _from_row(row)
 
     async def find(self, identity: Identity, provider: str, conn: AsyncConnection | None = None) -> list[GrantRecord]:
         """The identity's grants at `provider`, most recently updated first."""
-        statement = (
-            select(grants)
-            .where(
-                grants.c.identity_issuer == identity.issuer,
-                grants.c.identity_subject == identity.subject,
-                grants.c.provider == provider,
-            )
-            .order_by(grants.c.updated_at.desc(), grants.c.id)
-        )
+        params = {"issuer": identity.issuer, "subject": identity.subject, "provider": provider}
         async with self._db.read(conn) as c:
-            rows = (await c.execute(statement)).mappings().all()
+            rows = (await c.execute(_FIND, params)).mappings().all()
         return [_from_row(row) for row in rows]
 
     async def changed_since(self, since: datetime, conn: AsyncConnection | None = None) -> list[GrantRecord]:

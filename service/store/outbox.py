@@ -37,6 +37,7 @@ from .tables import elicitation_events as table
 # pg_advisory_xact_lock key of the event log: any fixed 64-bit number no other lock in the database uses.
 ORDER_LOCK_KEY = 0x6163_706F_7574_6278  # "acpoutbx"
 _COLUMNS = ("elicitation_id", "connection_key", "status", "at", "origin")
+_APPEND = insert(table).returning(table.c.id, table.c.elicitation_id, sort_by_parameter_order=True)
 
 
 class OutboxRepository:
@@ -69,10 +70,7 @@ class OutboxRepository:
             statement = insert(table).from_select(list(_COLUMNS), source)
             result = await conn.execute(statement.returning(table.c.id, table.c.elicitation_id))
         else:
-            result = await conn.execute(
-                insert(table).returning(table.c.id, table.c.elicitation_id, sort_by_parameter_order=True),
-                [dict(zip(_COLUMNS, row, strict=True)) for row in rows],
-            )
+            result = await conn.execute(_APPEND, [dict(zip(_COLUMNS, row, strict=True)) for row in rows])
         ids = {elicitation_id: id for id, elicitation_id in result.all()}
         return [
             ElicitationEvent(
