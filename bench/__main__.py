@@ -19,6 +19,7 @@ from bench.harness import PYTHON, REPO, machine
 BENCHES = [
     ("Connect flows against the baseline, latency, concurrency", "bench.flow"),
     ("Under load in one process: SQL per flow, waiters, memory, idle reads", "bench.load"),
+    ("Two replicas on PostgreSQL: completion across replicas, one refresh for both", "bench.replicas"),
 ]
 RESULTS = REPO / "bench" / "RESULTS.md"
 MARKERS = re.compile(r"(<!-- results -->\n).*?(<!-- /results -->)", re.S)

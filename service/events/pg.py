@@ -92,6 +92,15 @@ class PgBus(LocalBus):
         task.add_done_callback(self._sending.discard)
 
     async def _send(self, payload: str) -> None:
+        """NOTIFY through the listening connection (one round trip), else through a pooled one."""
+        listener = self._listener
+        if listener is not None and not listener.closed:
+            try:
+                await listener.notify(payload)
+                return
+            except Exception as exc:
+                log.warning("event bus connection failed to send: %s", type(exc).__name__)
+                self._mark_lost()
         try:
             await notify(self.store.engine, CHANNEL, payload)
         except Exception as exc:  # the others still read the log (interval poll) and re-read what they cache

@@ -27,6 +27,7 @@ class PgListener:
     def __init__(self, conn: Any, channel: str) -> None:
         self._connection = conn
         self._channel = channel
+        self._busy = asyncio.Lock()  # one statement at a time on one connection
 
     @classmethod
     async def open(
@@ -56,7 +57,15 @@ class PgListener:
 
     async def ping(self) -> None:
         """Raise if the connection no longer answers (a half-open connection does not end by itself)."""
-        await asyncio.wait_for(self._connection.execute("SELECT 1"), PING_TIMEOUT_SECONDS)
+        async with self._busy:
+            await asyncio.wait_for(self._connection.execute("SELECT 1"), PING_TIMEOUT_SECONDS)
+
+    async def notify(self, payload: str) -> None:
+        """Send `payload` on the channel through this connection: one round trip, no pool, no transaction."""
+        async with self._busy:
+            await asyncio.wait_for(
+                self._connection.execute("SELECT pg_notify($1, $2)", self._channel, payload), PING_TIMEOUT_SECONDS
+            )
 
     async def close(self) -> None:
         if self._connection.is_closed():
@@ -68,6 +77,7 @@ class PgListener:
 
 
 async def notify(engine: AsyncEngine, channel: str, payload: str) -> None:
-    """Send `payload` to every connection listening on `channel` (a pooled connection, its own transaction)."""
+    """Send `payload` to every connection listening on `channel` through a pooled connection (when this process
+    has no listening connection to send it through)."""
     async with engine.begin() as conn:
         await conn.execute(select(func.pg_notify(channel, payload)))
