@@ -181,7 +181,7 @@ async def test_delete_grant_revokes_then_deletes(deployment: Deployment) -> None
         assert missing.status_code == 404
     assert await store.grants.find(user, "github") == []
     refresh = deployment.provider.issued_refresh_tokens[0]
-    assert refresh not in deployment.provider._refresh  # revoked at the provider before the row was deleted
+    assert not deployment.provider.token_active(refresh)  # revoked at the provider before the row was deleted
     assert [e.event for e in await store.audit.list(event="disconnected")] == ["disconnected"]
 
 

@@ -57,7 +57,7 @@ async def test_a_401_triggers_one_refresh_and_one_retry(deployment: Deployment) 
 async def test_a_401_after_refresh_is_returned_not_retried_again(deployment: Deployment) -> None:
     key = await authorized_key(deployment)
     deployment.provider.expire_access_tokens()
-    deployment.provider._refresh.clear()  # the refresh token is revoked too: the grant cannot be renewed
+    deployment.provider.revoke_refresh_tokens()  # the grant cannot be renewed
     before = len(deployment.provider.api_calls)
     async with api_client(deployment.base_url, key) as api:
         response = await api.get("/v1/proxy/github/user", headers=user_headers(deployment.local_user))
