@@ -75,7 +75,7 @@ async def _failures_logged(caplog: pytest.LogCaptureFixture, count: int) -> bool
 
 
 async def _recovery_logged(caplog: pytest.LogCaptureFixture) -> bool:
-    return any("sweeping works again" in r.getMessage() for r in caplog.records)
+    return any("sweep works again" in r.getMessage() for r in caplog.records)
 
 
 async def _status(connector, elicitation_id: str, status: ElicitationStatus) -> bool:  # type: ignore[no-untyped-def]

@@ -8,13 +8,12 @@ database is unreachable the sweeper logs it, backs off and tries again; it never
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from .lifecycle import Elicitations
+from .periodic import Periodic
 from .retention import PurgeKind, RetentionPolicy, purge_due
 
 log = logging.getLogger("service.sweeper")
@@ -45,23 +44,25 @@ class Sweeper:
         self.interval = interval
         self.retention_interval = retention_interval
         self._last_purge: datetime | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._loop = Periodic(
+            self.sweep,
+            interval=lambda: self.interval,
+            max_backoff=MAX_BACKOFF_SECONDS,
+            name="connector-sweeper",
+            what="sweep",
+            log=log,
+        )
 
     @property
     def running(self) -> bool:
         """Whether the background task is alive (it stops only when closed)."""
-        return self._task is not None and not self._task.done()
+        return self._loop.running
 
     def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="connector-sweeper")
+        self._loop.start()
 
     async def close(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._loop.close()
 
     async def sweep(self) -> SweepResult:
         """One pass: expire what is due, and apply retention when it is time. Raises on database errors."""
@@ -79,18 +80,3 @@ class Sweeper:
             if any(result.purged.values()):
                 log.info("retention: deleted %s", ", ".join(f"{n} {k}" for k, n in result.purged.items() if n))
         return result
-
-    async def _run(self) -> None:
-        failures = 0
-        while True:
-            delay = self.interval if failures == 0 else min(self.interval * 2 ** min(failures, 10), MAX_BACKOFF_SECONDS)
-            await asyncio.sleep(delay)
-            try:
-                await self.sweep()
-            except Exception:
-                failures += 1
-                log.warning("sweep failed (%d in a row); retrying in a moment", failures, exc_info=True)
-            else:
-                if failures:
-                    log.info("sweeping works again after %d failed attempts", failures)
-                failures = 0

@@ -14,11 +14,11 @@ every reconnect, and the interval poll becomes a safety net. A Server-Sent-Event
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import Protocol
 
 from service.core.events import ElicitationEvent
+from service.core.periodic import Periodic
 
 from .bus import LocalBus
 
@@ -44,22 +44,26 @@ class OutboxFeed:
         self._bus = bus
         self.interval = interval
         self.cursor: int | None = None  # the last event id seen; None until the first successful read
-        self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
+        self._loop = Periodic(
+            self.catch_up,
+            interval=lambda: self.interval,
+            max_backoff=MAX_BACKOFF_SECONDS,
+            name="connector-outbox-feed",
+            what="reading the event log",
+            log=log,
+            # Nobody here waits: nothing to read (the cursor catches up when someone does).
+            idle=lambda: self.cursor is not None and not self._bus.waiting(),
+        )
 
     async def start(self) -> None:
         """Start at the newest logged event (older ones ended before anyone here could wait on them)."""
         if self.cursor is None:
             self.cursor = await self._log.last_id()
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="connector-outbox-feed")
+        self._loop.start()
 
     async def close(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._loop.close()
 
     async def catch_up(self) -> int:
         """Publish every event logged by another process since the cursor; how many. Raises on database errors."""
@@ -77,20 +81,3 @@ class OutboxFeed:
                         published += 1
                 if len(events) < BATCH:
                     return published
-
-    async def _run(self) -> None:
-        failures = 0
-        while True:
-            delay = self.interval if failures == 0 else min(self.interval * 2 ** min(failures, 10), MAX_BACKOFF_SECONDS)
-            await asyncio.sleep(delay)
-            if self.cursor is not None and not self._bus.waiting():
-                continue  # nobody here waits: nothing to read (the cursor catches up when someone does)
-            try:
-                await self.catch_up()
-            except Exception:
-                failures += 1
-                log.warning("reading the event log failed; retrying in a moment", exc_info=True)
-            else:
-                if failures:
-                    log.info("reading the event log works again")
-                failures = 0
