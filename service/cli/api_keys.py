@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import TypeVar
+from typing import TYPE_CHECKING
 
 from ..core.agent_api import new_api_key
-from ..store import Store
 from .framework import CliError, Commands, Invocation, UsageError
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from ..store import Store
 
 
 def register(commands: Commands) -> None:
@@ -62,18 +60,6 @@ def register(commands: Commands) -> None:
     revoke.add_argument("key_id", help="the key's id (ak_...), as `api-keys list` shows it")
 
 
-def _with_store(invocation: Invocation, work: Callable[[Store], Awaitable[T]]) -> T:
-    async def run() -> T:
-        store = Store.from_url(invocation.settings().database.url)
-        try:
-            await store.check_schema()
-            return await work(store)
-        finally:
-            await store.close()
-
-    return asyncio.run(run())
-
-
 def run_create(invocation: Invocation) -> int:
     args = invocation.args
     try:
@@ -86,14 +72,14 @@ def run_create(invocation: Invocation) -> int:
         detail = {"key_id": record.id, "tenant": record.tenant}
         await store.audit.record("api_key_created", detail=detail, now=record.created_at)
 
-    _with_store(invocation, store_it)
+    invocation.with_store(store_it)
     invocation.out(key)
     invocation.note(f"created {record.id} for tenant {record.tenant}; the key above is not stored anywhere")
     return 0
 
 
 def run_list(invocation: Invocation) -> int:
-    listed = _with_store(invocation, lambda store: store.api_keys.list())
+    listed = invocation.with_store(lambda store: store.api_keys.list())
     rows = [("ID", "TENANT", "AGENT NAME", "PROVIDERS", "CREATED", "REVOKED")]
     for item in listed:
         rows.append(
@@ -120,7 +106,7 @@ def run_revoke(invocation: Invocation) -> int:
         await store.audit.record("api_key_revoked", detail={"key_id": key_id}, now=now)
         return True
 
-    if not _with_store(invocation, revoke):
+    if not invocation.with_store(revoke):
         raise CliError(f"api-keys revoke: no live key with id {key_id}", "see `acp-connector api-keys list`")
     invocation.note(f"revoked {key_id}")
     return 0

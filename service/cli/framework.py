@@ -9,17 +9,23 @@ A command module calls `commands.command(...)` (or `commands.group(...)` for a c
 from __future__ import annotations
 
 import argparse
+import asyncio
 import difflib
 import logging
 import os
 import re
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NoReturn, TextIO
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO, TypeVar
 
 from ..config import Settings, load_settings
 from ..logs import configure
+
+if TYPE_CHECKING:
+    from ..store import Store
+
+T = TypeVar("T")
 
 PROG = "acp-connector"
 log = logging.getLogger("service.cli")
@@ -83,6 +89,23 @@ class Invocation:
         """`--log-format` wins over the configured format."""
         self.log_format = getattr(self.args, "log_format", None) or configured
         configure(self.log_format, debug=self.debug, stream=self.stderr)
+
+    def with_store(self, work: Callable[[Store], Awaitable[T]]) -> T:
+        """Run `work` on the configured database (refused unless its schema is current), then close it."""
+        from ..app import pool_settings
+        from ..store import Store
+
+        settings = self.settings()
+
+        async def run() -> T:
+            store = Store.from_url(settings.database.url, pool_settings(settings))
+            try:
+                await store.check_schema()
+                return await work(store)
+            finally:
+                await store.close()
+
+        return asyncio.run(run())
 
     def out(self, text: str) -> None:
         """Output of the command (stdout), e.g. a table or a key."""

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from ..bootstrap import DEVELOPMENT_KEY_FILE
 from ..config import Settings
@@ -16,7 +14,6 @@ if TYPE_CHECKING:
     from ..rotation import RotationReport
     from ..store import Store
 
-T = TypeVar("T")
 DEFAULT_BATCH_SIZE = 100
 
 
@@ -115,20 +112,6 @@ def _vault(settings: Settings) -> Vault:
     return build_vault(settings)
 
 
-def _with_store(settings: Settings, work: Callable[[Store], Awaitable[T]]) -> T:
-    from ..store import Store
-
-    async def run() -> T:
-        store = Store.from_url(settings.database.url)
-        try:
-            await store.check_schema()
-            return await work(store)
-        finally:
-            await store.close()
-
-    return asyncio.run(run())
-
-
 def _state(ring: KeyRing, key_id: str) -> str:
     if key_id == ring.primary_key_id:
         return "active"
@@ -140,15 +123,13 @@ def run_status(invocation: Invocation) -> int:
 
     settings = invocation.settings()
     ring = _vault(settings).ring
-    usage = _with_store(settings, lambda store: key_usage(store, datetime.now(UTC)))
+    usage = invocation.with_store(lambda store: key_usage(store, datetime.now(UTC)))
     rows = [("KEY ID", "STATE", "GRANTS", "SIGN-INS IN PROGRESS")]
     for key_id in dict.fromkeys([*ring.key_ids, *usage]):
         used = usage.get(key_id)
         in_progress = 0 if used is None else used.open_flows + used.open_verifications
         rows.append((key_id, _state(ring, key_id), str(0 if used is None else used.grants), str(in_progress)))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        invocation.out("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    invocation.table(rows)
     lost = [key_id for key_id in usage if key_id not in ring and usage[key_id].grants]
     if lost:
         invocation.note(f"grants under {', '.join(lost)} cannot be read: add the key back to the ring")
@@ -181,7 +162,7 @@ def run_rotate(invocation: Invocation) -> int:
         )
         return report
 
-    report = _with_store(settings, rotate)
+    report = invocation.with_store(rotate)
     invocation.note(f"{report.rotated} grants re-encrypted under the active key {vault.primary_key_id}")
     if not report.complete:
         raise CliError(
@@ -214,7 +195,7 @@ def run_retire(invocation: Invocation) -> int:
         await store.audit.record("key_retired", detail={"key_id": key_id})
         return None
 
-    refusal = _with_store(settings, retire)
+    refusal = invocation.with_store(retire)
     if refusal is not None:
         raise CliError(
             f"keys retire: {key_id} is still in use: {refusal}",

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
-from ..app import pool_settings, retention_policy
-from ..config import Settings
+from ..app import retention_policy
 from ..core.retention import PurgeKind, count_due, purge_due
-from ..store import Store
 from .framework import Commands, Invocation
+
+if TYPE_CHECKING:
+    from ..store import Store
 
 WHAT = {
     PurgeKind.ELICITATIONS: ("elicitation_days", "ended elicitations (with their OAuth flows and verifications)"),
@@ -38,10 +39,16 @@ def register(commands: Commands) -> None:
 
 
 def run(invocation: Invocation) -> int:
-    settings = invocation.settings()
+    policy = retention_policy(invocation.settings())
     dry_run = bool(invocation.args.dry_run)
-    counts = asyncio.run(_purge(settings, dry_run=dry_run))
-    policy = retention_policy(settings)
+
+    async def purge(store: Store) -> dict[PurgeKind, int]:
+        now = datetime.now(UTC)
+        if dry_run:
+            return await count_due(store.retention, policy, now)
+        return await purge_due(store.retention, policy, now)
+
+    counts = invocation.with_store(purge)
     verb = "would delete" if dry_run else "deleted"
     for kind, (key, what) in WHAT.items():
         days = getattr(policy, key)
@@ -51,15 +58,3 @@ def run(invocation: Invocation) -> int:
             invocation.out(f"{kind.value}: kept forever (retention.{key} = 0)")
     invocation.out("grants: never deleted by retention")
     return 0
-
-
-async def _purge(settings: Settings, *, dry_run: bool) -> dict[PurgeKind, int]:
-    store = Store.from_url(settings.database.url, pool_settings(settings))
-    try:
-        await store.check_schema()
-        policy, now = retention_policy(settings), datetime.now(UTC)
-        if dry_run:
-            return await count_due(store.retention, policy, now)
-        return await purge_due(store.retention, policy, now)
-    finally:
-        await store.close()
