@@ -20,17 +20,19 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Annotated, Any, Protocol
 
-from pydantic import BaseModel
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict
+from pydantic_settings import NoDecode
 from starlette.requests import Request
 from starlette.responses import Response
 
-from service.config import Settings
+from service.config import Settings, optional_str, split_list
 from service.core.errors import FlowRefused
 from service.core.handles import binding_hash
 from service.core.records import VerificationRecord
 from service.core.settings import FlowSettings
+from service.core.urls import url_problem
 from service.core.verification import BrowserFacts, IdentityStep, VerificationAttempt, Verifier
 from service.oauth import ProviderGateway
 from service.store import Store
@@ -38,6 +40,30 @@ from service.vault import Vault
 
 # How long the browser may spend at the identity provider or the operator's app.
 VERIFICATION_TTL = timedelta(minutes=10)
+
+
+class VerifierSettings(BaseModel):
+    """Base of a verifier's settings model: unknown keys are refused, each field's docstring is its description
+    (docs/reference.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+def _checked_url(value: str | None) -> str | None:
+    if value is None:
+        return None
+    value = value.strip()
+    if (problem := url_problem(value)) is not None:
+        raise ValueError(problem)
+    return value
+
+
+# Field types of verifier settings. An empty or blank value is unset (TOML has no null).
+EmptyIsNone = BeforeValidator(optional_str)
+OptionalText = Annotated[str | None, EmptyIsNone]
+OptionalUrl = Annotated[str | None, EmptyIsNone, AfterValidator(_checked_url)]  # https unless loopback
+# A list; in the environment, comma-separated.
+TextList = Annotated[list[str], NoDecode, BeforeValidator(split_list)]
 
 
 @dataclass(frozen=True)

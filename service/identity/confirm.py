@@ -13,59 +13,48 @@ import hashlib
 import hmac
 import re
 import secrets
-from typing import Annotated, Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-from pydantic_settings import NoDecode
+from pydantic import Field, field_validator
 from starlette.requests import Request
 from starlette.responses import Response
 
-from service.config import optional_str, split_list
 from service.core.errors import FlowRefused
 from service.core.handles import handle_hash
 from service.core.identity import Identity
 from service.core.records import VerificationRecord
-from service.core.urls import origin, url_problem
+from service.core.urls import origin
 from service.core.verification import RedirectFirst, Returned, VerificationAttempt
 
-from .base import RouteKit, VerifierContext, VerifierRoute, VerifierRoutes, claim_for_browser, insert_verification
+from .base import (
+    OptionalText,
+    OptionalUrl,
+    RouteKit,
+    TextList,
+    VerifierContext,
+    VerifierRoute,
+    VerifierRoutes,
+    VerifierSettings,
+    claim_for_browser,
+    insert_verification,
+)
 
 RETURN_PATH = "/identity/confirm/return"
 _HANDLE = re.compile(r"[A-Za-z0-9_\-]{20,128}")
 MAX_USER_ID_LENGTH = 512
 
 
-class ConfirmSettings(BaseModel):
+class ConfirmSettings(VerifierSettings):
     """`[identity.confirm]`: the operator's own app confirms its logged-in user over an authenticated call."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
-
-    operator_url: str | None = None
+    operator_url: OptionalUrl = None
     """Where Continue sends the browser: a page of your app, which gets ?flow_id=<id> and confirms its logged-in user
     with POST /v1/identity/confirm."""
-    issuer: str | None = None
+    issuer: OptionalText = None
     """The issuer your app's user ids belong to (what the agent reports as Identity.issuer)."""
-    api_key_hashes: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    api_key_hashes: TextList = Field(default_factory=list)
     """SHA-256 hex digests of the API keys your app may use (never the keys); several allow rotation. In the
     environment: comma-separated."""
-
-    @field_validator("operator_url", "issuer", mode="before")
-    @classmethod
-    def _empty_is_none(cls, value: Any) -> Any:
-        return optional_str(value)
-
-    @field_validator("operator_url")
-    @classmethod
-    def _check_operator_url(cls, value: str | None) -> str | None:
-        if value is not None and (problem := url_problem(value.strip())) is not None:
-            raise ValueError(problem)
-        return value.strip() if value is not None else None
-
-    @field_validator("api_key_hashes", mode="before")
-    @classmethod
-    def _split_hashes(cls, value: Any) -> Any:
-        return split_list(value)
 
     @field_validator("api_key_hashes")
     @classmethod

@@ -18,7 +18,7 @@ import re
 import secrets
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import NoDecode
 from starlette.requests import Request
 from starlette.responses import Response
@@ -28,12 +28,23 @@ from service.core.errors import ConnectorError, FlowRefused, ProviderError, Vaul
 from service.core.handles import handle_hash, verification_aad
 from service.core.identity import Identity
 from service.core.records import VerificationRecord
-from service.core.urls import origin, url_problem
+from service.core.urls import origin
 from service.core.verification import RedirectFirst, Returned, VerificationAttempt
 from service.oauth import EndpointError, IdTokenError, IdTokenExpectations, ProviderGateway, ResolvedProvider
 from service.providers import ProviderEntry, TokenEndpointAuthMethod
 
-from .base import RouteKit, VerifierContext, VerifierRoute, VerifierRoutes, claim_for_browser, insert_verification
+from .base import (
+    EmptyIsNone,
+    OptionalText,
+    OptionalUrl,
+    RouteKit,
+    VerifierContext,
+    VerifierRoute,
+    VerifierRoutes,
+    VerifierSettings,
+    claim_for_browser,
+    insert_verification,
+)
 
 log = logging.getLogger("service.identity.oidc")
 
@@ -43,19 +54,17 @@ GATEWAY_NAME = "@identity.oidc"
 _ERROR_CODE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 
 
-class OidcSettings(BaseModel):
+class OidcSettings(VerifierSettings):
     """`[identity.oidc]`: the operator's OpenID Connect identity provider (authorization code + PKCE)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
-
-    discovery_url: str | None = None
+    discovery_url: OptionalUrl = None
     """The identity provider's discovery document (.../.well-known/openid-configuration; https unless loopback).
     Register <public_base_url>/identity/oidc/callback there."""
-    client_id: str | None = None
+    client_id: OptionalText = None
     """The connector's client id at the identity provider."""
     client_secret: SecretStr | None = None
     """Its client secret, from the environment only; unset: a public client (PKCE only)."""
-    token_endpoint_auth_method: TokenEndpointAuthMethod | None = None
+    token_endpoint_auth_method: Annotated[TokenEndpointAuthMethod | None, EmptyIsNone] = None
     """How the client authenticates at the token endpoint; unset: client_secret_basic or client_secret_post as the
     discovery document lists them, or none (PKCE only) without a secret."""
     scopes: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["openid"])
@@ -63,24 +72,12 @@ class OidcSettings(BaseModel):
     leeway_seconds: int = Field(default=60, ge=0, le=600)
     """Clock skew allowed when checking the ID token's exp and iat."""
 
-    @field_validator("discovery_url", "client_id", "token_endpoint_auth_method", mode="before")
-    @classmethod
-    def _empty_is_none(cls, value: Any) -> Any:
-        return optional_str(value)
-
     @field_validator("client_secret", mode="before")
     @classmethod
     def _empty_secret_is_none(cls, value: Any) -> Any:
         if isinstance(value, SecretStr):
             value = value.get_secret_value()
         return optional_str(value)
-
-    @field_validator("discovery_url")
-    @classmethod
-    def _check_discovery_url(cls, value: str | None) -> str | None:
-        if value is not None and (problem := url_problem(value.strip())) is not None:
-            raise ValueError(problem)
-        return value.strip() if value is not None else None
 
     @field_validator("scopes", mode="before")
     @classmethod

@@ -8,47 +8,31 @@ other peer are refused with an audit event, never silently ignored: they are som
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-from pydantic_settings import NoDecode
+from pydantic import Field, field_validator
 
-from service.config import optional_str, split_list
 from service.core.errors import FlowRefused
 from service.core.identity import Identity
 from service.core.verification import VerificationAttempt, Verified
 
-from .base import NoRoutes, VerifierContext
+from .base import NoRoutes, OptionalText, TextList, VerifierContext, VerifierSettings
 
 MAX_SUBJECT_LENGTH = 512
 
 
-class TrustedHeaderSettings(BaseModel):
+class TrustedHeaderSettings(VerifierSettings):
     """`[identity.trusted_header]`: an authenticating reverse proxy (oauth2-proxy, ...) names the user."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
-
-    issuer: str | None = None
+    issuer: OptionalText = None
     """The issuer the proxy's user names belong to (what the agent reports as Identity.issuer). Required."""
-    user_headers: Annotated[list[str], NoDecode] = Field(
-        default_factory=lambda: ["X-Forwarded-User", "X-Auth-Request-User"]
-    )
+    user_headers: TextList = Field(default_factory=lambda: ["X-Forwarded-User", "X-Auth-Request-User"])
     """Headers that carry the user name, in the order they are read; two naming different users are refused, and any
     of them from outside server.trusted_proxies is refused with 403."""
-    email_header: str | None = None
+    email_header: OptionalText = None
     """The header with the user's email (e.g. X-Auth-Request-Email); needed when subject is email."""
     subject: Literal["user", "email"] = "user"
     """Which header gives Identity.subject: user (user_headers) or email (email_header, lower-cased)."""
-
-    @field_validator("issuer", "email_header", mode="before")
-    @classmethod
-    def _empty_is_none(cls, value: Any) -> Any:
-        return optional_str(value)
-
-    @field_validator("user_headers", mode="before")
-    @classmethod
-    def _split_headers(cls, value: Any) -> Any:
-        return split_list(value)
 
     @field_validator("user_headers")
     @classmethod
