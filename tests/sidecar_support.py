@@ -163,7 +163,7 @@ async def serve_app(app: Starlette) -> AsyncIterator[str]:
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
-        server.should_exit = True
+        server.stop()
         await task
 
 

@@ -150,7 +150,7 @@ async def metrics_listener(deploy_with: Deploy, metrics_port: int) -> AsyncItera
         try:
             yield deployment, f"http://127.0.0.1:{metrics_port}"
         finally:
-            server.should_exit = True
+            server.stop()
             await task
 
 
