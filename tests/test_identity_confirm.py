@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -13,6 +14,8 @@ import pytest
 
 from service import Connector, load_settings
 from service.core.errors import ConfigError
+from service.core.handles import handle_hash
+from service.core.records import VerificationRecord
 from service.testing import ScriptedBrowser
 
 from .conftest import ALICE, BOB, Deploy, Deployment
@@ -161,6 +164,43 @@ async def test_unknown_and_replayed_flow_ids(operated: Deployment) -> None:
             assert onward.status_code == 303
             again = await browser.get(first.json()["next_uri"])
             assert again.status_code == 400 and again.headers["X-Connector-Error"] == "verification_used"
+
+
+async def test_a_flow_id_of_another_verifiers_row_counts_for_nothing(operated: Deployment) -> None:
+    """A row another verifier wrote (e.g. before the configuration changed) is no hand-off, even if its handle hash
+    matches the flow id: the operator's call is refused as an unknown flow and changes nothing."""
+    store = operated.connector.runtime.store
+    now = operated.connector.clock()
+    flow_id = "C" * 43
+    async with started(operated, ALICE) as pending:
+        await store.verifications.insert(
+            VerificationRecord(
+                id="other-verifiers-row",
+                elicitation_id=pending.elicitation_id,
+                verifier="oidc",
+                handle_hash=handle_hash("confirm-flow", flow_id),
+                return_hash=None,
+                browser_binding_hash="x" * 64,
+                nonce=None,
+                pkce_key_id=None,
+                pkce_ciphertext=None,
+                outcome=None,
+                identity=None,
+                created_at=now,
+                expires_at=now + timedelta(minutes=10),
+                confirmed_at=None,
+                used_at=None,
+            )
+        )
+        refused = await confirm(operated, {"flow_id": flow_id, "user_id": "alice"})
+        assert refused.status_code == 404 and refused.json()["error"]["code"] == "unknown_flow"
+        assert (await last_event(operated, "unknown_verification")).detail == {
+            "identity_verifier": "confirm",
+            "step": "confirm",
+        }
+        row = await store.verifications.get_by_handle(handle_hash("confirm-flow", flow_id))
+        assert row is not None and row.confirmed_at is None and row.return_hash is None
+        await assert_nothing_happened(operated, pending)
 
 
 async def test_the_return_on_another_browser_is_refused(operated: Deployment) -> None:

@@ -204,6 +204,17 @@ async def insert_verification(
     )
 
 
+def own_verification(
+    record: VerificationRecord | None, verifier: str, *, code: str = "unknown_verification", step: str | None = None
+) -> VerificationRecord:
+    """The row a handle brought back, if `verifier` wrote it: a handle that found no row, or another verifier's
+    row, is refused (FlowRefused `code`, audited as `unknown_verification`)."""
+    if record is None or record.verifier != verifier:
+        audit = {"identity_verifier": verifier} if step is None else {"identity_verifier": verifier, "step": step}
+        raise FlowRefused(code, event="unknown_verification", audit=audit)
+    return record
+
+
 async def claim_for_browser(
     ctx: VerifierContext, record: VerificationRecord, browser_binding: str | None, *, verifier: str
 ) -> VerificationRecord:

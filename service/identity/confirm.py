@@ -37,6 +37,7 @@ from .base import (
     VerifierSettings,
     claim_for_browser,
     insert_verification,
+    own_verification,
 )
 
 RETURN_PATH = "/identity/confirm/return"
@@ -122,13 +123,7 @@ class ConfirmVerifier:
         record = None
         if _HANDLE.fullmatch(flow_id):
             record = await self.ctx.store.verifications.get_by_handle(handle_hash("confirm-flow", flow_id))
-        if record is None or record.verifier != self.name:
-            raise FlowRefused(
-                "unknown_flow",
-                event="unknown_verification",
-                audit={"identity_verifier": self.name, "step": "confirm"},
-            )
-        return record
+        return own_verification(record, self.name, code="unknown_flow", step="confirm")
 
     async def record_answer(self, record: VerificationRecord, identity: Identity, *, matched: bool) -> str:
         """Store the operator's answer once; return the code for the browser's return URL."""
@@ -164,12 +159,7 @@ class ConfirmVerifier:
         record = None
         if code and _HANDLE.fullmatch(code):
             record = await self.ctx.store.verifications.get_by_return(handle_hash("confirm-return", code))
-        if record is None or record.verifier != self.name:
-            raise FlowRefused(
-                "unknown_verification",
-                event="unknown_verification",
-                audit={"identity_verifier": self.name, "step": "return"},
-            )
+        record = own_verification(record, self.name, step="return")
         record = await claim_for_browser(self.ctx, record, browser_binding, verifier=self.name)
         assert record.identity is not None
         return Returned(

@@ -44,6 +44,7 @@ from .base import (
     VerifierSettings,
     claim_for_browser,
     insert_verification,
+    own_verification,
 )
 
 log = logging.getLogger("service.identity.oidc")
@@ -136,10 +137,7 @@ class OidcVerifier:
         record = None
         if state:
             record = await self.ctx.store.verifications.get_by_handle(handle_hash("oidc-state", state))
-        if record is None or record.verifier != self.name:
-            raise FlowRefused(
-                "unknown_verification", event="unknown_verification", audit={"identity_verifier": self.name}
-            )
+        record = own_verification(record, self.name)
         record = await claim_for_browser(self.ctx, record, browser_binding, verifier=self.name)
         provider = await self._provider(record.elicitation_id)
         if not self.providers.issuer_acceptable(provider, provider.issuer, params.get("iss")):
