@@ -150,10 +150,14 @@ class Metrics:
         try:
             yield
         except Exception:
-            self.provider_errors.labels(label, endpoint.value).inc()
+            self.provider_failed(provider, endpoint)
             raise
         finally:
             self.provider_latency.labels(label, endpoint.value).observe(time.perf_counter() - start)
+
+    def provider_failed(self, provider: str, endpoint: ProviderEndpoint) -> None:
+        """Count a failed call of `endpoint` (also one that answered, with a refusal)."""
+        self.provider_errors.labels(self.provider(provider), endpoint.value).inc()
 
     def rate_limit_refused(self, route: str, key: str) -> None:
         self.rate_limited.labels(route, key).inc()

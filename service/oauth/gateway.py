@@ -261,7 +261,7 @@ class ProviderGateway:
         with self.metrics.provider_call(provider.name, ProviderEndpoint.REVOCATION):
             revoked = await revoke(provider, self.http_client(provider), tokens)
         if not revoked:  # best effort: a refusal is not raised, but it is an error of that endpoint
-            self.metrics.provider_errors.labels(self.metrics.provider(provider.name), "revocation").inc()
+            self.metrics.provider_failed(provider.name, ProviderEndpoint.REVOCATION)
         return revoked
 
     async def _call(self, provider: ResolvedProvider, endpoint: ProviderEndpoint, call: Awaitable[T]) -> T:
