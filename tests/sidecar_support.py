@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import os
+import select
 import socket
+import subprocess
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import IO, Any
 
 import httpx
 from starlette.applications import Starlette
@@ -132,6 +136,90 @@ async def running_sidecar(tmp_path: Path, provider: MockOAuthProvider) -> AsyncI
                 yield Sidecar(env["CONNECTOR_PUBLIC_BASE_URL"], key, store, ALICE, pid, log_file, env)
             finally:
                 await store.close()
+
+
+@dataclass
+class SharedSidecar:
+    """A sidecar process (and a mock provider process) that many tests share: each test brings its own API key,
+    so its own tenant (elicitations, events and connections are the tenant's), and starts without grants."""
+
+    base_url: str
+    database_url: str
+    log_file: Path
+
+
+Popen = subprocess.Popen[bytes]
+
+# Limits per client address count every test on the one loopback address; raised so tests cannot starve each
+# other (the rate-limit tests run their own deployments).
+SHARED_LIMITS = {
+    f"CONNECTOR_RATE_LIMIT__{name}": "1000000"
+    for name in ("CONNECT_PER_ADDRESS", "CALLBACK_PER_ADDRESS", "CONFIRM_PER_ADDRESS", "AUDIT_PER_ADDRESS")
+}
+
+
+@contextmanager
+def shared_sidecar(tmp_path: Path) -> Iterator[SharedSidecar]:
+    """`acp-connector mock-provider` and `acp-connector serve` in processes of their own until the block ends."""
+    credentials = ("shared-client", "shared-secret")
+    log_file = tmp_path / "sidecar.log"
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith("CONNECTOR_")}
+    provider_env = {provider_env_var("github", "CLIENT_ID"): credentials[0]}
+    provider_env[provider_env_var("github", "CLIENT_SECRET")] = credentials[1]
+    with (
+        log_file.open("ab") as log,
+        _process(["mock-provider", "--port", "0"], {**base_env, **provider_env}, log) as mock,
+    ):
+        provider = MockOAuthProvider(base_url=_mock_provider_url(mock))  # for its catalog entry only
+        env = sidecar_env(tmp_path, {"github": provider.catalog_entry()}, {"github": credentials}) | SHARED_LIMITS
+        migrate(env["CONNECTOR_DATABASE__URL"])
+        with _process(["serve"], {**base_env, **env}, log, stdout=log) as sidecar:
+            _wait_until_serving(sidecar, env["CONNECTOR_PUBLIC_BASE_URL"], log_file)
+            yield SharedSidecar(env["CONNECTOR_PUBLIC_BASE_URL"], env["CONNECTOR_DATABASE__URL"], log_file)
+
+
+@contextmanager
+def _process(args: list[str], env: dict[str, str], log: IO[bytes], stdout: Any = subprocess.PIPE) -> Iterator[Popen]:
+    """`acp-connector ARGS` in a process of its own (stderr to `log`) until the block ends."""
+    command = [sys.executable, "-m", "service.cli", *args]
+    process = subprocess.Popen(command, env=env, cwd=ROOT, stdout=stdout, stderr=log)
+    try:
+        yield process
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
+
+
+def _mock_provider_url(process: Popen, timeout: float = 60) -> str:
+    """The base URL `acp-connector mock-provider` names in the first line it prints once it listens."""
+    assert process.stdout is not None
+    ready, _, _ = select.select([process.stdout], [], [], timeout)
+    line = process.stdout.readline().decode() if ready else ""
+    prefix = "# mock OAuth provider at "
+    if not line.startswith(prefix):
+        raise RuntimeError(f"the mock provider did not start (exit status {process.poll()}, said {line!r})")
+    return line.removeprefix(prefix).split(";", 1)[0]
+
+
+def _wait_until_serving(process: Popen, base_url: str, log_file: Path) -> None:
+    with httpx.Client(timeout=2) as probe:
+        for _ in range(1200):
+            if process.poll() is not None:
+                raise RuntimeError(f"the sidecar exited with {process.returncode}; see {log_file}")
+            try:
+                answer = probe.get(f"{base_url}/v1/openapi.json")
+                if answer.status_code == 200 and answer.json()["servers"][0]["url"] == base_url:
+                    return
+            except (httpx.HTTPError, ValueError, KeyError):
+                pass
+            time.sleep(0.05)
+    raise RuntimeError("the sidecar did not come up")
 
 
 def bulk_api() -> Starlette:

@@ -1,18 +1,18 @@
 """Every rule of the ACP elicitation text that binds the Agent, checked on the wire.
 
 Each test runs twice: against the embedded connector, and against the Python sidecar client (`SidecarClient`)
-talking to a real sidecar process; the assertions on the wire are the same. The README's "Protocol
-conformance" table points at the tests here.
+talking to a real sidecar process (one per test worker, each test a tenant of its own); the assertions on the wire
+are the same. The README's "Protocol conformance" table points at the tests here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Iterator
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,7 +22,7 @@ from service import AuthorizationStatus, ElicitationStatus, Identity, RequestSco
 from service.client import SidecarClient
 from service.core.records import ElicitationRecord
 from service.store import Store
-from service.testing import MockOAuthProvider, ScriptedBrowser
+from service.testing import ScriptedBrowser
 
 from .acp_peers import (
     AgentFacing,
@@ -34,8 +34,9 @@ from .acp_peers import (
     raw_peer,
     status_is,
 )
-from .conftest import BOB, Deploy
-from .sidecar_support import running_sidecar
+from .api_support import make_key
+from .conftest import ALICE, BOB, Deploy
+from .sidecar_support import SharedSidecar, shared_sidecar
 
 URL = {"url": {}}
 
@@ -65,11 +66,26 @@ async def embedded_deployment(deploy_with: Deploy) -> AsyncIterator[Deployment]:
         yield Deployment(connector, connector.runtime.store, embedded.base_url, embedded.local_user)
 
 
+@pytest.fixture(scope="session")
+def sidecar_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedSidecar]:
+    """One sidecar process for every sidecar test of a worker (starting one takes seconds)."""
+    with shared_sidecar(tmp_path_factory.mktemp("sidecar")) as sidecar:
+        yield sidecar
+
+
 @pytest.fixture
-async def sidecar_deployment(tmp_path: Path, mock_provider: MockOAuthProvider) -> AsyncIterator[Deployment]:
-    async with running_sidecar(tmp_path, mock_provider) as sidecar:
-        async with SidecarClient(sidecar.base_url, sidecar.api_key) as client:
-            yield Deployment(client, sidecar.store, sidecar.base_url, sidecar.local_user)
+async def sidecar_deployment(sidecar_process: SharedSidecar) -> AsyncIterator[Deployment]:
+    """The shared sidecar, as a tenant of this test's own that starts without grants (they belong to users)."""
+    store = Store.from_url(sidecar_process.database_url)
+    try:
+        for user in (ALICE, BOB):
+            for grant in await store.grants.find(user, "github"):
+                await store.grants.delete(grant.id)
+        key = await make_key(store, tenant=f"conformance-{uuid.uuid4().hex[:12]}")
+        async with SidecarClient(sidecar_process.base_url, key) as client:
+            yield Deployment(client, store, sidecar_process.base_url, ALICE)
+    finally:
+        await store.close()
 
 
 # (elicitation capability as sent, URL mode advertised?)
