@@ -214,7 +214,7 @@ async def test_fuzz_gives_no_server_errors(deployment: Deployment) -> None:
 
 async def test_fuzz_on_postgresql_gives_no_server_errors_and_writes_nothing_it_refused(deploy_with: Deploy) -> None:
     """PostgreSQL refuses what SQLite lets through (NUL bytes, overlong values): the same pass there."""
-    async with fresh_postgres_database() as url, deploy_with(CONNECTOR_DATABASE__URL=url) as deployment:
+    async with fresh_postgres_database(migrated=True) as url, deploy_with(CONNECTOR_DATABASE__URL=url) as deployment:
         await fuzz(deployment, seed=16, requests=1000)
 
 

@@ -449,7 +449,7 @@ async def run_fuzz(
     caplog.set_level(logging.WARNING, logger="httpcore")
     caplog.set_level(logging.WARNING, logger="httpx")
     async with (
-        fresh_postgres_database() as url,
+        fresh_postgres_database(migrated=True) as url,
         deploy_with(ALICE, CONNECTOR_DATABASE__URL=url, **QUIET_LIMITS, **ONE_WINDOW, **settings) as deployment,
     ):
         store = deployment.connector.runtime.store

@@ -36,8 +36,7 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
         yield store
         await store.close()
         return
-    async with fresh_postgres_database() as url:
-        migrate(url)
+    async with fresh_postgres_database(migrated=True) as url:
         store = Store.from_url(url)
         try:
             yield store

@@ -39,7 +39,7 @@ async def _set_outage(url: str, down: bool) -> None:
 async def test_the_sweeper_survives_a_database_outage(deploy_with: Deploy, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="service.sweeper")
     async with (
-        fresh_postgres_database() as url,
+        fresh_postgres_database(migrated=True) as url,
         deploy_with(CONNECTOR_DATABASE__URL=url, CONNECTOR_ELICITATION__SWEEP_INTERVAL_SECONDS="0.02") as deployment,
     ):
         connector = deployment.connector
