@@ -23,7 +23,8 @@ async def row_counts(store: Store) -> dict[str, int]:
 async def raw_exchange(base_url: str, head: bytes, *, chunk: bytes = b"", max_chunks: int = 0) -> tuple[bytes, int]:
     """Send `head` on a fresh connection, then `chunk` up to `max_chunks` times until the server answers.
 
-    Returns what the server answered (until it closes or goes quiet) and how many body bytes were sent.
+    Returns what the server answered (until the answer is complete by its Content-Length, or the server closes
+    or goes quiet) and how many body bytes were sent.
     """
     host, port = base_url.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
@@ -43,7 +44,7 @@ async def raw_exchange(base_url: str, head: bytes, *, chunk: bytes = b"", max_ch
             except ConnectionError:
                 break
             sent += len(chunk)
-        while True:
+        while not _complete(answer):
             try:
                 more = await asyncio.wait_for(reader.read(65536), 2.0)
             except (TimeoutError, ConnectionError):
@@ -54,6 +55,18 @@ async def raw_exchange(base_url: str, head: bytes, *, chunk: bytes = b"", max_ch
         return answer, sent
     finally:
         writer.close()
+
+
+def _complete(answer: bytes) -> bool:
+    """Whether `answer` holds a whole HTTP/1.1 response: its head, and as much body as its Content-Length says."""
+    head, separator, body = answer.partition(b"\r\n\r\n")
+    if not separator:
+        return False
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return len(body) >= int(value.strip())
+    return False
 
 
 def status_of_raw(answer: bytes) -> int:
