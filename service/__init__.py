@@ -23,6 +23,7 @@ from .core.identity import Identity
 from .core.outcomes import AuthorizationOutcome, AuthorizationStatus, GrantInfo
 from .core.scopes import RequestScope, SessionScope
 from .core.states import ElicitationStatus
+from .core.webhooks import WebhookVerificationError, verify_webhook
 
 __all__ = [
     "AcpLink",
@@ -46,9 +47,11 @@ __all__ = [
     "SessionScope",
     "Settings",
     "UnknownProvider",
+    "WebhookVerificationError",
     "generate_key",
     "load_settings",
     "migrate_database",
     "url_mode_advertised",
     "use_development_key",
+    "verify_webhook",
 ]

@@ -35,7 +35,8 @@ from .core.retention import RetentionPolicy
 from .core.settings import FlowSettings
 from .core.sweeper import Sweeper
 from .core.verification import IdentityStep
-from .events import LocalBus, OutboxFeed, PgBus, Replica
+from .core.webhooks import WebhookDispatcher, WebhookEndpoints, WebhookPolicy
+from .events import HttpWebhookSender, LocalBus, OutboxFeed, PgBus, Replica, WebhookWorker
 from .identity import IdentityVerifier, VerifierContext
 from .identity import registry as verifiers
 from .metrics import Metrics
@@ -83,6 +84,8 @@ class Runtime:
     agent_api: AgentApi
     rate_limiter: RateLimiter
     replica: Replica
+    webhooks: WebhookEndpoints
+    webhook_worker: WebhookWorker | None  # None when this replica does not deliver (`webhooks.deliver`)
     # Started by `start`: reads each configured provider's discovery document and logs what is wrong.
     provider_check: asyncio.Task[list[ProviderReport]] | None = field(default=None, init=False, repr=False)
 
@@ -93,6 +96,8 @@ class Runtime:
         await self.bus.start()
         await self.replica.start()
         await self.feed.start()
+        if self.webhook_worker is not None:
+            await self.webhook_worker.start()
         self.sweeper.start()
         self.provider_check = asyncio.create_task(log_provider_problems(self.providers))
 
@@ -102,6 +107,8 @@ class Runtime:
             await asyncio.gather(self.provider_check, return_exceptions=True)
         await self.sweeper.close()
         await self.feed.close()
+        if self.webhook_worker is not None:
+            await self.webhook_worker.close()
         await self.acp.close()
         await self.replica.close()
         await self.bus.close()
@@ -117,6 +124,32 @@ def flow_settings(settings: Settings) -> FlowSettings:
         max_mismatches=settings.identity.max_mismatches,
         verifier_name=settings.identity.verifier,
     )
+
+
+def webhook_policy(settings: Settings) -> WebhookPolicy:
+    section = settings.webhooks
+    return WebhookPolicy(
+        allow_private_addresses=section.allow_private_addresses,
+        timeout=timedelta(seconds=section.timeout_seconds),
+        retry_initial=timedelta(seconds=section.retry_initial_seconds),
+        retry_max=timedelta(seconds=section.retry_max_seconds),
+        max_age=timedelta(seconds=section.max_age_seconds),
+    )
+
+
+def build_webhooks(
+    settings: Settings, store: Store, vault: Vault, bus: LocalBus, clock: Clock
+) -> tuple[WebhookEndpoints, WebhookWorker | None]:
+    """The tenants' webhook endpoints, and this replica's delivery task (unless `webhooks.deliver` is off)."""
+    policy = webhook_policy(settings)
+    endpoints = WebhookEndpoints(store.webhooks, store.outbox, vault, policy, clock)
+    if not settings.webhooks.deliver:
+        return endpoints, None
+    sender = HttpWebhookSender(
+        timeout=settings.webhooks.timeout_seconds, allow_private=settings.webhooks.allow_private_addresses
+    )
+    dispatcher = WebhookDispatcher(endpoints, store.outbox, sender, store.origin)
+    return endpoints, WebhookWorker(dispatcher, bus, sender, interval=settings.webhooks.poll_interval_seconds)
 
 
 def pool_settings(settings: Settings) -> PoolSettings:
@@ -268,6 +301,7 @@ def build_runtime(settings: Settings) -> Runtime:
     elicitations = Elicitations(store, bus, providers, flow, clock, metrics, unattributed=audit_budget)
     browser = BrowserFlow(elicitations, store, vault, providers)
     verifier = build_verifier(VerifierContext(settings, flow, store, vault, providers, clock))
+    webhooks, webhook_worker = build_webhooks(settings, store, vault, bus, clock)
     return Runtime(
         settings=settings,
         clock=clock,
@@ -284,6 +318,8 @@ def build_runtime(settings: Settings) -> Runtime:
         metrics=metrics,
         feed=feed,
         replica=replica,
+        webhooks=webhooks,
+        webhook_worker=webhook_worker,
         sweeper=Sweeper(
             elicitations,
             retention_policy(settings),
@@ -343,6 +379,7 @@ def build_web_app(runtime: Runtime) -> Starlette:
                 tokens=runtime.tokens,
                 providers=runtime.providers,
                 bus=runtime.bus,
+                webhooks=runtime.webhooks,
                 settings=runtime.settings.api,
                 public_base_url=runtime.settings.public_base_url,
             )

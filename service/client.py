@@ -29,6 +29,7 @@ from .core.identity import Identity
 from .core.lifecycle import AnswerKind, ClientAnswer, covers
 from .core.outcomes import CLIENT_DISCONNECTED, AuthorizationOutcome, AuthorizationStatus, GrantInfo
 from .core.scopes import ElicitationScope, SessionScope
+from .core.webhooks import WebhookVerificationError, verify_webhook
 
 # How long one long-poll asks the sidecar to hold; between polls the client checks its ACP connection.
 WAIT_SECONDS = 10.0
@@ -323,4 +324,4 @@ def _outcome(state: Mapping[str, Any], error_code: int | None) -> AuthorizationO
     )
 
 
-__all__ = ["SidecarClient", "SidecarError"]
+__all__ = ["SidecarClient", "SidecarError", "WebhookVerificationError", "verify_webhook"]

@@ -64,6 +64,7 @@ __all__ = [
     "ServerSettings",
     "Settings",
     "VaultSettings",
+    "WebhookSettings",
     "load_settings",
     "nearest",
     "optional_str",
@@ -424,6 +425,29 @@ class ApiSettings(_Section):
     """Longest a whole proxied exchange may take."""
 
 
+class WebhookSettings(_Section):
+    """`[webhooks]`: signed webhooks of the /v1 API (endpoints registered per API key with `POST /v1/webhooks` or
+    `acp-connector webhooks create`)."""
+
+    deliver: bool = True
+    """Whether this replica makes webhook deliveries (any number of replicas may; each attempt is made by one)."""
+    allow_private_addresses: bool = False
+    """Allow endpoints on loopback, private, link-local or otherwise non-public addresses (and http to a loopback
+    host). Off: such addresses are refused when an endpoint is registered and, after name resolution, before every
+    attempt. For tests and local development only."""
+    timeout_seconds: float = Field(default=10.0, gt=0, le=60)
+    """The longest one attempt may take, connecting included."""
+    retry_initial_seconds: float = Field(default=5.0, gt=0, le=3600)
+    """The wait after the first failed attempt; it doubles with each failure (with jitter) up to retry_max_seconds."""
+    retry_max_seconds: float = Field(default=3600.0, gt=0, le=86400)
+    """The longest wait between two attempts."""
+    max_age_seconds: float = Field(default=86400.0, gt=0, le=604800)
+    """A delivery that has not succeeded this long after its event is given up (status `failed`)."""
+    poll_interval_seconds: float = Field(default=1.0, gt=0, le=60)
+    """How often a replica looks for due retries and for events other replicas logged (its own events are sent at
+    once)."""
+
+
 class Settings(BaseSettings):
     """All settings of one connector. Build it with `load_settings`; it is immutable once built."""
 
@@ -459,6 +483,7 @@ class Settings(BaseSettings):
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
     replicas: ReplicaSettings = Field(default_factory=ReplicaSettings)
+    webhooks: WebhookSettings = Field(default_factory=WebhookSettings)
     config_file: Path | None = None
 
     @field_validator("public_base_url")

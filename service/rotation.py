@@ -29,15 +29,17 @@ MAX_PASSES = 10  # a grant another replica keeps rewriting under an old key is l
 
 @dataclass(frozen=True, slots=True)
 class KeyUsage:
-    """What one key id still encrypts: grants, and secrets of flows still in progress (at most minutes old)."""
+    """What one key id still encrypts: grants, webhook endpoint secrets, and secrets of flows still in progress (at
+    most minutes old)."""
 
     grants: int = 0
     open_flows: int = 0
     open_verifications: int = 0
+    webhook_secrets: int = 0
 
     @property
     def in_use(self) -> bool:
-        return bool(self.grants or self.open_flows or self.open_verifications)
+        return bool(self.grants or self.open_flows or self.open_verifications or self.webhook_secrets)
 
 
 async def key_usage(store: Store, now: datetime) -> dict[str, KeyUsage]:
@@ -45,9 +47,12 @@ async def key_usage(store: Store, now: datetime) -> dict[str, KeyUsage]:
     grants = await store.grants.count_by_key()
     flows = await store.flows.open_by_key(now)
     verifications = await store.verifications.open_by_key(now)
+    webhooks = await store.webhooks.count_by_key()
     return {
-        key_id: KeyUsage(grants.get(key_id, 0), flows.get(key_id, 0), verifications.get(key_id, 0))
-        for key_id in sorted({*grants, *flows, *verifications})
+        key_id: KeyUsage(
+            grants.get(key_id, 0), flows.get(key_id, 0), verifications.get(key_id, 0), webhooks.get(key_id, 0)
+        )
+        for key_id in sorted({*grants, *flows, *verifications, *webhooks})
     }
 
 

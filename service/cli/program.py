@@ -16,7 +16,7 @@ from typing import TextIO
 
 from ..core.errors import ConfigError, ConnectorError, VaultError
 from ..version import __version__
-from . import api_keys, keys, migrate, mock_provider, providers, purge, serve
+from . import api_keys, keys, migrate, mock_provider, providers, purge, serve, webhooks
 from .framework import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -32,7 +32,16 @@ from .framework import (
 )
 
 # Each module registers its commands (`register(commands)`); a new command group is a new module listed here.
-COMMAND_MODULES: tuple[ModuleType, ...] = (serve, migrate, purge, providers, keys, api_keys, mock_provider)
+COMMAND_MODULES: tuple[ModuleType, ...] = (
+    serve,
+    migrate,
+    purge,
+    providers,
+    keys,
+    api_keys,
+    webhooks,
+    mock_provider,
+)
 
 DESCRIPTION = """\
 The ACP OAuth connector: lets an ACP agent obtain a user's authorization at a third-party provider (GitHub,

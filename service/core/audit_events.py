@@ -74,6 +74,8 @@ _EVENTS: dict[str, str] = {
     "key_retired": "A vault key that no longer encrypts anything was retired (`acp-connector keys retire`).",
     "api_key_created": "An API key for the /v1 API was created (`acp-connector api-keys create`).",
     "api_key_revoked": "An API key for the /v1 API was revoked (`acp-connector api-keys revoke`).",
+    "webhook_created": "A webhook endpoint was registered for a tenant (detail: its id, the tenant, how: api or cli).",
+    "webhook_deleted": "A webhook endpoint was removed with its deliveries (detail: its id, the tenant, how).",
 }
 
 AUDIT_EVENTS: Mapping[str, str] = MappingProxyType(_EVENTS)

@@ -20,15 +20,19 @@ from .identity import Identity
 from .records import (
     ApiElicitationRecord,
     ApiKeyRecord,
+    AttemptRecord,
+    AttemptResult,
     AuditRecord,
     ElicitationRecord,
     FlowRecord,
     GrantRecord,
     TokenSet,
     VerificationRecord,
+    WebhookDeliveryRecord,
+    WebhookEndpointRecord,
 )
 from .retention import RetentionRepo
-from .states import CompletionDelivery, ElicitationStatus
+from .states import CompletionDelivery, DeliveryStatus, ElicitationStatus
 
 Tx = Any  # an open transaction of the store, passed through unchanged
 
@@ -258,3 +262,36 @@ class ProviderGateway(Protocol):
     ) -> Authorized:
         """Redeem the code; an OpenID provider's ID token must carry `nonce` and be issued after `issued_after`."""
         ...
+
+
+class WebhookRepo(Protocol):
+    """Webhook endpoints and deliveries (see `service.core.webhooks`)."""
+
+    async def insert_endpoint(self, rec: WebhookEndpointRecord, conn: Tx = None) -> None: ...
+    async def endpoints(self, tenant: str | None = None, conn: Tx = None) -> list[WebhookEndpointRecord]: ...
+    async def endpoint(self, id: str, conn: Tx = None) -> WebhookEndpointRecord | None: ...
+    async def delete_endpoint(self, id: str, conn: Tx = None) -> bool: ...
+    async def cursor(self, conn: Tx = None) -> int: ...
+    async def enqueue(
+        self, deliveries: Sequence[WebhookDeliveryRecord], *, from_cursor: int, to_cursor: int, conn: Tx = None
+    ) -> bool: ...
+    async def claim_due(
+        self, *, now: datetime, replica_id: str, lease_until: datetime, limit: int
+    ) -> list[WebhookDeliveryRecord]: ...
+    async def settle(
+        self,
+        delivery: WebhookDeliveryRecord,
+        *,
+        replica_id: str,
+        status: DeliveryStatus,
+        next_attempt_at: datetime | None,
+        attempt: AttemptRecord,
+    ) -> bool: ...
+    async def deliveries(self, endpoint_id: str, *, limit: int, conn: Tx = None) -> list[WebhookDeliveryRecord]: ...
+    async def attempts(self, delivery_id: str, conn: Tx = None) -> list[AttemptRecord]: ...
+
+
+class WebhookSender(Protocol):
+    """Sends one signed POST and says how it went; never follows a redirect, never keeps the response body."""
+
+    async def send(self, url: str, headers: Mapping[str, str], body: bytes) -> AttemptResult: ...

@@ -10,7 +10,7 @@ from enum import StrEnum
 from typing import Any, Literal
 
 from .identity import Identity
-from .states import ElicitationStatus
+from .states import DeliveryStatus, ElicitationStatus
 
 ScopeKind = Literal["session", "request"]
 
@@ -193,3 +193,64 @@ class ApiElicitationRecord:
     connection_id: str | None
     created_at: datetime
     answered_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookEndpointRecord:
+    """A tenant's webhook endpoint. The secret is stored encrypted (`secret_key_id`, `secret_ciphertext`)."""
+
+    id: str
+    tenant: str
+    url: str
+    description: str | None
+    secret_key_id: str
+    secret_ciphertext: bytes
+    after_event_id: int  # events up to this one (the log's newest when it was made) are not sent to it
+    created_at: datetime
+
+    def __repr__(self) -> str:
+        return f"WebhookEndpointRecord(id={self.id!r}, tenant={self.tenant!r}, url={self.url!r})"
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookDeliveryRecord:
+    """One event for one endpoint, and how its delivery stands."""
+
+    id: str
+    endpoint_id: str
+    event_id: int
+    elicitation_id: str
+    body: str
+    status: DeliveryStatus
+    attempts: int
+    next_attempt_at: datetime | None
+    claimed_by: str | None
+    lease_until: datetime | None
+    last_attempt_at: datetime | None
+    last_status_code: int | None
+    last_error: str | None
+    created_at: datetime
+    delivered_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptRecord:
+    """What one attempt gave (the response body is never kept)."""
+
+    delivery_id: str
+    attempt: int
+    replica_id: str
+    at: datetime
+    status_code: int | None
+    error: str | None
+    duration_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptResult:
+    status_code: int | None = None
+    error: str | None = None  # a short, secret-free name of what went wrong (timeout, connect_failed, ...)
+
+    @property
+    def delivered(self) -> bool:
+        return self.status_code is not None and 200 <= self.status_code < 300

@@ -29,6 +29,15 @@ class CompletionDelivery(StrEnum):
     UNDELIVERABLE = "undeliverable"  # no live connection could take it (closed, or its replica is gone)
 
 
+class DeliveryStatus(StrEnum):
+    """How a webhook delivery (one event for one endpoint) stands."""
+
+    PENDING = "pending"  # waiting for its next attempt (`next_attempt_at`)
+    DELIVERING = "delivering"  # a replica holds the attempt until `lease_until`
+    DELIVERED = "delivered"  # the endpoint answered 2xx
+    FAILED = "failed"  # no 2xx before the delivery was `max_age` old: no more attempts
+
+
 TERMINAL = frozenset(
     {
         ElicitationStatus.COMPLETED,

@@ -6,5 +6,6 @@ from .bus import Listener, LocalBus, Waiter
 from .feed import OutboxFeed
 from .pg import PgBus
 from .replica import Replica
+from .webhooks import HttpWebhookSender, WebhookWorker
 
-__all__ = ["Listener", "LocalBus", "OutboxFeed", "PgBus", "Replica", "Waiter"]
+__all__ = ["HttpWebhookSender", "Listener", "LocalBus", "OutboxFeed", "PgBus", "Replica", "Waiter", "WebhookWorker"]

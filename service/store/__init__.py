@@ -22,6 +22,7 @@ from .retention import RetentionRepository
 from .schema import alembic_config, head_revision, migrate
 from .schema import check_schema as _check_schema
 from .verifications import VerificationRepository
+from .webhooks import WebhookRepository
 
 __all__ = [
     "ApiElicitationRepository",
@@ -37,6 +38,7 @@ __all__ = [
     "RetentionRepository",
     "Store",
     "VerificationRepository",
+    "WebhookRepository",
     "alembic_config",
     "create_engine",
     "display_url",
@@ -66,6 +68,7 @@ class Store:
         self.api_keys = ApiKeyRepository(db)
         self.api_elicitations = ApiElicitationRepository(db)
         self.replicas = ReplicaRepository(db)
+        self.webhooks = WebhookRepository(db)
 
     @classmethod
     def from_url(cls, url: str, pool: PoolSettings | None = None) -> Store:

@@ -35,7 +35,7 @@ MIGRATE_COMMAND = "acp-connector migrate"
 
 # The oldest schema revision this code runs against. Raise it (to the head) in the release whose code starts
 # to use something a migration adds: tests/test_rolling_upgrade.py runs the whole flow on a database at it.
-OLDEST_SCHEMA_REVISION = "0008"  # 0007: grants.refused_scopes; 0008: replicas, and who tells each completion
+OLDEST_SCHEMA_REVISION = "0009"  # 0009: webhook endpoints and deliveries (the delivery task reads them)
 
 
 def script_location() -> Path:

@@ -258,3 +258,64 @@ replicas = Table(
     Column("started_at", UTCDateTime, nullable=False),
     Column("heartbeat_at", UTCDateTime, nullable=False),
 )
+
+# Webhook endpoints of `/v1` tenants. The signing secret is stored only encrypted by the vault (associated data:
+# the endpoint's id and tenant). Events logged up to `after_event_id` (the newest when it was made) are not sent.
+webhook_endpoints = Table(
+    "webhook_endpoints",
+    metadata,
+    Column("id", ID, primary_key=True),
+    Column("tenant", String(64), nullable=False),
+    Column("url", Text, nullable=False),
+    Column("description", String(255), nullable=True),
+    Column("secret_key_id", String(64), nullable=False),
+    Column("secret_ciphertext", LargeBinary, nullable=False),
+    Column("after_event_id", BigInteger, nullable=False),
+    Column("created_at", UTCDateTime, nullable=False),
+    Index(None, "tenant"),
+)
+
+# One event for one endpoint. An attempt is taken by one replica by a conditional update (status `delivering`,
+# `claimed_by`, `lease_until`, `attempts` + 1); the body is the event as the stream sends it, never a secret.
+webhook_deliveries = Table(
+    "webhook_deliveries",
+    metadata,
+    Column("id", ID, primary_key=True),
+    Column("endpoint_id", ID, ForeignKey("webhook_endpoints.id", ondelete="CASCADE"), nullable=False),
+    Column("event_id", BigInteger, nullable=False),
+    Column("elicitation_id", ID, nullable=False),
+    Column("body", Text, nullable=False),
+    Column("status", String(16), nullable=False),  # pending | delivering | delivered | failed
+    Column("attempts", Integer, nullable=False),
+    Column("next_attempt_at", UTCDateTime, nullable=True),
+    Column("claimed_by", String(32), nullable=True),
+    Column("lease_until", UTCDateTime, nullable=True),
+    Column("last_attempt_at", UTCDateTime, nullable=True),
+    Column("last_status_code", Integer, nullable=True),
+    Column("last_error", String(128), nullable=True),
+    Column("created_at", UTCDateTime, nullable=False),
+    Column("delivered_at", UTCDateTime, nullable=True),
+    UniqueConstraint("endpoint_id", "event_id"),
+    Index(None, "status", "next_attempt_at"),
+)
+
+# Every attempt, one row each: (delivery, attempt number) is unique, so no attempt is made twice.
+webhook_attempts = Table(
+    "webhook_attempts",
+    metadata,
+    Column("delivery_id", ID, ForeignKey("webhook_deliveries.id", ondelete="CASCADE"), primary_key=True),
+    Column("attempt", Integer, primary_key=True, autoincrement=False),
+    Column("replica_id", String(32), nullable=False),
+    Column("at", UTCDateTime, nullable=False),
+    Column("status_code", Integer, nullable=True),
+    Column("error", String(128), nullable=True),
+    Column("duration_ms", Integer, nullable=False),
+)
+
+# One row: the last event-log id turned into webhook deliveries (moved by a conditional update).
+webhook_cursor = Table(
+    "webhook_cursor",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=False),
+    Column("last_event_id", BigInteger, nullable=False),
+)

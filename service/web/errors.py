@@ -202,6 +202,11 @@ REFUSALS: dict[str, Refusal] = {
     "proxy_path_refused": Refusal(400, "Path refused", "The path must stay under the provider's API base URL."),
     "upstream_unavailable": Refusal(502, "Provider unavailable", "The provider's API could not be reached."),
     "upstream_timeout": Refusal(504, "Provider timed out", "The provider's API did not answer in time."),
+    "webhook_url_refused": Refusal(400, "Webhook URL refused", "This URL cannot receive webhooks: {problem}."),
+    "webhook_limit": Refusal(
+        409, "Too many webhooks", "This API key's agent has as many webhook endpoints as allowed."
+    ),
+    "unknown_webhook": Refusal(404, "Unknown webhook", "No webhook endpoint with this id is known to this API key."),
 }
 
 _PROVIDER_FAILURE = Refusal(

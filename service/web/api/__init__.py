@@ -15,6 +15,7 @@ from starlette.routing import BaseRoute, Route
 
 from service.config import ApiSettings
 from service.core.agent_api import AgentApi
+from service.core.webhooks import WebhookEndpoints
 from service.events import LocalBus
 from service.oauth import ProviderGateway
 from service.tokens import TokenAccess
@@ -25,6 +26,7 @@ from .events import EventStream
 from .openapi import openapi_document
 from .proxy import ProxyRoute
 from .routes import ElicitationRoutes, Operation, Param
+from .webhooks import WebhookRoutes
 
 __all__ = ["ApiParts", "api_operations", "api_routes"]
 
@@ -37,6 +39,7 @@ class ApiParts:
     tokens: TokenAccess
     providers: ProviderGateway
     bus: LocalBus
+    webhooks: WebhookEndpoints
     settings: ApiSettings
     public_base_url: str
 
@@ -65,8 +68,10 @@ def api_operations(parts: ApiParts) -> list[Operation]:
         Param("Connector-User-Subject", "header", "The user's subject at that issuer.", required=True),
     )
     events = EventStream(parts.api, parts.bus)
+    webhooks = WebhookRoutes(parts.api, parts.webhooks, max_body=parts.settings.max_body_bytes)
     return [
         *elicitations.operations(),
+        *webhooks.operations(),
         Operation(
             "GET",
             "/v1/events",

@@ -11,7 +11,6 @@ replicas' when the bus carries them), and at least every `POLL_SECONDS`; it send
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 
 from starlette.requests import Request
@@ -19,12 +18,11 @@ from starlette.responses import Response, StreamingResponse
 
 from service.core.agent_api import AgentApi, tenant_of
 from service.core.events import ElicitationEvent
-from service.core.outcomes import TERMINAL_OUTCOMES
 from service.core.records import ApiKeyRecord
+from service.core.webhooks import event_body
 from service.events import LocalBus
 
 from ..inputs import invalid
-from . import models
 from .io import caller, query_text
 
 POLL_SECONDS = 1.0
@@ -88,13 +86,5 @@ class EventStream:
 
 
 def frame(event: ElicitationEvent) -> bytes:
-    outcome = TERMINAL_OUTCOMES.get(event.status)
-    body = models.Event(
-        id=event.id or 0,
-        elicitation_id=event.elicitation_id,
-        status=event.status,
-        outcome=outcome,
-        connection_id=event.connection_key.split(":", 2)[2] or None,
-    )
-    data = json.dumps(body.model_dump(mode="json", by_alias=True), separators=(",", ":"))
-    return f"id: {body.id}\nevent: elicitation\ndata: {data}\n\n".encode()
+    """One SSE frame; its data is the same JSON a webhook sends (`models.Event`)."""
+    return f"id: {event.id or 0}\nevent: elicitation\ndata: {event_body(event)}\n\n".encode()

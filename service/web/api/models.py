@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_vali
 from pydantic.alias_generators import to_camel
 
 from service.core.outcomes import AuthorizationStatus
-from service.core.states import ElicitationStatus
+from service.core.states import DeliveryStatus, ElicitationStatus
 
 # Printable text of bounded length: what reaches the store and the logs can never be a NUL or a megabyte.
 Text255 = Annotated[str, StringConstraints(min_length=1, max_length=255, pattern=r"^[^\x00-\x1f\x7f]+$")]
@@ -145,6 +145,54 @@ class Event(_Model):
     status: ElicitationStatus
     outcome: AuthorizationStatus | None
     connection_id: str | None
+
+
+class CreateWebhook(_Request):
+    """A webhook endpoint for this API key's agent: each of its events is POSTed there, signed."""
+
+    url: Annotated[str, StringConstraints(min_length=1, max_length=2048)] = Field(
+        description="https only; no credentials or fragment; a public address (see `webhooks.allow_private_addresses`)."
+    )
+    description: Text255 | None = None
+
+
+class Webhook(_Model):
+    """A webhook endpoint (never its secret)."""
+
+    webhook_id: str
+    url: str
+    description: str | None
+    created_at: datetime
+
+
+class WebhookCreated(Webhook):
+    """The new endpoint, with its signing secret: shown this once, keep it (it verifies `Webhook-Signature`)."""
+
+    secret: str = Field(description="`whsec_` + base64; the HMAC-SHA256 key is the base64-decoded part.")
+
+
+class WebhookList(_Model):
+    webhooks: list[Webhook]
+
+
+class WebhookDelivery(_Model):
+    """One event for one endpoint: how its delivery stands (the answer's body is never kept)."""
+
+    delivery_id: str
+    event_id: int = Field(description="The event's id: the `Webhook-Id` header and the body's `id`.")
+    elicitation_id: str
+    status: DeliveryStatus
+    attempts: int
+    next_attempt_at: datetime | None
+    last_attempt_at: datetime | None
+    last_status_code: int | None
+    last_error: str | None = Field(description="What went wrong, by name: timeout, connect_failed, address_refused...")
+    created_at: datetime
+    delivered_at: datetime | None
+
+
+class WebhookDeliveryList(_Model):
+    deliveries: list[WebhookDelivery]
 
 
 class ErrorDetail(_Model):

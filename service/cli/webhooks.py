@@ -1,0 +1,123 @@
+"""`acp-connector webhooks ...`: signed-webhook endpoints of `/v1` tenants (the same as `POST /v1/webhooks`)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import TypeVar
+
+from ..config import Settings
+from ..core.webhooks import WebhookEndpoints
+from ..store import Store
+from .framework import CliError, Commands, Invocation, UsageError
+
+T = TypeVar("T")
+
+
+def register(commands: Commands) -> None:
+    hooks = commands.group(
+        "webhooks",
+        help="signed webhook endpoints of /v1 tenants",
+        description=(
+            "Endpoints to which a tenant's events (the /v1/events stream) are POSTed, signed with HMAC-SHA256\n"
+            "(headers Webhook-Id, Webhook-Timestamp, Webhook-Signature: v1=...). Each endpoint has its own\n"
+            "secret, printed once when it is created and stored only encrypted by the vault."
+        ),
+    )
+    create = hooks.command(
+        "create",
+        run_create,
+        help="register an endpoint and print its secret (shown only this once)",
+        description=(
+            "Register an https endpoint for a tenant and print its signing secret on stdout. Events logged from\n"
+            "now on are delivered to it (at least once; deduplicate on Webhook-Id)."
+        ),
+        examples=["acp-connector webhooks create --tenant billing-bot --url https://bot.example.com/hooks/acp"],
+    )
+    create.add_argument("--tenant", required=True, help="the tenant (as `api-keys create --tenant` named it)")
+    create.add_argument("--url", required=True, help="where to POST (https; a public address)")
+    create.add_argument("--description", help="a note for people")
+    listing = hooks.command(
+        "list",
+        run_list,
+        help="list endpoints (never their secrets)",
+        description="One line per endpoint: its id, tenant, URL and when it was created.",
+        examples=["acp-connector webhooks list --tenant billing-bot"],
+    )
+    listing.add_argument("--tenant", help="only this tenant's")
+    delete = hooks.command(
+        "delete",
+        run_delete,
+        help="remove an endpoint by its id",
+        description="Remove an endpoint with its deliveries: nothing more is sent to it.",
+        examples=["acp-connector webhooks delete wh_Xb3...."],
+    )
+    delete.add_argument("webhook_id", help="the endpoint's id (wh_...), as `webhooks list` shows it")
+
+
+def _with_endpoints(settings: Settings, work: Callable[[Store, WebhookEndpoints], Awaitable[T]]) -> T:
+    from ..app import webhook_policy
+    from .keys import _vault
+
+    vault = _vault(settings)
+
+    async def run() -> T:
+        store = Store.from_url(settings.database.url)
+        try:
+            await store.check_schema()
+            endpoints = WebhookEndpoints(
+                store.webhooks, store.outbox, vault, webhook_policy(settings), lambda: datetime.now(UTC)
+            )
+            return await work(store, endpoints)
+        finally:
+            await store.close()
+
+    return asyncio.run(run())
+
+
+def run_create(invocation: Invocation) -> int:
+    args = invocation.args
+
+    async def create(store: Store, endpoints: WebhookEndpoints) -> tuple[str, str]:
+        try:
+            record, secret = await endpoints.create(args.tenant, args.url, args.description)
+        except ValueError as exc:
+            raise UsageError(f"webhooks create: {exc}") from None
+        except LookupError as exc:
+            raise CliError(f"webhooks create: {exc}", "remove one with `acp-connector webhooks delete`") from None
+        detail = {"webhook_id": record.id, "tenant": record.tenant, "via": "cli"}
+        await store.audit.record("webhook_created", detail=detail, now=record.created_at)
+        return record.id, secret
+
+    webhook_id, secret = _with_endpoints(invocation.settings(), create)
+    invocation.out(secret)
+    invocation.note(f"created {webhook_id} for tenant {args.tenant}; the secret above is not shown again")
+    return 0
+
+
+def run_list(invocation: Invocation) -> int:
+    tenant = invocation.args.tenant
+    listed = _with_endpoints(invocation.settings(), lambda store, endpoints: endpoints.repo.endpoints(tenant))
+    rows = [("ID", "TENANT", "URL", "CREATED")]
+    for item in listed:
+        rows.append((item.id, item.tenant, item.url, item.created_at.strftime("%Y-%m-%dT%H:%M:%SZ")))
+    invocation.table(rows)
+    return 0
+
+
+def run_delete(invocation: Invocation) -> int:
+    webhook_id = invocation.args.webhook_id
+
+    async def delete(store: Store, endpoints: WebhookEndpoints) -> bool:
+        found = await endpoints.repo.endpoint(webhook_id)
+        if found is None or not await endpoints.repo.delete_endpoint(webhook_id):
+            return False
+        detail = {"webhook_id": webhook_id, "tenant": found.tenant, "via": "cli"}
+        await store.audit.record("webhook_deleted", detail=detail, now=datetime.now(UTC))
+        return True
+
+    if not _with_endpoints(invocation.settings(), delete):
+        raise CliError(f"webhooks delete: no endpoint with id {webhook_id}", "see `acp-connector webhooks list`")
+    invocation.note(f"deleted {webhook_id}")
+    return 0
