@@ -27,7 +27,13 @@ from .acp.messages import send_completion, send_url_elicitation
 from .core.errors import ConnectorError
 from .core.identity import Identity
 from .core.lifecycle import AnswerKind, ClientAnswer, covers
-from .core.outcomes import CLIENT_DISCONNECTED, AuthorizationOutcome, AuthorizationStatus, GrantInfo
+from .core.outcomes import (
+    CLIENT_DISCONNECTED,
+    NARROWED_BEFORE,
+    AuthorizationOutcome,
+    AuthorizationStatus,
+    GrantInfo,
+)
 from .core.scopes import ElicitationScope, SessionScope
 from .core.webhooks import WebhookVerificationError, verify_webhook
 
@@ -89,6 +95,7 @@ class SidecarClient:
         scopes: Sequence[str] | None = None,
         message: str | None = None,
         foreground: bool = True,
+        ask_again: bool = False,
     ) -> AuthorizationOutcome:
         """As `Connector.request_authorization`. Raises `SidecarError` when the sidecar refuses the request."""
         attached_before = SdkConnection.installed(conn) is not None
@@ -100,13 +107,18 @@ class SidecarClient:
         if not url_mode_advertised(capabilities):
             return await self._without_url_mode(user, provider, scopes)
         body = _create_body(user, provider, scopes, scope, message, link.key)
+        if ask_again:
+            body["askAgain"] = True
         created = await self._call("POST", "/v1/elicitations", json=body, headers={"Idempotency-Key": uuid.uuid4().hex})
-        if created["status"] == "already_authorized":
+        if created["status"] in ("already_authorized", "narrowed"):
+            narrowed = created["status"] == "narrowed"
             return AuthorizationOutcome(
-                AuthorizationStatus.ALREADY_AUTHORIZED,
+                AuthorizationStatus.NARROWED if narrowed else AuthorizationStatus.ALREADY_AUTHORIZED,
                 provider,
                 grant=_grant(created["grant"]),
+                reason=NARROWED_BEFORE if narrowed else None,
                 provider_display_name=created["providerDisplayName"],
+                refused_scopes=tuple(created.get("refusedScopes", ())),
             )
         elicitation_id = created["elicitationId"]
         blocking = foreground and isinstance(scope, SessionScope)
@@ -321,6 +333,7 @@ def _outcome(state: Mapping[str, Any], error_code: int | None) -> AuthorizationO
         reason=state.get("reason"),
         error_code=error_code if status is AuthorizationStatus.CLIENT_ERROR else None,
         provider_display_name=state.get("providerDisplayName"),
+        refused_scopes=tuple(state.get("refusedScopes", ())),
     )
 
 

@@ -93,6 +93,8 @@ class ConnectorAgent:
         self.cancelled: list[str] = []
         self.scope_for: Callable[[str], SessionScope | RequestScope] = lambda sid: SessionScope(sid, "call-1")
         self.foreground = True
+        self.scopes = ["repo"]
+        self.ask_again = False  # passed to request_authorization
         self.timeout: float | None = None  # the agent's own limit on request_authorization (asyncio.wait_for)
         self.deadline: float | None = None  # the same with asyncio.timeout, which `_test/time_out` runs out at once
         self.authorizations: dict[str, asyncio.Task[AuthorizationOutcome]] = {}  # the running one, per session
@@ -158,9 +160,10 @@ class ConnectorAgent:
                 self.capabilities,
                 user=self.user,
                 provider="github",
-                scopes=["repo"],
+                scopes=self.scopes,
                 scope=self.scope_for(session_id),
                 foreground=self.foreground,
+                ask_again=self.ask_again,
             )
         )
         self.authorizations[session_id] = authorization

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -20,7 +21,8 @@ from acp.exceptions import RequestError
 
 from service import AuthorizationStatus, ElicitationStatus, Identity, RequestScope, SessionScope
 from service.client import SidecarClient
-from service.core.records import ElicitationRecord
+from service.core.handles import new_id
+from service.core.records import ElicitationRecord, GrantRecord
 from service.store import Store
 from service.testing import ScriptedBrowser
 
@@ -160,6 +162,37 @@ async def test_same_session_id_on_two_connections_never_crosses(deployment: Depl
     prompt_a.cancel()
     await wire_a.close()
     await wire_b.close()
+
+
+async def test_a_narrowed_grant_is_answered_without_a_new_elicitation_unless_asked_again(
+    deployment: Deployment,
+) -> None:
+    """Issue 18: scopes the provider refused when the grant was made are not asked for again on every request
+    (`narrowed`, with the refused scopes), until the agent asks again explicitly."""
+    now = datetime.now(UTC)
+    metadata_only = b"never decrypted: no token is used here"
+    grant = GrantRecord(
+        new_id(16), ALICE, "github", "acct-n", ("repo",), "k1", metadata_only, None, now, now, ("admin:org",)
+    )
+    await deployment.store.grants.upsert(grant)
+    client = RecordingClient(answer="decline")
+    wire = await connect(deployment.connector, ALICE, client)
+    wire.agent.scopes = ["repo", "admin:org"]
+    for _ in range(2):
+        await asyncio.wait_for(wire.client_conn.prompt(session_id="sess-1", prompt=[]), 10)
+    assert wire.received("elicitation/create") == []
+    for outcome in wire.agent.outcomes:
+        assert (outcome.status, outcome.refused_scopes, outcome.elicitation_id) == (
+            AuthorizationStatus.NARROWED,
+            ("admin:org",),
+            None,
+        )
+        assert outcome.granted_scopes == ("repo",) and not outcome.ok
+    wire.agent.ask_again = True
+    await asyncio.wait_for(wire.client_conn.prompt(session_id="sess-1", prompt=[]), 10)
+    assert len(wire.received("elicitation/create")) == 1
+    assert wire.agent.outcomes[-1].status is AuthorizationStatus.DECLINED
+    await wire.close()
 
 
 async def test_same_session_id_for_two_users_binds_each_user(deployment: Deployment) -> None:

@@ -64,12 +64,15 @@ def new_api_key(
 
 @dataclass(frozen=True, slots=True)
 class Created:
-    """What creating gave: a new (or, for a repeated idempotency key, the earlier) elicitation, or a grant."""
+    """What creating gave: a new (or, for a repeated idempotency key, the earlier) elicitation, or a grant that
+    settles the request without asking (it covers the scopes, or lacks only scopes refused when it was made:
+    `refused_scopes`, as the embedded API's `narrowed`)."""
 
     elicitation: ElicitationRecord | None = None
     owner: ApiElicitationRecord | None = None
     grant: GrantRecord | None = None
     replayed: bool = False
+    refused_scopes: tuple[str, ...] = ()
 
 
 class _Replayed(Exception):
@@ -123,8 +126,10 @@ class AgentApi:
         message: str | None,
         idempotency_key: str | None,
         connection_id: str | None,
+        ask_again: bool = False,
     ) -> Created:
-        """A grant that already covers the scopes, else a new pending elicitation bound to `user`.
+        """A grant that already covers the scopes (or, unless `ask_again`, lacks only scopes the provider refused
+        when it was made: asking would ask the user the same again), else a new pending elicitation bound to `user`.
 
         A repeated idempotency key answers with the elicitation it created first, if the request is the same,
         and `idempotency_conflict` if it is not.
@@ -139,9 +144,10 @@ class AgentApi:
         except ConnectorError as exc:
             raise FlowRefused(exc.code, detail={"message": str(exc)}) from None
         wanted = tuple(scopes) if scopes is not None else resolved.default_scopes
-        grant = await self.elicitations.find_grant(user, provider, wanted)
-        if grant is not None:
-            return Created(grant=grant)
+        settled = await self.elicitations.settled(user, provider, wanted, ask_again=ask_again)
+        grant = await self.store.grants.get(settled.grant.id) if settled and settled.grant else None
+        if settled is not None and grant is not None:
+            return Created(grant=grant, refused_scopes=settled.refused_scopes)
         now = self.now()
         owner: ApiElicitationRecord | None = None
 

@@ -67,6 +67,11 @@ class CreateElicitation(_Request):
     connection_id: Text255 | None = Field(
         default=None, description="The agent's own label for the ACP connection; events carry it back."
     )
+    ask_again: bool = Field(
+        default=False,
+        description="Ask the user even when a stored grant lacks only scopes the provider refused before "
+        "(without it, such a request is answered `narrowed` at once).",
+    )
 
 
 class Answer(_Request):
@@ -118,12 +123,17 @@ class ElicitationState(_Model):
     created_at: datetime
     expires_at: datetime
     grant: Grant | None = Field(description="The grant, once the elicitation completed.")
+    refused_scopes: list[str] = Field(
+        default_factory=list, description="With outcome `narrowed`: the scopes asked for that the provider refused."
+    )
 
 
 class Created(_Model):
-    """`created`: send `elicitation/create` with these values. `already_authorized`: a grant covers the scopes."""
+    """`created`: send `elicitation/create` with these values. `already_authorized`: a grant covers the scopes.
+    `narrowed`: a grant lacks only `refusedScopes`, which the provider refused when it was made; nothing is asked
+    (send `askAgain: true` to ask the user again)."""
 
-    status: Literal["created", "already_authorized"]
+    status: Literal["created", "already_authorized", "narrowed"]
     provider_display_name: str
     elicitation_id: str | None = None
     url: str | None = None
@@ -131,6 +141,7 @@ class Created(_Model):
     expires_at: datetime | None = None
     elicitation: ElicitationState | None = None
     grant: Grant | None = None
+    refused_scopes: list[str] = Field(default_factory=list)
 
 
 class GrantList(_Model):

@@ -108,6 +108,7 @@ class ElicitationRoutes:
             created_at=record.created_at,
             expires_at=record.expires_at,
             grant=grant,
+            refused_scopes=list(outcome.refused_scopes) if outcome is not None else [],
         )
 
     # -- handlers -----------------------------------------------------------------------------------------
@@ -131,15 +132,17 @@ class ElicitationRoutes:
             message=body.message,
             idempotency_key=idempotency_key,
             connection_id=body.connection_id,
+            ask_again=body.ask_again,
         )
         return answer(await self._created(created), 200 if created.replayed or created.grant else 201)
 
     async def _created(self, created: Created) -> models.Created:
         if created.grant is not None:
             return models.Created(
-                status="already_authorized",
+                status="narrowed" if created.refused_scopes else "already_authorized",
                 provider_display_name=self.api.elicitations.providers.display_name(created.grant.provider),
                 grant=grant_model(created.grant),
+                refused_scopes=list(created.refused_scopes),
             )
         assert created.elicitation is not None and created.owner is not None
         state = await self.state(created.elicitation, created.owner)
