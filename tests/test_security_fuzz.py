@@ -17,20 +17,27 @@ import hashlib
 import json
 import logging
 import random
+import socket
+import urllib.parse
 from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import httpcore
 import httpx
 import pytest
 from sqlalchemy import select
 
-from service import ElicitationStatus
+from service import ElicitationStatus, Identity
 from service.store import Store
 from service.store.tables import audit_events, metadata, replicas
+from service.testing import MockOAuthProvider
 
 from .api_support import make_key
-from .conftest import ALICE, Deploy, fresh_postgres_database
+from .conftest import ALICE, Deploy, Deployment, deploy, fresh_postgres_database, write_catalog
 from .hardening_support import asking
 from .identity_support import LoopbackIdP, serve_idp, wait_status
 
@@ -123,12 +130,7 @@ Request = tuple[str, str, dict[str, Any]]  # method, path (already percent-encod
 
 def quote_some(rng: random.Random, text: str) -> str:
     """Percent-encode `text` for a URL, sometimes leaving characters raw that a browser would encode."""
-    encoded = "".join(
-        ch
-        if (ch.isascii() and ch.isalnum()) or ch in "-._~"
-        else "".join(f"%{b:02X}" for b in ch.encode("utf-8", "surrogatepass"))
-        for ch in text
-    )
+    encoded = urllib.parse.quote(text, safe="-._~", errors="surrogatepass")  # all but ASCII letters, digits, -._~
     if rng.random() < 0.1:
         encoded = encoded.replace("%2F", "/").replace("%25", "%")
     return encoded
@@ -359,23 +361,27 @@ async def fuzz(target: Target, routes: list[str], count: int, seed: int, concurr
     queue: asyncio.Queue[Request] = asyncio.Queue()
     for request in requests:
         queue.put_nowait(request)
-    # Idle connections are dropped well before uvicorn's 5-second keep-alive ends them: on a loaded machine the
-    # server may otherwise close one just as the client sends on it (a ReadError that says nothing of the server).
-    transport = httpx.AsyncHTTPTransport(retries=0, limits=httpx.Limits(keepalive_expiry=1.0))
+    origin = httpx.URL(target.base_url)
+    assert origin.host and origin.port
+    # httpx's own transport, without httpx's URL checks (character by character, several times a request). Idle
+    # connections are dropped well before uvicorn's 5-second keep-alive ends them: on a loaded machine the server
+    # may otherwise close one just as the client sends on it (a ReadError that says nothing of the server).
+    async with httpcore.AsyncConnectionPool(max_connections=concurrency, keepalive_expiry=1.0, retries=0) as pool:
 
-    async def worker(client: httpx.AsyncClient) -> None:
-        while not queue.empty():
-            method, path, kwargs = queue.get_nowait()
-            url = httpx.URL(target.base_url + "/").copy_with(raw_path=path.encode("ascii") or b"/")
-            status = await send(client, method, url, path, kwargs)
-            outcome.sent += 1
-            outcome.statuses[status] += 1
-            outcome.by_route[route_of(path), status] += 1
-            if status >= 500:
-                outcome.server_errors.append((method, path[:200], status))
+        async def worker() -> None:
+            while not queue.empty():
+                method, path, kwargs = queue.get_nowait()
+                url = httpcore.URL(
+                    scheme=b"http", host=origin.host, port=origin.port, target=path.encode("ascii") or b"/"
+                )
+                status = await send(pool, method, url, path, kwargs)
+                outcome.sent += 1
+                outcome.statuses[status] += 1
+                outcome.by_route[route_of(path), status] += 1
+                if status >= 500:
+                    outcome.server_errors.append((method, path[:200], status))
 
-    async with httpx.AsyncClient(transport=transport, timeout=30) as client:
-        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
     return outcome
 
 
@@ -403,17 +409,27 @@ def route_of(path: str) -> str:
     return next((route for route in KNOWN_ROUTES if plain.startswith(route)), "other")
 
 
-async def send(client: httpx.AsyncClient, method: str, url: httpx.URL, path: str, kwargs: dict[str, Any]) -> int:
+# What httpx sends with every request unless told otherwise.
+CLIENT_HEADERS = {"accept": "*/*", "accept-encoding": "gzip, deflate", "connection": "keep-alive", "user-agent": "fuzz"}
+TIMEOUTS = {"connect": 30.0, "read": 30.0, "write": 30.0, "pool": 30.0}
+
+
+async def send(
+    pool: httpcore.AsyncConnectionPool, method: str, url: httpcore.URL, path: str, kwargs: dict[str, Any]
+) -> int:
     """The status of the answer; -1 when the server closed the connection instead (a request it could not parse).
 
     A stream that opens (the event stream) is closed as soon as its status is known.
     """
+    headers = list({**CLIENT_HEADERS, **kwargs["headers"]}.items())
     try:
-        async with client.stream(method, url, **kwargs) as answer:
+        async with pool.stream(
+            method, url, headers=headers, content=kwargs.get("content"), extensions={"timeout": TIMEOUTS}
+        ) as answer:
             if not path.startswith("/v1/events"):
                 await answer.aread()
-            return answer.status_code
-    except (httpx.RemoteProtocolError, httpx.ReadError):
+            return answer.status
+    except (httpcore.RemoteProtocolError, httpcore.ReadError):
         return -1
 
 
@@ -439,6 +455,24 @@ def problems_in_log(records: list[logging.LogRecord]) -> list[str]:
 
 UNATTRIBUTED = {"csrf_failed", "unknown_state", "confirm_unauthorized", "unknown_verification"}
 ONE_WINDOW = {"CONNECTOR_RATE_LIMIT__WINDOW_SECONDS": "86400", "CONNECTOR_RATE_LIMIT__AUDIT_PER_ADDRESS": "20"}
+
+
+@pytest.fixture
+async def deploy_with(
+    connector_env: dict[str, str], tmp_path: Path, mock_provider: MockOAuthProvider, loopback_socket: socket.socket
+) -> AsyncIterator[Deploy]:
+    """`deploy_with` with the mock provider served on loopback instead of through respx: respx patches httpcore,
+    which the fuzzing client uses too, and matching each of its requests against the routes cost more than the
+    server's answer."""
+    async with mock_provider.serve_http():
+        write_catalog(Path(connector_env["CONNECTOR_PROVIDERS__CATALOG"]), {"github": mock_provider.catalog_entry()})
+
+        def make(
+            user: Identity | None = None, schema_revision: str = "head", **overrides: str
+        ) -> AbstractAsyncContextManager[Deployment]:
+            return deploy(connector_env, tmp_path, mock_provider, loopback_socket, user, schema_revision, **overrides)
+
+        yield make
 
 
 async def run_fuzz(
