@@ -24,6 +24,7 @@ from service.testing import ScriptedBrowser, ScriptedClient
 
 AGENT_DEADLINE_SECONDS = 300.0  # the agent's own asyncio.timeout; the test runs it out (`_test/time_out`) on cue
 TTL_SECONDS = 1
+SWEEP_INTERVAL_SECONDS = 0.05  # the sweeper expires what is past its time; by default it looks every 5 s
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,16 @@ class Row:
     @property
     def ttl(self) -> int | None:
         return TTL_SECONDS if self.stop == "ttl" else None
+
+    @property
+    def settings(self) -> dict[str, str]:
+        """The connector's settings for this row (CONNECTOR_* variables): a short time to live for `ttl`."""
+        if self.stop != "ttl":
+            return {}
+        return {
+            "CONNECTOR_ELICITATION__TTL_SECONDS": str(TTL_SECONDS),
+            "CONNECTOR_ELICITATION__SWEEP_INTERVAL_SECONDS": str(SWEEP_INTERVAL_SECONDS),
+        }
 
     @property
     def user_finishes_late(self) -> bool:

@@ -16,8 +16,7 @@ from .conftest import Deploy, Deployment
 
 @pytest.mark.parametrize("row", TABLE, ids=[row.id for row in TABLE])
 async def test_early_stop_on_the_wire(deploy_with: Deploy, row: Row) -> None:
-    overrides = {"CONNECTOR_ELICITATION__TTL_SECONDS": str(row.ttl)} if row.ttl is not None else {}
-    async with deploy_with(**overrides) as deployment:
+    async with deploy_with(**row.settings) as deployment:
         connector = deployment.connector
         agent = ConnectorAgent(connector, deployment.local_user)
         agent.deadline = row.agent_deadline

@@ -115,9 +115,7 @@ async def test_malformed_responses_over_stdio_leave_the_agent_up(stdio_setup: St
 
 @pytest.mark.parametrize("row", TABLE, ids=[row.id for row in TABLE])
 async def test_early_stop_over_stdio(stdio_setup: StdioSetup, row: Row) -> None:
-    env: dict[str, str] = {}
-    if row.ttl is not None:
-        env["CONNECTOR_ELICITATION__TTL_SECONDS"] = str(row.ttl)
+    env = dict(row.settings)
     if row.agent_deadline is not None:
         env["TEST_AGENT_DEADLINE"] = str(row.agent_deadline)
     client = client_for(row)

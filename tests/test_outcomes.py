@@ -131,7 +131,9 @@ async def test_access_denied_at_the_provider_is_a_decline(deployment: Deployment
 
 
 async def test_elicitation_expires_while_waiting(deploy_with: Deploy) -> None:
-    async with deploy_with(CONNECTOR_ELICITATION__TTL_SECONDS="1") as deployment:
+    # The sweeper expires it (by default it looks every 5 s).
+    sweep = {"CONNECTOR_ELICITATION__SWEEP_INTERVAL_SECONDS": "0.05"}
+    async with deploy_with(CONNECTOR_ELICITATION__TTL_SECONDS="1", **sweep) as deployment:
         client = RecordingClient(answer="accept")
         wire = await run_prompt(deployment, client)
         outcome = wire.agent.outcomes[0]
