@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import hashlib
 import json
 import logging
@@ -60,6 +61,18 @@ class _Code:
     used: bool = False
 
 
+@functools.cache
+def idp_key() -> RSAKey:
+    """The IdP's RSA key, made once per test process (generating one costs more than most tests)."""
+    return RSAKey.generate_key(2048, parameters={"kid": "idp-key-1", "alg": "RS256"})
+
+
+@functools.cache
+def oidc_provider_key() -> RSAKey:
+    """The signing key of the tests' MockOIDCProvider, made once per test process."""
+    return RSAKey.generate_key(2048, parameters={"kid": "mock-key-1", "use": "sig", "alg": "RS256"})
+
+
 @dataclass
 class LoopbackIdP:
     """The operator's identity provider, as the test scripts it."""
@@ -67,9 +80,7 @@ class LoopbackIdP:
     client_id: str = CLIENT_ID
     client_secret: str | None = None
     logged_in: str = "alice"  # the user the browser is signed in as at the IdP
-    key: RSAKey = field(
-        default_factory=lambda: RSAKey.generate_key(2048, parameters={"kid": "idp-key-1", "alg": "RS256"})
-    )
+    key: RSAKey = field(default_factory=lambda: idp_key())
     claims: dict[str, Any] = field(default_factory=dict)
     header: dict[str, Any] = field(default_factory=dict)
     signer: RSAKey | None = None

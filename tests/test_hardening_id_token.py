@@ -38,13 +38,14 @@ from .hardening_support import (
     to_provider,
     with_query,
 )
+from .identity_support import oidc_provider_key
 
 PROVIDERS = ("oidcmock", "oidcstrict", "oidcdisco")
 
 
 @pytest.fixture
 async def oidc_provider() -> AsyncIterator[MockOIDCProvider]:
-    provider = MockOIDCProvider()
+    provider = MockOIDCProvider(signing_key=oidc_provider_key())
     async with provider.serve_http():  # a real loopback server: authorize, token, userinfo, jwks, discovery
         yield provider
 
