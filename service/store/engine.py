@@ -181,7 +181,12 @@ def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
 
 
 def _sqlite_begin_immediate(conn: Any) -> None:
-    conn.exec_driver_sql("BEGIN IMMEDIATE")
+    dbapi_connection = conn.connection.dbapi_connection
+    begin_immediate = getattr(dbapi_connection, "begin_immediate", None)
+    if begin_immediate is not None:
+        begin_immediate()  # `sqlite_driver`: begun with the transaction's first statement, in its trip
+    else:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def display_url(url: str | URL) -> str:

@@ -4,9 +4,10 @@ aiosqlite runs each SQLite connection on its own thread, and SQLAlchemy's adapte
 statement (open a cursor, execute, fetch, close). Each trip is a hand-off between threads (a queue, a wake-up of
 the event loop, the GIL), which under load costs far more than the statement itself. This adapter runs the whole
 statement (cursor, execute, fetch, close) as one function on that thread, and skips the trip for a rollback when
-no transaction is open: a read is one trip, a write transaction is BEGIN, its statements and COMMIT. It is handed
-to SQLAlchemy's own aiosqlite dialect as its DBAPI module (`create_async_engine(..., module=one_trip_dbapi())`),
-and changes nothing else.
+no transaction is open. A write transaction's `BEGIN IMMEDIATE` is not a trip of its own either: `begin_immediate()`
+only marks the connection, and the transaction's first statement begins it on the thread, in its own trip. So a
+read is one trip, and a write transaction its statements and the COMMIT. It is handed to SQLAlchemy's own aiosqlite
+dialect as its DBAPI module (`create_async_engine(..., module=one_trip_dbapi())`), and changes nothing else.
 
 It relies on `aiosqlite.Connection._execute` (run a function on the connection's thread, as SQLAlchemy's adapter
 itself does for `isolation_level`), its `_connection` (the sqlite3 connection) and SQLAlchemy's aiosqlite adapter
@@ -42,9 +43,14 @@ class _Done:
         return None
 
 
-def _run(conn: sqlite3.Connection, operation: str, parameters: Any, many: bool) -> tuple[_Done, list[Any]]:
+BEGIN_IMMEDIATE = "BEGIN IMMEDIATE"
+
+
+def _run(conn: sqlite3.Connection, operation: str, parameters: Any, many: bool, begin: bool) -> tuple[_Done, list[Any]]:
     cursor = conn.cursor()
     try:
+        if begin:
+            cursor.execute(BEGIN_IMMEDIATE)
         if many:
             cursor.executemany(operation, parameters)
         else:
@@ -73,18 +79,37 @@ class _OneTripCursor(AsyncAdapt_aiosqlite_cursor):
         return await self._trip(operation, seq_of_parameters, many=True)
 
     async def _trip(self, operation: Any, parameters: Any, *, many: bool) -> None:
-        async with self._adapt_connection._execute_mutex:
+        adapt: _OneTripConnection = self._adapt_connection  # type: ignore[assignment]
+        async with adapt._execute_mutex:
+            # Taken before the trip: if BEGIN fails there is no transaction, and if the statement fails the
+            # transaction is open and the rollback (which asks SQLite, not this flag) ends it.
+            begin, adapt.begin_pending = adapt.begin_pending, False
             connection = self._connection
-            done, rows = await connection._execute(_run, connection._connection, operation, parameters, many)
+            done, rows = await connection._execute(_run, connection._connection, operation, parameters, many, begin)
         self._cursor = done
         self._rows = deque(rows)
 
 
 class _OneTripConnection(AsyncAdapt_aiosqlite_connection):
-    __slots__ = ()
+    __slots__ = ("begin_pending",)
     _cursor_cls = _OneTripCursor
 
+    def __init__(self, dbapi: Any, connection: Any) -> None:
+        super().__init__(dbapi, connection)
+        self.begin_pending = False
+
+    def begin_immediate(self) -> None:
+        """Begin a write transaction (`BEGIN IMMEDIATE`) with the next statement, in its trip."""
+        self.begin_pending = True
+
+    def commit(self) -> None:
+        if self.begin_pending:  # begun, but no statement ran: there is nothing to commit
+            self.begin_pending = False
+            return
+        super().commit()
+
     def rollback(self) -> None:
+        self.begin_pending = False
         # Reads run in autocommit and the pool resets a connection after its commit: most rollbacks find no
         # transaction. `in_transaction` is a flag read that SQLite allows from any thread; nothing else runs on
         # this connection while SQLAlchemy rolls it back.
