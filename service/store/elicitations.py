@@ -29,6 +29,25 @@ _TRANSITION = (
     .returning(*elicitations.c)
 )
 _TRANSITION_WITH_REASON = _TRANSITION.values(failure_reason=bindparam("reason"))
+_CLAIM_COMPLETION = (
+    update(elicitations)
+    .where(
+        elicitations.c.id == bindparam("elicitation_id"),
+        elicitations.c.status == ElicitationStatus.COMPLETED.value,
+        elicitations.c.replica_id == bindparam("claiming_replica"),
+        elicitations.c.completion_delivery.is_(None),
+    )
+    .values(completion_delivery=CompletionDelivery.DELIVERING.value)
+    .returning(elicitations.c.updated_at)
+)
+_SETTLE_COMPLETION = (
+    update(elicitations)
+    .where(
+        elicitations.c.id == bindparam("elicitation_id"),
+        elicitations.c.completion_delivery == CompletionDelivery.DELIVERING.value,
+    )
+    .values(completion_delivery=bindparam("outcome"))
+)
 
 
 def predecessors(target: ElicitationStatus) -> frozenset[ElicitationStatus]:
@@ -96,35 +115,18 @@ class ElicitationRepository:
     async def claim_completion(self, id: str, replica_id: str, conn: AsyncConnection | None = None) -> datetime | None:
         """Take the telling of `id`'s completion for `replica_id` (the replica holding its connection) unless it
         was taken or settled already: one conditional UPDATE. The completion time when taken, else None."""
-        statement = (
-            update(elicitations)
-            .where(
-                elicitations.c.id == id,
-                elicitations.c.status == ElicitationStatus.COMPLETED.value,
-                elicitations.c.replica_id == replica_id,
-                elicitations.c.completion_delivery.is_(None),
-            )
-            .values(completion_delivery=CompletionDelivery.DELIVERING.value)
-            .returning(elicitations.c.updated_at)
-        )
+        params = {"elicitation_id": id, "claiming_replica": replica_id}
         async with self._db.write(conn) as c:
-            completed_at: datetime | None = (await c.execute(statement)).scalar()
+            completed_at: datetime | None = (await c.execute(_CLAIM_COMPLETION, params)).scalar()
         return completed_at
 
     async def settle_completion(
         self, id: str, outcome: CompletionDelivery, conn: AsyncConnection | None = None
     ) -> bool:
         """Record how a claimed telling ended (`sent` or `undeliverable`); False if it was settled meanwhile."""
-        statement = (
-            update(elicitations)
-            .where(
-                elicitations.c.id == id,
-                elicitations.c.completion_delivery == CompletionDelivery.DELIVERING.value,
-            )
-            .values(completion_delivery=outcome.value)
-        )
+        params = {"elicitation_id": id, "outcome": outcome.value}
         async with self._db.write(conn) as c:
-            return bool((await c.execute(statement)).rowcount > 0)
+            return bool((await c.execute(_SETTLE_COMPLETION, params)).rowcount > 0)
 
     async def completions_to_tell(
         self, replica_id: str, *, limit: int = 100, conn: AsyncConnection | None = None
