@@ -52,6 +52,9 @@ HOP_BY_HOP = frozenset(
 NOT_FORWARDED = HOP_BY_HOP | {"authorization", "cookie", "content-length", "expect"}
 NOT_RETURNED = HOP_BY_HOP | {"set-cookie", "www-authenticate"}
 _UNSAFE_PATH = re.compile(r"(^|/)\.\.?(/|$)|\\|[\x00-\x1f\x7f]")
+# A response that declares at most this many bytes is read whole and sent as one body: streaming it would cost a
+# task (and a task group) per response, more than the whole of a small API answer.
+SMALL_RESPONSE_BYTES = 64 * 1024
 
 
 def target_url(base: str, raw_path: str, query: bytes) -> httpx.URL:
@@ -131,11 +134,39 @@ class ProxyRoute:
         if response.is_stream_consumed:  # a 401 that could not be retried was read (and decoded) by GrantAuth
             dropped |= {"content-encoding", "content-length"}
         returned = [(name, value) for name, value in response.headers.multi_items() if name.lower() not in dropped]
-        relayed = StreamingResponse(
-            self._relay(response), status_code=response.status_code, background=BackgroundTask(response.aclose)
-        )
+        relayed: Response
+        if self._small(response):
+            relayed = Response(await self._read_small(response), status_code=response.status_code)
+        else:
+            relayed = StreamingResponse(
+                self._relay(response), status_code=response.status_code, background=BackgroundTask(response.aclose)
+            )
         relayed.raw_headers = [(n.lower().encode("latin-1"), v.encode("latin-1")) for n, v in returned]
         return relayed
+
+    def _small(self, response: httpx.Response) -> bool:
+        """Whether the response declares a body small enough to read whole (and within the size limit)."""
+        if response.is_stream_consumed:
+            return False
+        declared = response.headers.get("content-length", "")
+        limit = min(SMALL_RESPONSE_BYTES, self.settings.proxy_max_response_bytes)
+        return declared.isdigit() and int(declared) <= limit
+
+    async def _read_small(self, response: httpx.Response) -> bytes:
+        """The provider's bytes as they came (still encoded), read before anything is sent to the agent: a failure
+        or the time limit here is an error answer, not a cut-off body."""
+        try:
+            async with asyncio.timeout(self.settings.proxy_max_seconds):
+                return b"".join([chunk async for chunk in response.aiter_raw()])
+        except TimeoutError:
+            log.warning("proxied response cut off at proxy_max_seconds")
+            raise FlowRefused("upstream_timeout") from None
+        except httpx.TimeoutException:
+            raise FlowRefused("upstream_timeout") from None
+        except httpx.HTTPError:
+            raise FlowRefused("upstream_unavailable") from None
+        finally:
+            await response.aclose()
 
     async def _body(self, request: Request) -> bytes | AsyncIterator[bytes] | None:
         """Small bodies are read whole (so a 401 can be retried); larger ones stream, within the size limit."""
