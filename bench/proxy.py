@@ -26,6 +26,8 @@ from pathlib import Path
 
 import httpx
 
+from bench.harness import cpu_ms
+
 ROOT = Path(__file__).resolve().parent.parent
 CHUNK = b"\x00" * (1 << 20)
 TOKEN = "bench-access-token"  # noqa: S105 - what the fake provider accepts
@@ -109,16 +111,20 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def latencies(client: httpx.AsyncClient, url: str, calls: int, headers: dict[str, str]) -> list[float]:
+async def latencies(
+    client: httpx.AsyncClient, url: str, calls: int, headers: dict[str, str], pids: dict[str, int]
+) -> tuple[list[float], dict[str, float]]:
+    """Sequential GETs: each call's time (ms), and the CPU per call (ms) of each process in `pids` meanwhile."""
     for _ in range(50):  # warm-up: connections, caches
         (await client.get(url, headers=headers)).raise_for_status()
     samples = []
+    before = {name: cpu_ms(pid) for name, pid in pids.items()}
     for _ in range(calls):
         start = time.perf_counter()
         response = await client.get(url, headers=headers)
         samples.append((time.perf_counter() - start) * 1000)
         response.raise_for_status()
-    return samples
+    return samples, {name: (cpu_ms(pid) - before[name]) / calls for name, pid in pids.items()}
 
 
 async def throughput(client: httpx.AsyncClient, url: str, mib: int, rounds: int, headers: dict[str, str]) -> float:
@@ -179,9 +185,10 @@ async def main(calls: int, mib: int, rounds: int) -> None:
                 "Connector-User-Subject": "bench-user",
             }
             direct_base, proxy_base = f"{upstream}/api", f"http://127.0.0.1:{sidecar_port}/v1/proxy/bench"
+            pids = {"client": os.getpid(), "sidecar": processes[1].pid, "upstream": processes[0].pid}
             async with httpx.AsyncClient(timeout=120) as client:
-                direct = await latencies(client, f"{direct_base}/small", calls, direct_headers)
-                proxied = await latencies(client, f"{proxy_base}/small", calls, proxy_headers)
+                direct, direct_cpu = await latencies(client, f"{direct_base}/small", calls, direct_headers, pids)
+                proxied, proxy_cpu = await latencies(client, f"{proxy_base}/small", calls, proxy_headers, pids)
                 direct_rate = await throughput(client, f"{direct_base}/big", mib, rounds, direct_headers)
                 proxy_rate = await throughput(client, f"{proxy_base}/big", mib, rounds, proxy_headers)
         finally:
@@ -193,11 +200,15 @@ async def main(calls: int, mib: int, rounds: int) -> None:
     added_p50 = statistics.median(proxied) - statistics.median(direct)
     ratio = proxy_rate / direct_rate
     print(f"machine: {platform.machine()} {platform.system()} {os.cpu_count()} CPU, Python {platform.python_version()}")
-    print(f"date: {datetime.now(UTC):%Y-%m-%d}")
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"date: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; load average at the end {load}")
     print(f"latency, {calls} sequential small GETs (ms): p50 / p99")
     print(f"  direct   {statistics.median(direct):7.2f} / {percentile(direct, 0.99):7.2f}")
     print(f"  proxy    {statistics.median(proxied):7.2f} / {percentile(proxied, 0.99):7.2f}")
     print(f"  added p50: {added_p50:.2f} ms (goal < 2 ms): {'met' if added_p50 < 2 else 'NOT met'}")
+    print("CPU per small GET (ms, /proc/<pid>/stat; steadier than wall time on a shared machine)")
+    for name, cpu in (("direct", direct_cpu), ("proxy", proxy_cpu)):
+        print(f"  {name:8s} " + ", ".join(f"{process} {ms:.2f}" for process, ms in cpu.items()))
     print(f"throughput, best of {rounds} x {mib} MiB (MiB/s)")
     print(f"  direct   {direct_rate:8.1f}")
     print(f"  proxy    {proxy_rate:8.1f}")
