@@ -1,7 +1,8 @@
 """`/v1/proxy/{provider}/{path}`: the agent calls a provider's API with the user's token injected here.
 
 The token is added by `GrantAuth` (refreshed ahead of expiry; one refresh and one retry after a 401 when the
-request body can be sent again). Bodies stream both ways; the agent's own `Authorization`, cookies, our
+request body can be sent again). Bodies stream both ways (an answer that declares at most SMALL_RESPONSE_BYTES is
+read whole, then sent); the agent's own `Authorization`, cookies, our
 `Connector-*` headers and hop-by-hop headers never reach the provider; the target is always under the provider's
 API base URL (a path that would leave it is refused before anything is sent).
 """
