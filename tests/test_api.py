@@ -54,7 +54,9 @@ async def test_full_flow_over_the_api(deployment: Deployment) -> None:
             "createdAt",
             "updatedAt",
             "expiresAt",
+            "needsUserAgain",
         }
+        assert state["grant"]["needsUserAgain"] is False
 
         again = await api.post("/v1/elicitations", json=create_body(user))
         assert again.status_code == 200

@@ -16,7 +16,7 @@ from typing import TextIO
 
 from ..core.errors import ConfigError, ConnectorError, VaultError
 from ..version import __version__
-from . import api_keys, keys, migrate, mock_provider, providers, purge, serve, webhooks
+from . import api_keys, grants, keys, migrate, mock_provider, providers, purge, serve, webhooks
 from .framework import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -38,6 +38,7 @@ COMMAND_MODULES: tuple[ModuleType, ...] = (
     purge,
     providers,
     keys,
+    grants,
     api_keys,
     webhooks,
     mock_provider,

@@ -105,6 +105,19 @@ class GrantRecord:
     updated_at: datetime
     refused_scopes: tuple[str, ...] = ()  # asked for when it was made, refused by the provider (a narrowed grant)
 
+    @property
+    def needs_user_again(self) -> bool:
+        """Stored without the refresh token it was asked with (`offline_access` asked, not granted): when its
+        access token expires (`token_expires_at`), the user must authorize again."""
+        return "offline_access" in self.refused_scopes
+
+    def renewal_note(self) -> str | None:
+        """A sentence for operators when the grant will need the user again, else None."""
+        if not self.needs_user_again:
+            return None
+        at = self.token_expires_at.strftime("%Y-%m-%dT%H:%M:%SZ") if self.token_expires_at else "its token's expiry"
+        return f"will need the user again at {at} (no refresh token)"
+
 
 @dataclass(frozen=True, slots=True)
 class AuditRecord:

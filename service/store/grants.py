@@ -85,6 +85,27 @@ class GrantRepository:
             rows = (await c.execute(select(grants).where(grants.c.updated_at >= since))).mappings().all()
         return [_from_row(row) for row in rows]
 
+    async def listed(
+        self,
+        *,
+        subject: str | None = None,
+        issuer: str | None = None,
+        provider: str | None = None,
+        limit: int = 1000,
+        conn: AsyncConnection | None = None,
+    ) -> list[GrantRecord]:
+        """Grants matching what is given (operators' listing), most recently updated first, at most `limit`."""
+        statement = select(grants).order_by(grants.c.updated_at.desc(), grants.c.id).limit(limit)
+        if subject is not None:
+            statement = statement.where(grants.c.identity_subject == subject)
+        if issuer is not None:
+            statement = statement.where(grants.c.identity_issuer == issuer)
+        if provider is not None:
+            statement = statement.where(grants.c.provider == provider)
+        async with self._db.read(conn) as c:
+            rows = (await c.execute(statement)).mappings().all()
+        return [_from_row(row) for row in rows]
+
     async def get(self, id: str, conn: AsyncConnection | None = None) -> GrantRecord | None:
         async with self._db.read(conn) as c:
             row = (await c.execute(select(grants).where(grants.c.id == id))).mappings().first()

@@ -101,6 +101,11 @@ class Grant(_Model):
     created_at: datetime
     updated_at: datetime
     expires_at: datetime | None = Field(description="When the current access token expires (it is refreshed).")
+    needs_user_again: bool = Field(
+        default=False,
+        description="Stored without a refresh token although offline_access was asked: when the access token "
+        "expires (`expiresAt`), the user must authorize again.",
+    )
 
 
 class ElicitationState(_Model):

@@ -68,6 +68,7 @@ def grant_model(grant: GrantRecord) -> models.Grant:
         created_at=grant.created_at,
         updated_at=grant.updated_at,
         expires_at=grant.token_expires_at,
+        needs_user_again=grant.needs_user_again,
     )
 
 

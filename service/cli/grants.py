@@ -1,0 +1,66 @@
+"""`acp-connector grants list`: users' grants as stored (metadata only: never a token)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from ..core.records import GrantRecord
+from ..store import Store
+from .framework import Commands, Invocation
+
+LIMIT = 1000
+
+
+def register(commands: Commands) -> None:
+    grants = commands.group(
+        "grants",
+        help="users' grants (metadata only)",
+        description="Grants as stored: who, which provider account, scopes, token expiry. Never a token.",
+    )
+    listing = grants.command(
+        "list",
+        run_list,
+        help="list grants, newest first",
+        description=(
+            "One line per grant (at most 1000, newest first): its id, the user (issuer and subject), provider,\n"
+            "account, scopes, when its access token expires, and a note when it was stored without the refresh\n"
+            "token it was asked with (offline_access): it will need the user again at that expiry."
+        ),
+        examples=["acp-connector grants list --user alice --provider github"],
+    )
+    listing.add_argument("--user", metavar="SUBJECT", help="only this user's (their subject at the identity issuer)")
+    listing.add_argument("--issuer", help="only users of this identity issuer")
+    listing.add_argument("--provider", metavar="NAME", help="only grants at this provider")
+
+
+def run_list(invocation: Invocation) -> int:
+    args = invocation.args
+    settings = invocation.settings()
+
+    async def read() -> list[GrantRecord]:
+        store = Store.from_url(settings.database.url)
+        try:
+            await store.check_schema()
+            return await store.grants.listed(subject=args.user, issuer=args.issuer, provider=args.provider, limit=LIMIT)
+        finally:
+            await store.close()
+
+    found = asyncio.run(read())
+    rows = [("ID", "ISSUER", "SUBJECT", "PROVIDER", "ACCOUNT", "SCOPES", "EXPIRES", "NOTE")]
+    for grant in found:
+        rows.append(
+            (
+                grant.id,
+                grant.identity.issuer,
+                grant.identity.subject,
+                grant.provider,
+                grant.provider_account_id,
+                ",".join(grant.scopes) or "-",
+                grant.token_expires_at.strftime("%Y-%m-%dT%H:%M:%SZ") if grant.token_expires_at else "-",
+                grant.renewal_note() or "-",
+            )
+        )
+    invocation.table(rows)
+    if len(found) == LIMIT:
+        invocation.note(f"only the newest {LIMIT} are listed: narrow with --user, --issuer or --provider")
+    return 0
