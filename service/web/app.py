@@ -5,8 +5,9 @@ Every refusal the domain raises (`FlowRefused`) becomes a page here, or a JSON e
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from urllib.parse import unquote
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.middleware import Middleware
+from starlette.middleware.exceptions import ExceptionMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Match, Mount, Route
@@ -36,14 +37,14 @@ from ..vault import Vault
 from .api import ApiParts, api_routes
 from .browser import BrowserRoutes
 from .client_address import ForwardedClient
+from .front import Front
 from .home import Home
 from .inputs import InputGuard, checked
 from .kit import Kit, api_error
 from .metrics import metrics_route, on_public_listener
 from .pages import Pages
 from .ratelimit import RateLimit, RateLimiter, RateLimitGuard
-from .request_context import RequestContext
-from .security import BrowserBinding, SecurityHeaders
+from .security import BrowserBinding
 
 log = logging.getLogger("service.web")
 
@@ -174,16 +175,21 @@ def create_app(parts: WebParts) -> Starlette:
             "/metrics is not served: on a public deployment set metrics.bearer_token "
             "(CONNECTOR_METRICS__BEARER_TOKEN) or metrics.port (its own listener)"
         )
-    app = _ConnectorApp(
+    # Outermost: the request id and the security headers on every response (an error page's too); then the client
+    # address (behind trusted proxies), the rate limits every request counts against (malformed ones included),
+    # and the input checks, before any route runs.
+    front = functools.partial(
+        Front,
         https=https,
+        forwarded=ForwardedClient(trusted_proxies=settings.server.trusted_proxies),
+        rate_limit=RateLimit(guard),
+        inputs=InputGuard(body_limits=_body_limits(parts)),
+        refuse=refused,
+        on_error=server_error,
+    )
+    app = _ConnectorApp(
+        front,
         routes=routes,
-        # Outermost first: the client address (behind trusted proxies), then every request counts against the
-        # rate limits, malformed ones included, and is checked before any route runs.
-        middleware=[
-            Middleware(ForwardedClient, trusted_proxies=settings.server.trusted_proxies),
-            Middleware(RateLimit, guard=guard),
-            Middleware(InputGuard, refuse=refused, body_limits=_body_limits(parts)),
-        ],
         exception_handlers={FlowRefused: refused, HTTPException: http_error, Exception: server_error},
     )
     # Starlette builds its slash redirects from the Host header; `without_trailing_slash` uses public_base_url.
@@ -192,15 +198,16 @@ def create_app(parts: WebParts) -> Starlette:
 
 
 class _ConnectorApp(Starlette):
-    """Starlette with `RequestContext` and `SecurityHeaders` outside its whole stack, so that a 500 page carries
-    the headers too and every line logged for a request, the unhandled-error line included, has its id."""
+    """Starlette with `Front` (request id, security headers, client address, rate limits, input checks, the page
+    for an unhandled error) in place of its own middleware stack, in front of its exception handlers and routes."""
 
-    def __init__(self, *, https: bool, **kwargs: Any) -> None:
+    def __init__(self, front: Callable[[ASGIApp], ASGIApp], **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._https = https
+        self._front = front
 
     def build_middleware_stack(self) -> ASGIApp:
-        return RequestContext(SecurityHeaders(super().build_middleware_stack(), https=self._https))
+        handlers = {key: value for key, value in self.exception_handlers.items() if key not in (500, Exception)}
+        return self._front(ExceptionMiddleware(self.router, handlers=handlers))
 
 
 def _body_limits(parts: WebParts) -> dict[str, int]:

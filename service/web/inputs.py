@@ -4,7 +4,7 @@ Checked for length, character set and NUL before any handler, and so before the 
 fails is refused with `FlowRefused("invalid_input")` (400), a body over its limit with `body_too_large` (413)
 while it streams in, a body of the wrong type with `unsupported_media_type` (415). Nothing is spooled to disk.
 
-- `InputGuard` (ASGI middleware) checks the path, the query string and the body size of every request.
+- `InputGuard` checks the path, the query string and the body size of every request (for `service.web.front`).
 - `checked(endpoint)` checks a route's path parameters by name (`PATH_PARAMETERS`).
 - `read_form` and `read_json_object` read a small body, streaming, and check what is in it.
 
@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, unquote_to_bytes
 
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Scope
 
 from ..core.errors import FlowRefused
 
@@ -246,33 +246,22 @@ def _check_json(value: Any, depth: int) -> None:
             _check_json(item, depth + 1)
 
 
-# -- the middleware ----------------------------------------------------------------------------------------------
+# -- the request line and the declared body, for every request ------------------------------------------------
 
 
-class _BodyOverLimit(Exception):
-    """Raised inside `receive` when a streamed body passes its limit; the guard answers 413."""
-
-
-Refuse = Callable[[Request, FlowRefused], Awaitable[Response]]
+class BodyOverLimit(Exception):
+    """Raised inside `receive` when a streamed body passes its limit; `Front` answers 413."""
 
 
 class InputGuard:
-    """ASGI middleware: refuses a malformed path or query, and any body over its limit, before the app runs.
+    """Refuses a malformed path or query, and any body over its limit, before the app runs (`Front` asks it for
+    every request and counts a streamed body against `limit_for(path)`).
 
     `max_body` bounds every body, streamed or declared; `body_limits` gives larger or smaller bounds to paths
     under a prefix (the longest prefix wins). A handler that reads a body reads it with a tighter limit of its own.
     """
 
-    def __init__(
-        self,
-        app: ASGIApp,
-        *,
-        refuse: Refuse,
-        max_body: int = DEFAULT_MAX_BODY,
-        body_limits: Mapping[str, int] | None = None,
-    ) -> None:
-        self.app = app
-        self.refuse = refuse
+    def __init__(self, *, max_body: int = DEFAULT_MAX_BODY, body_limits: Mapping[str, int] | None = None) -> None:
         self.max_body = max_body
         self.body_limits = sorted((body_limits or {}).items(), key=lambda item: -len(item[0]))
 
@@ -282,46 +271,14 @@ class InputGuard:
                 return limit
         return self.max_body
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        request = Request(scope)
-        limit = self.limit_for(scope["path"])
-        try:
-            check_path(scope.get("raw_path") or scope["path"].encode())
-            check_query(scope.get("query_string", b""))
-            declared = _declared_length(request)
-            if declared is not None and declared > limit:
+    def check(self, scope: Scope, limit: int, content_length: bytes | None) -> None:
+        """FlowRefused when the path, the query or the declared body size (`content_length`, the header's value)
+        is refused."""
+        check_path(scope.get("raw_path") or scope["path"].encode())
+        check_query(scope.get("query_string", b""))
+        if content_length is not None:
+            declared = content_length.decode("latin-1")
+            if not declared.isdigit():
+                raise invalid("the Content-Length header is not a number")
+            if int(declared) > limit:
                 raise too_large(limit)
-        except FlowRefused as exc:
-            await (await self.refuse(request, exc))(scope, receive, send)
-            return
-
-        received = 0
-        started = False
-
-        async def counted_receive() -> Message:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > limit:
-                    raise _BodyOverLimit
-            return message
-
-        async def watched_send(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
-        try:
-            await self.app(scope, counted_receive, watched_send)
-        except _BodyOverLimit:
-            if started:
-                raise
-            await (await self.refuse(request, too_large(limit)))(scope, receive, send)
-        except ClientDisconnect:
-            # A malformed body (the server answered 400 and closed) or a client gone mid-body: nobody to answer.
-            log.warning("request body ended early (malformed or disconnected): %s %s", scope["method"], scope["path"])

@@ -3,10 +3,10 @@ elicitation, over a moving window, in memory (one process) or in Redis (`rate_li
 every replica so that a limit holds across them).
 
 `RateLimiter` counts. `RateLimitGuard` turns a refusal into the 429 answer (Retry-After, error code
-`rate_limited`) and one `rate_limited` audit event per key and window. `RateLimit` is the ASGI middleware that
-applies the guard, for every method, to the connect, callback and confirm routes by path, and makes the client
-address known to `AuditBudget` for the request. A handler that learns the elicitation only from its body (the
-confirm endpoint) calls `RateLimitGuard.check_elicitation` itself.
+`rate_limited`) and one `rate_limited` audit event per key and window. `RateLimit` (asked by the `Front` middleware)
+applies the guard, for every method, to the connect, callback and confirm routes by path; `Front` also makes the
+client address known to `AuditBudget` for the request (`CURRENT_CLIENT`). A handler that learns the elicitation
+only from its body (the confirm endpoint) calls `RateLimitGuard.check_elicitation` itself.
 
 `AuditBudget` bounds the audit rows that requests carrying no credential at all can cause (a forged CSRF token,
 an unknown OAuth state, a wrong API key): `audit_per_address` per window for each client and `audit_total` for
@@ -36,7 +36,7 @@ from limits.aio.strategies import MovingWindowRateLimiter
 from limits.storage import storage_from_string
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Scope
 
 from ..config import RateLimitSettings
 from ..core.ports import AuditRepo
@@ -52,7 +52,7 @@ KeyKind = Literal["address", "elicitation"]
 RATE_LIMITED = "rate_limited"
 AUDIT_SUPPRESSED = "audit_suppressed"
 
-# The client address of the request being served (set by `RateLimit`), for `AuditBudget`.
+# The client address of the request being served (set by `Front`), for `AuditBudget`.
 CURRENT_CLIENT: ContextVar[str | None] = ContextVar("connector_client_address", default=None)
 
 
@@ -253,28 +253,13 @@ def _digest(value: str) -> str:
 
 
 class RateLimit:
-    """ASGI middleware: applies `RateLimitGuard` to the connect, callback and confirm routes."""
+    """Applies `RateLimitGuard` to the connect, callback and confirm routes (`Front` asks it for every request)."""
 
-    def __init__(self, app: ASGIApp, *, guard: RateLimitGuard) -> None:
-        self.app = app
+    def __init__(self, guard: RateLimitGuard) -> None:
         self.guard = guard
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        request = Request(scope)
-        token = CURRENT_CLIENT.set(client_address(request))
-        try:
-            refused = await self._check(request, scope)
-            if refused is not None:
-                await refused(scope, receive, send)
-                return
-            await self.app(scope, receive, send)
-        finally:
-            CURRENT_CLIENT.reset(token)
-
-    async def _check(self, request: Request, scope: Scope) -> Response | None:
+    async def check(self, request: Request, scope: Scope) -> Response | None:
+        """The 429 answer when the request is over a limit, else None (and the request is counted)."""
         path: str = scope["path"]
         group = route_group(path)
         if group is None:

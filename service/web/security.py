@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import secrets
+from collections.abc import Iterable
 
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..vault import Vault
 
@@ -24,37 +24,30 @@ def csp_with_form_target(origin: str) -> str:
     return BASE_CSP.replace("form-action 'self'", f"form-action 'self' {origin}")
 
 
-class SecurityHeaders:
-    """Adds the headers every response needs; a response may set its own CSP first."""
+Header = tuple[bytes, bytes]
 
-    def __init__(self, app: ASGIApp, *, https: bool) -> None:
-        self.app = app
-        self.https = https
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+def security_headers(*, https: bool) -> tuple[Header, ...]:
+    """The headers every response needs, built once per app; a response may set its own (its CSP) first."""
+    headers = [
+        (b"content-security-policy", BASE_CSP.encode()),
+        (b"x-content-type-options", b"nosniff"),
+        (b"referrer-policy", b"no-referrer"),
+        (b"cache-control", b"no-store"),
+        (b"x-frame-options", b"DENY"),
+        (b"cross-origin-opener-policy", b"same-origin"),
+    ]
+    if https:
+        headers.append((b"strict-transport-security", b"max-age=63072000; includeSubDomains"))
+    return tuple(headers)
 
-        async def send_with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                headers = list(message.get("headers", []))
-                present = {name.lower() for name, _ in headers}
-                defaults = {
-                    b"content-security-policy": BASE_CSP.encode(),
-                    b"x-content-type-options": b"nosniff",
-                    b"referrer-policy": b"no-referrer",
-                    b"cache-control": b"no-store",
-                    b"x-frame-options": b"DENY",
-                    b"cross-origin-opener-policy": b"same-origin",
-                }
-                if self.https:
-                    defaults[b"strict-transport-security"] = b"max-age=63072000; includeSubDomains"
-                headers.extend((k, v) for k, v in defaults.items() if k not in present)
-                message["headers"] = headers
-            await send(message)
 
-        await self.app(scope, receive, send_with_headers)
+def with_security_headers(headers: Iterable[Header], defaults: tuple[Header, ...]) -> list[Header]:
+    """`headers` and each of `defaults` whose name the response did not set itself."""
+    out = list(headers)
+    present = {name.lower() for name, _ in out}
+    out.extend(header for header in defaults if header[0] not in present)
+    return out
 
 
 class BrowserBinding:
