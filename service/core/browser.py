@@ -148,6 +148,14 @@ class BrowserFlow:
             await self.elicitations.audit(record, "verified", now=now, conn=tx)
         return request.url
 
+    def _whose_browser(self, browser_user: Identity) -> dict[str, str]:
+        """What an audit row of a refused browser says about who was there, and who vouched for it."""
+        return {
+            "identity_verifier": self.settings.verifier_name,
+            "browser_issuer": browser_user.issuer,
+            "browser_subject": browser_user.subject,
+        }
+
     async def check_identity(
         self, record: ElicitationRecord, browser_user: Identity, intent: Intent = Intent.CONTINUE
     ) -> None:
@@ -164,11 +172,7 @@ class BrowserFlow:
             await self.elicitations.audit(
                 record,
                 "decline_refused",
-                detail={
-                    "identity_verifier": self.settings.verifier_name,
-                    "browser_issuer": browser_user.issuer,
-                    "browser_subject": browser_user.subject,
-                },
+                detail=self._whose_browser(browser_user),
                 now=now,
             )
             raise FlowRefused("not_your_link")
@@ -179,9 +183,7 @@ class BrowserFlow:
                 record,
                 "identity_mismatch",
                 detail={
-                    "identity_verifier": self.settings.verifier_name,
-                    "browser_issuer": browser_user.issuer,
-                    "browser_subject": browser_user.subject,
+                    **self._whose_browser(browser_user),
                     "mismatches": count,
                     "max_mismatches": limit,
                 },
