@@ -241,6 +241,36 @@ def captured_logs(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
     return caplog
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The longest tests (marked `duration(seconds)`) start first, spread over the workers.
+
+    pytest-xdist's worksteal hands each worker a contiguous share of the collection (the first n // workers tests
+    to the first, ...) and steals from the end of a share: a long test placed at the start of a share is never
+    the one left running while the other workers are idle.
+    """
+    timed = [(float(marker.args[0]), item) for item in items if (marker := item.get_closest_marker("duration"))]
+    if not timed:
+        return
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    heads: list[list[pytest.Item]] = [[] for _ in range(workers)]
+    loads = [0.0] * workers
+    for seconds, item in sorted(timed, key=lambda timed_item: -timed_item[0]):
+        least = loads.index(min(loads))
+        heads[least].append(item)
+        loads[least] += seconds
+    long_ones = {id(item) for _, item in timed}
+    rest = [item for item in items if id(item) not in long_ones]
+    ordered: list[pytest.Item] = []
+    pending = len(items)
+    for worker, head in enumerate(heads):
+        share = pending // (workers - worker)  # what worksteal sends this worker first
+        pending -= share
+        taken = max(0, share - len(head))
+        ordered += head + rest[:taken]
+        rest = rest[taken:]
+    items[:] = ordered + rest
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Drops the migrated template database. In CI (CONNECTOR_REQUIRE_ALL_TESTS=1) a skipped test fails the run:
     nothing may silently not run."""

@@ -6,6 +6,7 @@ import asyncio
 import gc
 import weakref
 
+import pytest
 from acp import PROTOCOL_VERSION
 from acp.agent.connection import AgentSideConnection
 from acp.client.connection import ClientSideConnection
@@ -21,6 +22,7 @@ CONNECTIONS = 10_000
 WITH_AN_ELICITATION = 100  # every 100th connection also runs one elicitation (declined) in its session
 
 
+@pytest.mark.duration(12)
 async def test_ten_thousand_connections_and_sessions_leave_the_tables_empty(deployment: Deployment) -> None:
     connector = deployment.connector
     gone: list[weakref.ref[AgentSideConnection]] = []

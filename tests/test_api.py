@@ -10,6 +10,7 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
 from openapi_spec_validator import validate
 
 from service import ElicitationStatus
@@ -217,6 +218,7 @@ async def test_openapi_document_is_valid_and_names_every_route(deployment: Deplo
     assert "409" in document["paths"]["/v1/elicitations/{elicitation_id}/answer"]["post"]["responses"]
 
 
+@pytest.mark.duration(11)
 def test_api_keys_cli_creates_lists_and_revokes(connector_env: dict[str, str], tmp_path: Path) -> None:
     env = {**os.environ, **connector_env}
     cli = [sys.executable, "-m", "service.cli"]

@@ -7,6 +7,7 @@ import random
 from typing import Any
 
 import httpx
+import pytest
 from sqlalchemy import func, select
 
 from service.store import tables
@@ -212,6 +213,7 @@ async def test_fuzz_gives_no_server_errors(deployment: Deployment) -> None:
     await fuzz(deployment, seed=15, requests=1000)
 
 
+@pytest.mark.duration(3)
 async def test_fuzz_on_postgresql_gives_no_server_errors_and_writes_nothing_it_refused(deploy_with: Deploy) -> None:
     """PostgreSQL refuses what SQLite lets through (NUL bytes, overlong values): the same pass there."""
     async with fresh_postgres_database(migrated=True) as url, deploy_with(CONNECTOR_DATABASE__URL=url) as deployment:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from service.store import Store
 from service.testing import MockOAuthProvider, ScriptedBrowser
@@ -119,6 +120,7 @@ async def test_events_refuse_bad_input(deployment: Deployment) -> None:
             assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_input"
 
 
+@pytest.mark.duration(6)
 async def test_events_cross_replicas_on_postgresql(tmp_path: Path) -> None:
     """Two sidecar processes on one PostgreSQL database: a stream held on replica A hears a change made on B, and
     a client that moves to B with Last-Event-ID gets every later event exactly once."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
+import pytest
 
 from service import Identity
 from service.store import Store
@@ -16,6 +17,7 @@ USER = Identity("https://login.example.com", "streamer")
 MIB = 1 << 20
 
 
+@pytest.mark.duration(3)
 async def test_a_100_mib_response_streams_with_flat_memory(tmp_path: Path) -> None:
     async with serve_app(bulk_api()) as upstream:
         env = sidecar_env_for(tmp_path, upstream)

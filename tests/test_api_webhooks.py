@@ -315,6 +315,7 @@ async def test_bad_registrations_are_refused_with_stable_codes_and_write_nothing
         assert await count_rows(store, tables.webhook_endpoints) == 9
 
 
+@pytest.mark.duration(12)
 async def test_two_replicas_on_postgresql_make_each_attempt_once(tmp_path: Path) -> None:
     """Two sidecar processes deliver from one PostgreSQL database: each event reaches the receiver exactly twice
     (its first attempt answered 500, its second 200), and every attempt is recorded once."""

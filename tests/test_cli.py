@@ -77,6 +77,7 @@ def scratch_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+@pytest.mark.duration(4)
 def test_migrate_then_serve_on_loopback_creates_a_dev_key_and_serves(tmp_path: Path) -> None:
     shutil.copytree(REPO / "config", tmp_path / "config")
     port = free_port()

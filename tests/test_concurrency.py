@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import ssl
 
+import pytest
+
 from service import AuthorizationStatus, ElicitationStatus
 from service.testing import ScriptedBrowser
 
@@ -19,6 +21,7 @@ FLOWS = 200
 BROWSERS_AT_ONCE = 25
 
 
+@pytest.mark.duration(9)
 async def test_200_concurrent_flows_on_sqlite_complete_once_each_without_errors(deploy_with: Deploy) -> None:
     async with deploy_with(CONNECTOR_RATE_LIMIT__ENABLED="false") as deployment:
         connector = deployment.connector

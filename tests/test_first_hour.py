@@ -94,6 +94,7 @@ def clone(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.duration(30)
 async def test_the_first_hour_in_a_fresh_clone(clone: Path) -> None:
     await make_run_serves_a_demo_that_completes_a_whole_flow(clone)
     await the_example_readme_steps_work_literally_against_the_demo_provider(clone)

@@ -34,6 +34,7 @@ MEASURE = """() => {
 }"""
 
 
+@pytest.mark.duration(6)
 async def test_pages_keep_their_margins_at_phone_width(
     connector_env: dict[str, str], tmp_path: Path, loopback_socket: socket.socket, mock_provider: MockOAuthProvider
 ) -> None:

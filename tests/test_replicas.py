@@ -145,6 +145,7 @@ async def run_replicas(env: dict[str, str], count: int, uses: int) -> list[dict[
     return results
 
 
+@pytest.mark.duration(11)
 async def test_two_replicas_refresh_an_expired_grant_exactly_once(seeded: Deployment, cluster: Cluster) -> None:
     provider = cluster.provider
     before = await expire_stored_tokens(seeded)
@@ -295,6 +296,7 @@ async def migrated(cluster: Cluster) -> Cluster:
     return cluster
 
 
+@pytest.mark.duration(10)
 async def test_the_browser_on_replica_b_completes_the_request_on_replica_a_exactly_once(migrated: Cluster) -> None:
     cluster, client = migrated, ScriptedClient("accept")
     async with replica_b(cluster, **BUS_ONLY) as b_url, replica_a(cluster, client, b_url, free_port(), **BUS_ONLY) as a:
@@ -310,6 +312,7 @@ async def test_the_browser_on_replica_b_completes_the_request_on_replica_a_exact
     assert "octocat/hello-world" in client.agent_text(session_id)  # authorized, and the grant used server-side
 
 
+@pytest.mark.duration(7)
 async def test_a_completion_whose_replica_is_gone_is_recorded_undeliverable(migrated: Cluster) -> None:
     cluster, client = migrated, ScriptedClient("accept")
     async with replica_b(cluster, **QUICK_SWEEPS) as b_url:
@@ -341,6 +344,7 @@ async def test_a_completion_whose_replica_is_gone_is_recorded_undeliverable(migr
     assert record is not None and record.status is ElicitationStatus.COMPLETED
 
 
+@pytest.mark.duration(4)
 async def test_the_bus_reconnects_after_its_connection_is_terminated_mid_flow(migrated: Cluster) -> None:
     cluster, client = migrated, ScriptedClient("accept")
     a_port = free_port()
@@ -427,6 +431,7 @@ class Partition:
         await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
 
 
+@pytest.mark.duration(5)
 async def test_a_replica_cut_off_from_the_database_catches_up_when_it_is_back(migrated: Cluster) -> None:
     """Replica A loses the database while the browser finishes on B: no notification can reach it. Once back, the
     bus's catch-up finds the elicitation ended and A tells the client."""

@@ -514,6 +514,7 @@ async def run_fuzz(
     return outcome
 
 
+@pytest.mark.duration(18)
 async def test_fuzz_every_route_with_the_confirm_verifier(
     deploy_with: Deploy, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -533,6 +534,7 @@ async def test_fuzz_every_route_with_the_confirm_verifier(
     assert sum(n for status, n in outcome.statuses.items() if 400 <= status < 500) > 6000
 
 
+@pytest.mark.duration(5)
 async def test_fuzz_every_route_with_the_oidc_verifier(deploy_with: Deploy, caplog: pytest.LogCaptureFixture) -> None:
     async with serve_idp(LoopbackIdP()) as idp:
         routes = ["oidc_callback", "oidc_callback", "connect", "callback", "api", "any"]

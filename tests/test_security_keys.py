@@ -103,6 +103,7 @@ async def keys_command(tmp_path: Path, env: dict[str, str], *args: str) -> tuple
     return process.returncode, out.decode(), err.decode()
 
 
+@pytest.mark.duration(12)
 async def test_rotation_killed_half_way_resumes_and_the_old_key_retires(
     store: Store, database_url: str, tmp_path: Path
 ) -> None:

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -23,6 +25,7 @@ def _pip_into(python: Path) -> list[str]:
     return [str(python), "-m", "pip"]
 
 
+@pytest.mark.duration(30)
 def test_the_example_test_passes_from_a_fresh_install_of_the_testing_extra(tmp_path: Path) -> None:
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)

@@ -47,6 +47,7 @@ def agent_env(sidecar: Sidecar) -> dict[str, str]:
     }
 
 
+@pytest.mark.duration(8)
 async def test_ts_agent_completes_a_flow_through_the_sidecar(tmp_path: Path) -> None:
     script = build_example()
     provider = MockOAuthProvider(repos=REPOS)
