@@ -98,9 +98,10 @@ class Result:
 class AgentDriver:
     """Whole flows against the benchmark agent, through its SDK connection and the browsers."""
 
-    def __init__(self, conn: ClientSideConnection, client: BenchClient) -> None:
+    def __init__(self, conn: ClientSideConnection, client: BenchClient, pid: int | None = None) -> None:
         self.conn = conn
         self.client = client
+        self.pid = pid  # the agent's process, when it runs in one of its own
         self.sessions: list[str] = []
 
     async def session(self, index: int) -> str:

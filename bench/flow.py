@@ -11,6 +11,9 @@ userinfo) -> `elicitation/complete` and the prompt's end. A baseline flow: GET /
 
 Reported:
 - flows/s of each at the same concurrency, alternating rounds, and the ratio (goal >= 0.8);
+- the CPU each process spends per flow meanwhile (agent or baseline app, driver, mock provider), and the ratio the
+  connector would reach if its process cost what the baseline app does: CPU per flow is what sets the ratio on a
+  machine the flows keep busy, and it is steadier than flows/s on a shared one;
 - callback -> `elicitation/complete` on the ACP wire (stdio): from the browser sending the callback request to the
   client receiving the notification, p50/p99 over sequential flows (goal p99 < 10 ms);
 - a concurrency sweep (1/8/32/128) on SQLite and, with BENCH_POSTGRES_URL, PostgreSQL: flows/s, errors, lost and
@@ -28,6 +31,7 @@ import os
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from acp import PROTOCOL_VERSION
@@ -38,9 +42,9 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
-from bench.driver import AgentDriver, BenchClient, provider_catalog, run_flows
+from bench.driver import AgentDriver, BenchClient, FlowFn, Result, provider_catalog, run_flows
 from bench.driver import Baseline as BaselineApp
-from bench.harness import PYTHON, REPO, children, free_port, machine, median, percentile, wait_until_up
+from bench.harness import PYTHON, REPO, children, cpu_ms, free_port, machine, median, percentile, wait_until_up
 from service.store import migrate
 from service.vault import generate_key
 
@@ -89,51 +93,93 @@ async def connector_agent(provider: str, database_url: str, workdir: Path) -> As
     async with spawn_stdio_transport(PYTHON, "-m", "bench.agent", env=env, cwd=str(REPO), stderr=None) as (
         reader,
         writer,
-        _process,
+        process,
     ):
         conn = ClientSideConnection(client, writer, reader, use_unstable_protocol=True)  # type: ignore[arg-type]
         capabilities = ClientCapabilities(elicitation=ElicitationCapabilities(url=ElicitationUrlCapabilities()))
         await conn.initialize(protocol_version=PROTOCOL_VERSION, client_capabilities=capabilities)
         await wait_until_up(f"http://127.0.0.1:{port}/healthz")
         try:
-            yield AgentDriver(conn, client)
+            yield AgentDriver(conn, client, pid=process.pid)
         finally:
             await conn.close()
 
 
+@dataclass(frozen=True)
+class Peers:
+    """The mock provider and the baseline app, each in its own process."""
+
+    provider: str
+    baseline: BaselineApp
+    provider_pid: int
+    baseline_pid: int
+
+
 @contextlib.asynccontextmanager
-async def mock_provider_and_baseline() -> AsyncIterator[tuple[str, BaselineApp]]:
+async def mock_provider_and_baseline() -> AsyncIterator[Peers]:
     provider_port, baseline_port = free_port(), free_port()
     provider = f"http://127.0.0.1:{provider_port}"
     async with children() as group:
-        group.start("-m", "bench.mock", str(provider_port), CLIENT_ID, CLIENT_SECRET)
-        group.start("-m", "bench.baseline", str(baseline_port), provider, CLIENT_ID, CLIENT_SECRET)
+        mock = group.start("-m", "bench.mock", str(provider_port), CLIENT_ID, CLIENT_SECRET)
+        base = group.start("-m", "bench.baseline", str(baseline_port), provider, CLIENT_ID, CLIENT_SECRET)
         await wait_until_up(f"{provider}/api/user")
         await wait_until_up(f"http://127.0.0.1:{baseline_port}/login")
-        yield provider, BaselineApp(f"http://127.0.0.1:{baseline_port}")
+        yield Peers(provider, BaselineApp(f"http://127.0.0.1:{baseline_port}"), mock.pid, base.pid)
+
+
+async def measured(flow: FlowFn, flows: int, concurrency: int, pids: dict[str, int]) -> tuple[Result, dict[str, float]]:
+    """`run_flows`, and the CPU per completed flow (ms) each process in `pids` spent meanwhile."""
+    before = {name: cpu_ms(pid) for name, pid in pids.items()}
+    result = await run_flows(flow, flows, concurrency)
+    done = max(result.flows, 1)
+    return result, {name: (cpu_ms(pid) - before[name]) / done for name, pid in pids.items()}
 
 
 # -- the measurements ----------------------------------------------------------------------------------------------
-async def throughput(
-    agent: AgentDriver, baseline: BaselineApp, *, flows: int, concurrency: int, rounds: int
-) -> list[str]:
+async def throughput(agent: AgentDriver, peers: Peers, *, flows: int, concurrency: int, rounds: int) -> list[str]:
+    baseline = peers.baseline
     await run_flows(agent.flow, 20, concurrency)  # warm up both
     await run_flows(baseline.flow, 20, concurrency)
+    assert agent.pid is not None
+    driver = os.getpid()
+    ours_pids = {"agent": agent.pid, "driver": driver, "mock provider": peers.provider_pid}
+    theirs_pids = {"app": peers.baseline_pid, "driver": driver, "mock provider": peers.provider_pid}
     ours, theirs = [], []
+    ours_cpu: dict[str, list[float]] = {name: [] for name in ours_pids}
+    theirs_cpu: dict[str, list[float]] = {name: [] for name in theirs_pids}
     errors = 0
     for _ in range(rounds):  # alternate, so that a noisy neighbour hits both alike
-        base = await run_flows(baseline.flow, flows, concurrency)
-        conn = await run_flows(agent.flow, flows, concurrency)
+        base, base_cpu = await measured(baseline.flow, flows, concurrency, theirs_pids)
+        conn, conn_cpu = await measured(agent.flow, flows, concurrency, ours_pids)
         theirs.append(base.rate)
         ours.append(conn.rate)
+        for name, ms in base_cpu.items():
+            theirs_cpu[name].append(ms)
+        for name, ms in conn_cpu.items():
+            ours_cpu[name].append(ms)
         errors += base.errors + conn.errors
     ratio = median(ours) / median(theirs)
+    ours_ms = {name: median(values) for name, values in ours_cpu.items()}
+    theirs_ms = {name: median(values) for name, values in theirs_cpu.items()}
+    ours_total, theirs_total = sum(ours_ms.values()), sum(theirs_ms.values())
+    # On a machine whose cores the flows keep busy, flows/s goes as 1 / (CPU per flow, all processes): the ratio
+    # the connector would reach if its own process cost what the baseline app costs, the rest of its flow as is.
+    ceiling = theirs_total / (ours_total - ours_ms["agent"] + theirs_ms["app"])
     return [
         f"| connect flows/s at concurrency {concurrency} (median of {rounds} alternating rounds of {flows}) "
         f"| connector {median(ours):.1f}, baseline {median(theirs):.1f} | **{ratio:.2f}x** | >= 0.8x "
         f"| {'met' if ratio >= 0.8 else 'NOT met'} |",
         *([f"| errors during the throughput rounds | {errors} | | 0 | {'met' if not errors else 'NOT met'} |"]),
+        "| CPU per connect flow by process, ms (`/proc/<pid>/stat`, median of the rounds) "
+        f"| connector: {_cpu_parts(ours_ms)} = {ours_total:.1f}; baseline: {_cpu_parts(theirs_ms)} = "
+        f"{theirs_total:.1f} | {theirs_total / ours_total:.2f}x | | |",
+        "| ... the ratio if the connector's process cost what the baseline app does (its driver and provider "
+        f"work as measured) | agent {ours_ms['agent']:.1f} -> {theirs_ms['app']:.1f} ms | {ceiling:.2f}x | | |",
     ]
+
+
+def _cpu_parts(ms: dict[str, float]) -> str:
+    return " + ".join(f"{name} {value:.1f}" for name, value in ms.items())
 
 
 async def latency(agent: AgentDriver, *, flows: int) -> list[str]:
@@ -175,10 +221,11 @@ async def main(quick: bool) -> list[str]:
     levels = [1, 8, 32] if quick else [1, 8, 32, 128]
     rows = [f"Measured on: {machine()}", "", "| measure | value | ratio | goal | |", "|---|---|---|---|---|"]
     with tempfile.TemporaryDirectory() as tmp:
-        async with mock_provider_and_baseline() as (provider, baseline):
+        async with mock_provider_and_baseline() as peers:
+            provider = peers.provider
             sqlite_url = f"sqlite+aiosqlite:///{tmp}/bench.db"
             async with connector_agent(provider, sqlite_url, Path(tmp)) as agent:
-                rows += await throughput(agent, baseline, flows=flows, concurrency=4, rounds=rounds)
+                rows += await throughput(agent, peers, flows=flows, concurrency=4, rounds=rounds)
                 rows += await latency(agent, flows=60 if quick else 300)
                 rows += await sweep(agent, "SQLite", levels, lambda c: max(2 * c, 40))
             admin = os.environ.get("BENCH_POSTGRES_URL") or os.environ.get("CONNECTOR_TEST_POSTGRES_URL")
