@@ -1,30 +1,33 @@
-"""Vault key rotation over the store: what each key encrypts, re-encrypting every grant under the primary key, and
-whether a key may be retired.
+"""Vault key rotation over the store: what each key encrypts, re-encrypting every grant and every webhook endpoint
+secret under the primary key, and whether a key may be retired.
 
-`rotate_grants` works in batches, each its own transaction, so a crash loses at most the batch in flight and a new
-run carries on where the last one stopped (it picks the grants not yet under the primary key). Each row is
-swapped only if it still holds what was read (`GrantRepository.swap_ciphertext`): a replica that refreshes a
-grant meanwhile keeps its new tokens, and the grant is picked up again on the next pass. The tokens themselves
-never change, nor does the grant's `updated_at`; the associated data binding the ciphertext to its row stays.
+`rotate_grants` and `rotate_webhook_secrets` work in batches, each its own transaction, so a crash loses at most the
+batch in flight and a new run carries on where the last one stopped (it picks the rows not yet under the primary
+key). Each row is swapped only if it still holds what was read (`GrantRepository.swap_ciphertext`,
+`WebhookRepository.swap_secret`): a replica that refreshes a grant meanwhile keeps its new tokens, and the row is
+picked up again on the next pass. What is encrypted never changes, nor does the grant's `updated_at`; the
+associated data binding the ciphertext to its row (a grant's identity, an endpoint's id and tenant) stays.
 
 Safe while other replicas serve, provided every replica already has the primary key in its ring (the README's
-runbook): a replica that lacks it could not read a grant rotated under it.
+runbook): a replica that lacks it could not read a grant or sign a webhook rotated under it.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from .core.errors import VaultError
 from .core.handles import grant_aad
+from .core.ports import Tx
 from .core.records import GrantRecord
+from .core.webhooks import secret_aad
 from .store import Store
 from .vault import Vault
 
-MAX_PASSES = 10  # a grant another replica keeps rewriting under an old key is left for a later run
+MAX_PASSES = 10  # a row another replica keeps rewriting under an old key is left for a later run
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,12 +62,28 @@ async def key_usage(store: Store, now: datetime) -> dict[str, KeyUsage]:
 @dataclass
 class RotationReport:
     rotated: int = 0
-    changed_meanwhile: int = 0  # refreshed on another replica while read: picked up on the next pass
-    unreadable: list[str] = field(default_factory=list)  # grant ids that do not decrypt with this ring
+    changed_meanwhile: int = 0  # rewritten on another replica while read: picked up on the next pass
+    unreadable: list[str] = field(default_factory=list)  # ids of rows that do not decrypt with this ring
 
     @property
     def complete(self) -> bool:
         return not self.unreadable
+
+
+@dataclass(frozen=True, slots=True)
+class Sealed:
+    """One encrypted value of a row: the row's id, the key id and ciphertext read, and the associated data."""
+
+    id: str
+    key_id: str
+    ciphertext: bytes
+    aad: bytes
+
+
+# Up to `limit` rows not under `key_id`, ids after `after`, in id order.
+Pick = Callable[[str, str, int], Awaitable[list[Sealed]]]
+# Replace one row's ciphertext if it still holds what was read (conditional update); whether it did.
+Swap = Callable[[Sealed, str, bytes, Tx], Awaitable[bool]]
 
 
 def aad_of(grant: GrantRecord) -> bytes:
@@ -81,6 +100,62 @@ async def rotate_grants(
 ) -> RotationReport:
     """Re-encrypt every grant that is not under the primary key, `batch_size` per transaction, sleeping `pause`
     seconds between batches (to spare a busy database). Passes repeat until a pass finds nothing it can do."""
+
+    async def pick(key_id: str, after: str, limit: int) -> list[Sealed]:
+        found = await store.grants.not_under(key_id, after=after, limit=limit)
+        return [Sealed(g.id, g.token_key_id, g.token_ciphertext, aad_of(g)) for g in found]
+
+    async def swap(row: Sealed, key_id: str, blob: bytes, tx: Tx) -> bool:
+        return await store.grants.swap_ciphertext(
+            row.id,
+            old_key_id=row.key_id,
+            old_ciphertext=row.ciphertext,
+            new_key_id=key_id,
+            new_ciphertext=blob,
+            conn=tx,
+        )
+
+    return await _rotate(store, vault, pick, swap, batch_size=batch_size, pause=pause, progress=progress)
+
+
+async def rotate_webhook_secrets(
+    store: Store,
+    vault: Vault,
+    *,
+    batch_size: int,
+    pause: float = 0.0,
+    progress: Callable[[RotationReport], None] | None = None,
+) -> RotationReport:
+    """Re-encrypt every webhook endpoint's signing secret that is not under the primary key, as `rotate_grants`
+    does for grants. The secret itself (what receivers verify with) does not change."""
+
+    async def pick(key_id: str, after: str, limit: int) -> list[Sealed]:
+        found = await store.webhooks.secrets_not_under(key_id, after=after, limit=limit)
+        return [Sealed(e.id, e.secret_key_id, e.secret_ciphertext, secret_aad(e.id, e.tenant)) for e in found]
+
+    async def swap(row: Sealed, key_id: str, blob: bytes, tx: Tx) -> bool:
+        return await store.webhooks.swap_secret(
+            row.id,
+            old_key_id=row.key_id,
+            old_ciphertext=row.ciphertext,
+            new_key_id=key_id,
+            new_ciphertext=blob,
+            conn=tx,
+        )
+
+    return await _rotate(store, vault, pick, swap, batch_size=batch_size, pause=pause, progress=progress)
+
+
+async def _rotate(
+    store: Store,
+    vault: Vault,
+    pick: Pick,
+    swap: Swap,
+    *,
+    batch_size: int,
+    pause: float,
+    progress: Callable[[RotationReport], None] | None,
+) -> RotationReport:
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
     primary = vault.primary_key_id
@@ -89,31 +164,21 @@ async def rotate_grants(
         changed_before = report.changed_meanwhile
         after = ""
         while True:
-            batch = await store.grants.not_under(primary, after=after, limit=batch_size)
+            batch = await pick(primary, after, batch_size)
             if not batch:
                 break
             after = batch[-1].id
             # Decrypt and encrypt before the write transaction opens: it lasts only as long as the swaps.
             swaps = []
-            for grant in batch:
+            for row in batch:
                 try:
-                    swaps.append(
-                        (grant, *vault.reencrypt(grant.token_key_id, grant.token_ciphertext, aad=aad_of(grant)))
-                    )
+                    swaps.append((row, *vault.reencrypt(row.key_id, row.ciphertext, aad=row.aad)))
                 except VaultError:
-                    if grant.id not in report.unreadable:
-                        report.unreadable.append(grant.id)
+                    if row.id not in report.unreadable:
+                        report.unreadable.append(row.id)
             async with store.transaction() as tx:
-                for grant, key_id, blob in swaps:
-                    swapped = await store.grants.swap_ciphertext(
-                        grant.id,
-                        old_key_id=grant.token_key_id,
-                        old_ciphertext=grant.token_ciphertext,
-                        new_key_id=key_id,
-                        new_ciphertext=blob,
-                        conn=tx,
-                    )
-                    if swapped:
+                for row, key_id, blob in swaps:
+                    if await swap(row, key_id, blob, tx):
                         report.rotated += 1
                     else:
                         report.changed_meanwhile += 1

@@ -1,9 +1,11 @@
-"""Finding 7 of the security review, on SQLite and PostgreSQL: key rotation re-encrypts every grant.
+"""Finding 7 of the security review, on SQLite and PostgreSQL: key rotation re-encrypts every grant and every
+webhook endpoint's signing secret.
 
 `acp-connector keys rotate`, a separate process, is killed with SIGKILL half way and run again: every grant then
-decrypts, is under the new key, and holds the very tokens it held before; `keys retire` refuses the old key while a
-grant uses it and succeeds after. A grant refreshed by another replica while it is being rotated keeps its new
-tokens."""
+decrypts, is under the new key, and holds the very tokens it held before; every webhook secret is under the new key
+and deliveries signed after it verify with the secret the receiver was given; `keys retire` refuses the old key
+while a grant or a webhook secret uses it and succeeds after. A grant refreshed by another replica while it is being
+rotated keeps its new tokens."""
 
 from __future__ import annotations
 
@@ -20,15 +22,25 @@ from typing import Any
 
 import pytest
 
-from service import Identity
+from service import Identity, verify_webhook
+from service.client import WebhookVerificationError
 from service.core.errors import VaultError
+from service.core.events import ElicitationEvent
 from service.core.handles import grant_aad, new_id
 from service.core.records import GrantRecord
+from service.core.states import ElicitationStatus
+from service.core.webhooks import WebhookDispatcher, WebhookEndpoints, WebhookPolicy
+from service.events import HttpWebhookSender
 from service.rotation import rotate_grants
 from service.store import Store, migrate
 from service.vault import KeyRing, Vault, generate_key, remove_from_key_file
 
+from .test_api_webhooks import receiving
+
 GRANTS = 1000
+TENANTS = ("agent-a", "agent-b")
+ENDPOINTS_PER_TENANT = 6  # twelve secrets: two batches of ten
+WEBHOOK_SECRETS = len(TENANTS) * ENDPOINTS_PER_TENANT
 KEY_A = generate_key("key-a")
 KEY_B = generate_key("key-b")
 ISSUER = "https://login.example.com"
@@ -77,6 +89,18 @@ async def seed(store: Store, under: Vault, count: int) -> None:
             )
 
 
+def webhooks(store: Store, under: Vault) -> WebhookEndpoints:
+    return WebhookEndpoints(
+        store.webhooks, store.outbox, under, WebhookPolicy(allow_private_addresses=True), lambda: datetime.now(UTC)
+    )
+
+
+async def seed_webhooks(store: Store, under: Vault, url: str) -> dict[str, str]:
+    """`ENDPOINTS_PER_TENANT` endpoints for each of `TENANTS`, secrets under `under`'s key: {endpoint id: secret}."""
+    made = [await webhooks(store, under).create(t, url, None) for t in TENANTS for _ in range(ENDPOINTS_PER_TENANT)]
+    return {endpoint.id: secret for endpoint, secret in made}
+
+
 async def all_grants(store: Store) -> list[GrantRecord]:
     return await store.grants.not_under("", limit=10 * GRANTS)  # no key id is empty: every grant
 
@@ -110,62 +134,96 @@ async def test_rotation_killed_half_way_resumes_and_the_old_key_retires(
     await seed(store, vault(KEY_A), GRANTS)
     before = await tokens_of(store, vault(KEY_A))
     assert await store.grants.count_by_key() == {"key-a": GRANTS}
-    env = cli_env(database_url, f"{KEY_B},{KEY_A}")  # key-b is now the active key; key-a still decrypts
+    async with receiving() as receiver:
+        secrets = await seed_webhooks(store, vault(KEY_A), receiver.url)
+        assert await store.webhooks.count_by_key() == {"key-a": WEBHOOK_SECRETS}
+        env = cli_env(database_url, f"{KEY_B},{KEY_A}")  # key-b is now the active key; key-a still decrypts
 
-    # Ten grants per transaction, a pause between batches: plenty of time to kill it half way.
-    rotating = await asyncio.create_subprocess_exec(
-        *CLI,
-        "keys",
-        "rotate",
-        "--batch-size",
-        "10",
-        "--pause",
-        "0.02",
-        cwd=tmp_path,
-        env=env,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.DEVNULL,
-    )
+        # Ten rows per transaction, a pause between batches: plenty of time to kill it half way.
+        rotating = await asyncio.create_subprocess_exec(
+            *CLI,
+            "keys",
+            "rotate",
+            "--batch-size",
+            "10",
+            "--pause",
+            "0.02",
+            cwd=tmp_path,
+            env=env,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        try:
+            for _ in range(6000):
+                moved = (await store.grants.count_by_key()).get("key-b", 0)
+                if moved >= GRANTS // 4 or rotating.returncode is not None:
+                    break
+                await asyncio.sleep(0.01)
+            assert rotating.returncode is None, "rotate finished before it could be killed"
+            rotating.send_signal(signal.SIGKILL)
+        finally:
+            if rotating.returncode is None:
+                rotating.kill()
+            await rotating.wait()
+        assert rotating.returncode == -signal.SIGKILL
+
+        half = await store.grants.count_by_key()
+        assert 0 < half["key-b"] < GRANTS and half["key-a"] + half["key-b"] == GRANTS
+        assert await tokens_of(store, vault(KEY_B, KEY_A)) == before  # mid-way, every grant still decrypts
+        assert await store.webhooks.count_by_key() == {"key-a": WEBHOOK_SECRETS}  # grants go first
+
+        code, _, err = await keys_command(tmp_path, env, "retire", "key-a")
+        assert code == 1
+        assert f"key-a is still in use: {half['key-a']} grants, {WEBHOOK_SECRETS} webhook secrets and 0 sign-ins" in err
+        assert "Traceback" not in err
+
+        code, _, err = await keys_command(tmp_path, env, "rotate")
+        assert code == 0, err
+        assert f"grants and {WEBHOOK_SECRETS} webhook secrets re-encrypted under the active key key-b" in err
+        assert await store.grants.count_by_key() == {"key-b": GRANTS}
+        assert await store.webhooks.count_by_key() == {"key-b": WEBHOOK_SECRETS}
+
+        code, out, err = await keys_command(tmp_path, env, "status")
+        assert code == 0, err
+        lines = [line.split() for line in out.splitlines()]
+        assert ["key-b", "active", str(GRANTS), str(WEBHOOK_SECRETS), "0"] in lines
+        assert ["key-a", "decrypt", "only", "0", "0", "0"] in lines
+
+        code, _, err = await keys_command(tmp_path, env, "retire", "key-a")
+        assert code == 0, err
+        assert "remove it from CONNECTOR_VAULT__KEYS" in err
+        assert [e.detail for e in await store.audit.list(event="key_retired")] == [{"key_id": "key-a"}]
+
+        # Without key-a at all, every grant reads back the very tokens it held under key-a ...
+        assert await tokens_of(store, vault(KEY_B)) == before
+        # ... and a delivery signed now verifies with the secret its receiver was given before the rotation.
+        await deliver_one_event_per_tenant(store, vault(KEY_B))
+    assert len(receiver.requests) == WEBHOOK_SECRETS
+    verified_by = [
+        [secret for secret in secrets.values() if verifies(secret, request.headers, request.body)]
+        for request in receiver.requests
+    ]
+    assert sorted(found for (found,) in verified_by) == sorted(secrets.values())  # each by one, each once
+
+
+def verifies(secret: str, headers: dict[str, str], body: bytes) -> bool:
     try:
-        for _ in range(6000):
-            moved = (await store.grants.count_by_key()).get("key-b", 0)
-            if moved >= GRANTS // 4 or rotating.returncode is not None:
-                break
-            await asyncio.sleep(0.01)
-        assert rotating.returncode is None, "rotate finished before it could be killed"
-        rotating.send_signal(signal.SIGKILL)
+        verify_webhook(secret, headers, body)
+    except WebhookVerificationError:
+        return False
+    return True
+
+
+async def deliver_one_event_per_tenant(store: Store, under: Vault) -> None:
+    async with store.transaction() as tx:
+        events = [ElicitationEvent(new_id(16), ElicitationStatus.COMPLETED, f"v1:{t}:c1") for t in TENANTS]
+        await store.outbox.append(events, at=datetime.now(UTC), conn=tx)
+    sender = HttpWebhookSender(timeout=10, allow_private=True)
+    try:
+        dispatcher = WebhookDispatcher(webhooks(store, under), store.outbox, sender, "replica-1")
+        assert await dispatcher.step() == WEBHOOK_SECRETS  # every attempt made (and awaited) in this step
     finally:
-        if rotating.returncode is None:
-            rotating.kill()
-        await rotating.wait()
-    assert rotating.returncode == -signal.SIGKILL
-
-    half = await store.grants.count_by_key()
-    assert 0 < half["key-b"] < GRANTS and half["key-a"] + half["key-b"] == GRANTS
-    assert await tokens_of(store, vault(KEY_B, KEY_A)) == before  # mid-way, every grant still decrypts
-
-    code, _, err = await keys_command(tmp_path, env, "retire", "key-a")
-    assert code == 1
-    assert f"key-a is still in use: {half['key-a']} grants" in err
-    assert "Traceback" not in err
-
-    code, _, err = await keys_command(tmp_path, env, "rotate")
-    assert code == 0, err
-    assert await store.grants.count_by_key() == {"key-b": GRANTS}
-
-    code, out, err = await keys_command(tmp_path, env, "status")
-    assert code == 0, err
-    lines = [line.split() for line in out.splitlines()]
-    assert ["key-b", "active", str(GRANTS), "0"] in lines
-    assert ["key-a", "decrypt", "only", "0", "0"] in lines
-
-    code, _, err = await keys_command(tmp_path, env, "retire", "key-a")
-    assert code == 0, err
-    assert "remove it from CONNECTOR_VAULT__KEYS" in err
-    assert [e.detail for e in await store.audit.list(event="key_retired")] == [{"key_id": "key-a"}]
-
-    # Without key-a at all, every grant reads back the very tokens it held under key-a.
-    assert await tokens_of(store, vault(KEY_B)) == before
+        await sender.aclose()
 
 
 async def test_a_grant_refreshed_on_another_replica_while_rotating_keeps_its_new_tokens(store: Store) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
@@ -47,20 +48,24 @@ def register(commands: Commands) -> None:
         help="list the keys, which is active, and what each still encrypts",
         description=(
             "One line per key id, configured or found in the database: whether it is the active key, in the\n"
-            "ring only to decrypt, or missing from the ring; how many grants it encrypts, and how many sign-ins\n"
-            "in progress (flows, verifications) hold a secret under it. Reads the database; changes nothing."
+            "ring only to decrypt, or missing from the ring; how many grants and webhook signing secrets it\n"
+            "encrypts, and how many sign-ins in progress (flows, verifications) hold a secret under it. Reads\n"
+            "the database; changes nothing. Exit code 1 when a grant or webhook secret is under a key that is\n"
+            "not in the ring."
         ),
         examples=["acp-connector keys status"],
     )
     rotate = keys.command(
         "rotate",
         run_rotate,
-        help="re-encrypt every grant under the active key",
+        help="re-encrypt every grant and webhook secret under the active key",
         description=(
-            "Re-encrypt every grant not yet under the active key, in batches (one transaction each). Safe to\n"
-            "interrupt and run again: it carries on where it stopped. Safe while replicas serve, once every\n"
-            "replica has the active key in its ring: a grant a replica refreshes meanwhile keeps its new tokens\n"
-            "and is picked up again. Exit code 1 when some grant cannot be decrypted with this ring."
+            "Re-encrypt every grant, then every webhook endpoint's signing secret, not yet under the active key,\n"
+            "in batches (one transaction each). Safe to interrupt and run again: it carries on where it stopped.\n"
+            "Safe while replicas serve, once every replica has the active key in its ring: a grant a replica\n"
+            "refreshes meanwhile keeps its new tokens and is picked up again. Tokens and webhook secrets do not\n"
+            "change (receivers keep verifying with the secret they hold). Exit code 1 when some grant or\n"
+            "webhook secret cannot be decrypted with this ring."
         ),
         examples=["acp-connector keys rotate", "acp-connector keys rotate --batch-size 500 --pause 0.1"],
     )
@@ -69,7 +74,7 @@ def register(commands: Commands) -> None:
         type=int,
         default=DEFAULT_BATCH_SIZE,
         metavar="N",
-        help=f"grants per transaction (default: {DEFAULT_BATCH_SIZE})",
+        help=f"grants or webhook secrets per transaction (default: {DEFAULT_BATCH_SIZE})",
     )
     rotate.add_argument(
         "--pause", type=float, default=0.0, metavar="SECONDS", help="wait between batches, to spare a busy database"
@@ -79,9 +84,10 @@ def register(commands: Commands) -> None:
         run_retire,
         help="retire a key that nothing uses any more",
         description=(
-            "Refuse while any grant (or a sign-in in progress) is encrypted under KEY_ID, or while it is the\n"
-            "active key. Otherwise record a key_retired audit event and take it out of vault.key_file when it\n"
-            "is there; a key given in CONNECTOR_VAULT__KEYS must then be removed there by the operator."
+            "Refuse while any grant, webhook signing secret or sign-in in progress is encrypted under KEY_ID,\n"
+            "or while it is the active key. Otherwise record a key_retired audit event and take it out of\n"
+            "vault.key_file when it is there; a key given in CONNECTOR_VAULT__KEYS must then be removed there by\n"
+            "the operator."
         ),
         examples=["acp-connector keys retire k-20250101-ab12"],
     )
@@ -119,26 +125,28 @@ def _state(ring: KeyRing, key_id: str) -> str:
 
 
 def run_status(invocation: Invocation) -> int:
-    from ..rotation import key_usage
+    from ..rotation import KeyUsage, key_usage
 
     settings = invocation.settings()
     ring = _vault(settings).ring
     usage = invocation.with_store(lambda store: key_usage(store, datetime.now(UTC)))
-    rows = [("KEY ID", "STATE", "GRANTS", "SIGN-INS IN PROGRESS")]
+    rows = [("KEY ID", "STATE", "GRANTS", "WEBHOOK SECRETS", "SIGN-INS IN PROGRESS")]
     for key_id in dict.fromkeys([*ring.key_ids, *usage]):
-        used = usage.get(key_id)
-        in_progress = 0 if used is None else used.open_flows + used.open_verifications
-        rows.append((key_id, _state(ring, key_id), str(0 if used is None else used.grants), str(in_progress)))
+        used = usage.get(key_id, KeyUsage())
+        in_progress = used.open_flows + used.open_verifications
+        rows.append((key_id, _state(ring, key_id), str(used.grants), str(used.webhook_secrets), str(in_progress)))
     invocation.table(rows)
-    lost = [key_id for key_id in usage if key_id not in ring and usage[key_id].grants]
+    lost = [key_id for key_id, used in usage.items() if key_id not in ring and (used.grants or used.webhook_secrets)]
     if lost:
-        invocation.note(f"grants under {', '.join(lost)} cannot be read: add the key back to the ring")
+        invocation.note(
+            f"grants or webhook secrets under {', '.join(lost)} cannot be read: add the key back to the ring"
+        )
         return 1
     return 0
 
 
 def run_rotate(invocation: Invocation) -> int:
-    from ..rotation import rotate_grants
+    from ..rotation import rotate_grants, rotate_webhook_secrets
 
     args = invocation.args
     if args.batch_size < 1 or args.pause < 0:
@@ -146,28 +154,40 @@ def run_rotate(invocation: Invocation) -> int:
     settings = invocation.settings()
     vault = _vault(settings)
 
-    def progress(report: RotationReport) -> None:
-        invocation.note(f"rotated {report.rotated} grants so far")
+    def progress(what: str) -> Callable[[RotationReport], None]:
+        return lambda report: invocation.note(f"rotated {report.rotated} {what} so far")
 
-    async def rotate(store: Store) -> RotationReport:
-        report = await rotate_grants(store, vault, batch_size=args.batch_size, pause=args.pause, progress=progress)
+    async def rotate(store: Store) -> tuple[RotationReport, RotationReport]:
+        batches = {"batch_size": args.batch_size, "pause": args.pause}
+        grants = await rotate_grants(store, vault, progress=progress("grants"), **batches)
+        secrets = await rotate_webhook_secrets(store, vault, progress=progress("webhook secrets"), **batches)
         await store.audit.record(
             "keys_rotated",
             detail={
                 "key_id": vault.primary_key_id,
-                "rotated": report.rotated,
-                "changed_meanwhile": report.changed_meanwhile,
-                "unreadable": len(report.unreadable),
+                "rotated": grants.rotated,
+                "changed_meanwhile": grants.changed_meanwhile,
+                "unreadable": len(grants.unreadable),
+                "webhook_secrets_rotated": secrets.rotated,
+                "webhook_secrets_unreadable": len(secrets.unreadable),
             },
         )
-        return report
+        return grants, secrets
 
-    report = invocation.with_store(rotate)
-    invocation.note(f"{report.rotated} grants re-encrypted under the active key {vault.primary_key_id}")
-    if not report.complete:
+    grants, secrets = invocation.with_store(rotate)
+    invocation.note(
+        f"{grants.rotated} grants and {secrets.rotated} webhook secrets re-encrypted under the active key "
+        f"{vault.primary_key_id}"
+    )
+    unreadable = [
+        (what, report) for what, report in (("grants", grants), ("webhook secrets", secrets)) if not report.complete
+    ]
+    if unreadable:
+        report = unreadable[0][1]
         raise CliError(
-            f"keys rotate: {len(report.unreadable)} grants do not decrypt with the configured keys "
-            f"(first: {report.unreadable[0]})",
+            "keys rotate: "
+            + " and ".join(f"{len(r.unreadable)} {w}" for w, r in unreadable)
+            + f" do not decrypt with the configured keys (first: {report.unreadable[0]})",
             "`acp-connector keys status` shows the key ids they need; add those keys to the ring and run again",
         )
     return 0
@@ -189,8 +209,8 @@ def run_retire(invocation: Invocation) -> int:
         used = (await key_usage(store, datetime.now(UTC))).get(key_id)
         if used is not None and used.in_use:
             return (
-                f"{used.grants} grants and {used.open_flows + used.open_verifications} sign-ins in progress "
-                "are encrypted under it"
+                f"{used.grants} grants, {used.webhook_secrets} webhook secrets and "
+                f"{used.open_flows + used.open_verifications} sign-ins in progress are encrypted under it"
             )
         await store.audit.record("key_retired", detail={"key_id": key_id})
         return None

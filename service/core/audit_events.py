@@ -70,7 +70,10 @@ _EVENTS: dict[str, str] = {
     "refresh_failed": "Refreshing an access token failed (detail: why).",
     "disconnected": "A grant was revoked (where the provider allows) and deleted.",
     # Operations.
-    "keys_rotated": "Grants were re-encrypted under the primary vault key (`acp-connector keys rotate`).",
+    "keys_rotated": (
+        "Grants and webhook signing secrets were re-encrypted under the primary vault key "
+        "(`acp-connector keys rotate`)."
+    ),
     "key_retired": "A vault key that no longer encrypts anything was retired (`acp-connector keys retire`).",
     "api_key_created": "An API key for the /v1 API was created (`acp-connector api-keys create`).",
     "api_key_revoked": "An API key for the /v1 API was revoked (`acp-connector api-keys revoke`).",

@@ -78,6 +78,15 @@ class WebhookRepository:
         async with self._db.read(conn) as c:
             return {key_id: int(count) for key_id, count in (await c.execute(statement)).all()}
 
+    async def secrets_not_under(
+        self, key_id: str, *, after: str = "", limit: int, conn: AsyncConnection | None = None
+    ) -> list[WebhookEndpointRecord]:
+        """Up to `limit` endpoints whose secret is under another key than `key_id`, by id, ids after `after`."""
+        e = webhook_endpoints.c
+        statement = select(webhook_endpoints).where(e.secret_key_id != key_id, e.id > after).order_by(e.id).limit(limit)
+        async with self._db.read(conn) as c:
+            return [_endpoint(row) for row in (await c.execute(statement)).mappings().all()]
+
     async def swap_secret(
         self,
         id: str,
