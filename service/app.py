@@ -164,6 +164,7 @@ def retention_policy(settings: Settings) -> RetentionPolicy:
         verification_days=retention.verification_days,
         audit_days=retention.audit_days,
         event_days=retention.event_days,
+        webhook_delivery_days=retention.webhook_delivery_days,
         batch_size=retention.batch_size,
     )
 

@@ -226,6 +226,9 @@ class RetentionSettings(_Section):
     event_days: int = Field(default=7, ge=0)
     """Days to keep the event log: how far back an event stream (or a replica that was down) can catch up (0:
     forever)."""
+    webhook_delivery_days: int = Field(default=7, ge=0)
+    """Days to keep webhook deliveries, with their attempts, after they ended (delivered or failed; a pending one is
+    never deleted) (0: forever)."""
     batch_size: int = Field(default=500, gt=0, le=100_000)
     """Rows deleted per transaction when retention is applied."""
     interval_seconds: float = Field(default=300.0, gt=0)

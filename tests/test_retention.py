@@ -1,4 +1,5 @@
-"""Retention on SQLite and PostgreSQL: only what is past its window goes, in batches; grants never go."""
+"""Retention on SQLite and PostgreSQL: only what is past its window goes, in batches; grants never go; a webhook
+delivery goes only once it has ended (with its attempts), never while it is pending."""
 
 from __future__ import annotations
 
@@ -12,17 +13,26 @@ import pytest
 from sqlalchemy import func, select
 
 from service.core.events import ElicitationEvent
-from service.core.records import VerificationRecord
+from service.core.records import VerificationRecord, WebhookDeliveryRecord, WebhookEndpointRecord
 from service.core.retention import PurgeKind, RetentionPolicy, count_due, purge_due
-from service.core.states import ElicitationStatus
+from service.core.states import DeliveryStatus, ElicitationStatus
 from service.store import Store, migrate
-from service.store.tables import audit_events, elicitation_events, identity_verifications, oauth_flows
+from service.store.tables import (
+    audit_events,
+    elicitation_events,
+    identity_verifications,
+    oauth_flows,
+    webhook_attempts,
+    webhook_deliveries,
+)
 
 from .test_cli import cli
 from .test_store import ALICE, NOW, elicitation, flow, grant, store  # noqa: F401 - `store` is the fixture
 
 DAY = timedelta(days=1)
-POLICY = RetentionPolicy(elicitation_days=30, verification_days=7, audit_days=365, event_days=7, batch_size=2)
+POLICY = RetentionPolicy(
+    elicitation_days=30, verification_days=7, audit_days=365, event_days=7, webhook_delivery_days=7, batch_size=2
+)
 
 
 def verification(elicitation_id: str, expires_at: datetime) -> VerificationRecord:
@@ -43,6 +53,39 @@ def verification(elicitation_id: str, expires_at: datetime) -> VerificationRecor
         confirmed_at=None,
         used_at=None,
     )
+
+
+async def seed_deliveries(into: Store, *deliveries: tuple[str, DeliveryStatus, datetime | None]) -> None:
+    """One endpoint, and for each (id, status, last attempt) a delivery with one attempt row per attempt made."""
+    endpoint = WebhookEndpointRecord("wh_retention", "agent-a", "https://hooks.example/x", None, "k", b"x", 0, NOW)
+    await into.webhooks.insert_endpoint(endpoint)
+    cursor = await into.webhooks.cursor()
+    records = [
+        WebhookDeliveryRecord(
+            id=id,
+            endpoint_id=endpoint.id,
+            event_id=number,
+            elicitation_id=f"e-{id}",
+            body="{}",
+            status=status,
+            attempts=0 if last is None else 1,
+            next_attempt_at=NOW if status is DeliveryStatus.PENDING else None,
+            claimed_by="replica-1" if status is DeliveryStatus.DELIVERING else None,
+            lease_until=last if status is DeliveryStatus.DELIVERING else None,
+            last_attempt_at=last,
+            last_status_code=None,
+            last_error=None,
+            created_at=(last or NOW) - DAY,
+            delivered_at=last if status is DeliveryStatus.DELIVERED else None,
+        )
+        for number, (id, status, last) in enumerate(deliveries, start=1)
+    ]
+    assert await into.webhooks.enqueue(records, from_cursor=cursor, to_cursor=cursor)
+    async with into.transaction() as tx:
+        for rec in records:
+            if rec.last_attempt_at is not None:
+                attempt = {"attempt": 1, "replica_id": "replica-1", "at": rec.last_attempt_at, "duration_ms": 5}
+                await tx.execute(webhook_attempts.insert().values(delivery_id=rec.id, **attempt))
 
 
 @pytest.mark.filterwarnings("ignore::service.core.audit_events.UnregisteredAuditEvent")  # made-up event names
@@ -74,12 +117,24 @@ async def test_retention_deletes_only_what_is_past_its_window(store: Store) -> N
     # Grants are never purged, however old.
     ancient = grant(created_at=NOW - 1000 * DAY, updated_at=NOW - 1000 * DAY)
     await store.grants.upsert(ancient)
+    # Webhook deliveries: delivered or failed more than 7 days ago go, with their attempts; one that ended recently
+    # stays, and so does one not ended, however old (pending a retry, or an attempt whose lease ran out long ago).
+    await seed_deliveries(
+        store,
+        ("old-delivered", DeliveryStatus.DELIVERED, NOW - 8 * DAY),
+        ("old-failed", DeliveryStatus.FAILED, NOW - 9 * DAY),
+        ("recent-failed", DeliveryStatus.FAILED, NOW - 6 * DAY),
+        ("old-pending", DeliveryStatus.PENDING, NOW - 50 * DAY),
+        ("never-tried", DeliveryStatus.PENDING, None),
+        ("old-delivering", DeliveryStatus.DELIVERING, NOW - 40 * DAY),
+    )
 
     expected = {
         PurgeKind.ELICITATIONS: 3,
         PurgeKind.VERIFICATIONS: 2,  # the 40-day-old one (also cascaded) and the 8-day-old one
         PurgeKind.AUDIT: 1,
         PurgeKind.EVENTS: 1,
+        PurgeKind.WEBHOOK_DELIVERIES: 2,
     }
     assert await count_due(store.retention, POLICY, NOW) == expected  # a dry run deletes nothing
     assert await count_due(store.retention, POLICY, NOW) == expected
@@ -87,6 +142,7 @@ async def test_retention_deletes_only_what_is_past_its_window(store: Store) -> N
     deleted = await purge_due(store.retention, POLICY, NOW)
 
     assert deleted[PurgeKind.ELICITATIONS] == 3 and deleted[PurgeKind.AUDIT] == 1 and deleted[PurgeKind.EVENTS] == 1
+    assert deleted[PurgeKind.WEBHOOK_DELIVERIES] == 2
     for rec in old_ended:
         assert await store.elicitations.get(rec.id) is None
     assert await store.elicitations.get(recent_ended.id) is not None
@@ -96,6 +152,9 @@ async def test_retention_deletes_only_what_is_past_its_window(store: Store) -> N
     assert [e.event for e in await store.audit.list()] == ["recent"]
     assert [e.elicitation_id for e in await store.outbox.after(0)] == ["recent-event"]
     assert [g.id for g in await store.grants.find(ALICE, "github")] == [ancient.id]
+    kept_deliveries = {"recent-failed", "old-pending", "never-tried", "old-delivering"}
+    assert await _ids(store, webhook_deliveries) == kept_deliveries
+    assert await _attempt_deliveries(store) == kept_deliveries - {"never-tried"}
     assert await count_due(store.retention, POLICY, NOW) == dict.fromkeys(expected, 0)
 
 
@@ -103,10 +162,14 @@ async def test_retention_deletes_only_what_is_past_its_window(store: Store) -> N
 async def test_a_window_of_zero_days_keeps_everything(store: Store) -> None:  # noqa: F811
     await store.elicitations.insert(elicitation(status=ElicitationStatus.COMPLETED, updated_at=NOW - 3000 * DAY))
     await store.audit.record("old", now=NOW - 3000 * DAY)
-    keep_all = replace(POLICY, elicitation_days=0, verification_days=0, audit_days=0, event_days=0)
+    await seed_deliveries(store, ("old-delivered", DeliveryStatus.DELIVERED, NOW - 3000 * DAY))
+    keep_all = replace(
+        POLICY, elicitation_days=0, verification_days=0, audit_days=0, event_days=0, webhook_delivery_days=0
+    )
 
     assert await purge_due(store.retention, keep_all, NOW) == {}
     assert await _count(store, audit_events) == 1 and await _count(store, elicitation_events) == 0
+    assert await _count(store, webhook_deliveries) == 1 and await _count(store, webhook_attempts) == 1
 
 
 @pytest.mark.filterwarnings("ignore::service.core.audit_events.UnregisteredAuditEvent")  # made-up event names
@@ -127,6 +190,11 @@ def _event(elicitation_id: str) -> ElicitationEvent:
 async def _ids(on: Store, table) -> set[str]:  # type: ignore[no-untyped-def]
     async with on.db.reader.connect() as conn:
         return set((await conn.execute(select(table.c.id))).scalars())
+
+
+async def _attempt_deliveries(on: Store) -> set[str]:
+    async with on.db.reader.connect() as conn:
+        return set((await conn.execute(select(webhook_attempts.c.delivery_id))).scalars())
 
 
 async def _count(on: Store, table) -> int:  # type: ignore[no-untyped-def]
@@ -162,6 +230,10 @@ def test_purge_command_counts_with_dry_run_then_deletes(tmp_path: Path) -> None:
     assert dry.code == 0, dry.err
     assert "audit_events: would delete 1 audit events older than 365 days (retention.audit_days)" in dry.out
     assert "elicitation_events: kept forever (retention.event_days = 0)" in dry.out
+    assert (
+        "webhook_deliveries: would delete 0 ended webhook deliveries (with their attempts) older than 7 days "
+        "(retention.webhook_delivery_days)" in dry.out
+    )
     assert "grants: never deleted by retention" in dry.out
     assert asyncio.run(audit_events_left()) == ["old", "recent"]
 

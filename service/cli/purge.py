@@ -17,6 +17,7 @@ WHAT = {
     PurgeKind.VERIFICATIONS: ("verification_days", "identity verifications"),
     PurgeKind.AUDIT: ("audit_days", "audit events"),
     PurgeKind.EVENTS: ("event_days", "event-log rows"),
+    PurgeKind.WEBHOOK_DELIVERIES: ("webhook_delivery_days", "ended webhook deliveries (with their attempts)"),
 }
 
 
@@ -29,9 +30,10 @@ def register(commands: Commands) -> None:
             "Delete, in batches, what the [retention] settings no longer keep: ended elicitations not changed for\n"
             "retention.elicitation_days (their OAuth flows and identity verifications go with them), identity\n"
             "verifications expired retention.verification_days ago, audit events older than retention.audit_days,\n"
-            "event-log rows older than retention.event_days. A window of 0 days keeps that kind forever. Grants\n"
-            "are never deleted by retention. The running service does the same every retention.interval_seconds;\n"
-            "this command does it now. With --dry-run it only counts."
+            "event-log rows older than retention.event_days, webhook deliveries that ended (delivered or failed)\n"
+            "more than retention.webhook_delivery_days ago, with their attempts (a pending one never). A window\n"
+            "of 0 days keeps that kind forever. Grants are never deleted by retention. The running service does\n"
+            "the same every retention.interval_seconds; this command does it now. With --dry-run it only counts."
         ),
         examples=["acp-connector purge --dry-run", "acp-connector purge"],
     )

@@ -1,4 +1,5 @@
-"""How long ended elicitations, identity verifications, audit events and event-log rows are kept.
+"""How long ended elicitations, identity verifications, audit events, event-log rows and ended webhook deliveries
+are kept.
 
 The sweeper applies the policy in small batches; `acp-connector purge` applies it (or, with `--dry-run`, counts
 what it would delete) on demand. Grants are not covered: a grant lives until it is disconnected.
@@ -17,6 +18,7 @@ class PurgeKind(StrEnum):
     VERIFICATIONS = "verifications"  # identity-verification rows (expired)
     AUDIT = "audit_events"
     EVENTS = "elicitation_events"  # the event log (outbox)
+    WEBHOOK_DELIVERIES = "webhook_deliveries"  # ended ones (delivered or failed), with their attempts
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +29,7 @@ class RetentionPolicy:
     verification_days: int = 7
     audit_days: int = 365
     event_days: int = 7
+    webhook_delivery_days: int = 7
     batch_size: int = 500
 
     def windows(self) -> dict[PurgeKind, timedelta]:
@@ -36,6 +39,7 @@ class RetentionPolicy:
             PurgeKind.VERIFICATIONS: self.verification_days,
             PurgeKind.AUDIT: self.audit_days,
             PurgeKind.EVENTS: self.event_days,
+            PurgeKind.WEBHOOK_DELIVERIES: self.webhook_delivery_days,
         }
         return {kind: timedelta(days=n) for kind, n in days.items() if n > 0}
 

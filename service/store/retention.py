@@ -2,7 +2,9 @@
 
 Each kind names its table and what makes a row old enough: an elicitation once it has *ended* and not changed
 since the cutoff (its OAuth flows and identity verifications go with it, by foreign-key cascade); a verification
-once it expired before the cutoff; audit and event-log rows once written before it. A batch is one short write
+once it expired before the cutoff; audit and event-log rows once written before it; a webhook delivery once it has
+ended (delivered or failed; never one still pending or being attempted) with its last attempt before the cutoff
+(its attempt rows go with it, by foreign-key cascade). A batch is one short write
 transaction (`DELETE ... WHERE id IN (oldest `limit` ids)`), so purging never holds the writer for long.
 """
 
@@ -14,10 +16,12 @@ from typing import Any
 from sqlalchemy import ColumnElement, Table, delete, func, select
 
 from service.core.retention import PurgeKind
-from service.core.states import TERMINAL
+from service.core.states import TERMINAL, DeliveryStatus
 
 from .engine import Database
-from .tables import audit_events, elicitation_events, elicitations, identity_verifications
+from .tables import audit_events, elicitation_events, elicitations, identity_verifications, webhook_deliveries
+
+DELIVERIES_ENDED = sorted(s.value for s in (DeliveryStatus.DELIVERED, DeliveryStatus.FAILED))
 
 
 def _old(kind: PurgeKind, before: datetime) -> tuple[Table, ColumnElement[bool], Any]:
@@ -30,6 +34,9 @@ def _old(kind: PurgeKind, before: datetime) -> tuple[Table, ColumnElement[bool],
         return table, table.c.expires_at < before, table.c.expires_at
     if kind is PurgeKind.AUDIT:
         return audit_events, audit_events.c.at < before, audit_events.c.id
+    if kind is PurgeKind.WEBHOOK_DELIVERIES:
+        d = webhook_deliveries.c
+        return webhook_deliveries, d.status.in_(DELIVERIES_ENDED) & (d.last_attempt_at < before), d.last_attempt_at
     return elicitation_events, elicitation_events.c.at < before, elicitation_events.c.id
 
 

@@ -297,6 +297,7 @@ webhook_deliveries = Table(
     Column("delivered_at", UTCDateTime, nullable=True),
     UniqueConstraint("endpoint_id", "event_id"),
     Index(None, "status", "next_attempt_at"),
+    Index(None, "status", "last_attempt_at"),  # retention: ended deliveries, oldest last attempt first
 )
 
 # Every attempt, one row each: (delivery, attempt number) is unique, so no attempt is made twice.
