@@ -138,7 +138,7 @@ def webhook_policy(settings: Settings) -> WebhookPolicy:
 
 
 def build_webhooks(
-    settings: Settings, store: Store, vault: Vault, bus: LocalBus, clock: Clock
+    settings: Settings, store: Store, vault: Vault, bus: LocalBus, clock: Clock, metrics: Metrics
 ) -> tuple[WebhookEndpoints, WebhookWorker | None]:
     """The tenants' webhook endpoints, and this replica's delivery task (unless `webhooks.deliver` is off)."""
     policy = webhook_policy(settings)
@@ -148,7 +148,7 @@ def build_webhooks(
     sender = HttpWebhookSender(
         timeout=settings.webhooks.timeout_seconds, allow_private=settings.webhooks.allow_private_addresses
     )
-    dispatcher = WebhookDispatcher(endpoints, store.outbox, sender, store.origin)
+    dispatcher = WebhookDispatcher(endpoints, store.outbox, sender, store.origin, metrics=metrics)
     return endpoints, WebhookWorker(dispatcher, bus, sender, interval=settings.webhooks.poll_interval_seconds)
 
 
@@ -302,7 +302,7 @@ def build_runtime(settings: Settings) -> Runtime:
     elicitations = Elicitations(store, bus, providers, flow, clock, metrics, unattributed=audit_budget)
     browser = BrowserFlow(elicitations, store, vault, providers)
     verifier = build_verifier(VerifierContext(settings, flow, store, vault, providers, clock))
-    webhooks, webhook_worker = build_webhooks(settings, store, vault, bus, clock)
+    webhooks, webhook_worker = build_webhooks(settings, store, vault, bus, clock, metrics)
     return Runtime(
         settings=settings,
         clock=clock,

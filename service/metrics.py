@@ -15,7 +15,7 @@ from enum import StrEnum
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from service.core.states import ElicitationStatus
+from service.core.states import DeliveryStatus, ElicitationStatus
 
 log = logging.getLogger("service.metrics")
 
@@ -25,6 +25,7 @@ PREFIX = "acp_connector"
 # From the callback's completion to `elicitation/complete` on the wire: milliseconds matter.
 DELIVERY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 PROVIDER_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+WEBHOOK_BUCKETS = (*PROVIDER_BUCKETS, 60.0)  # an attempt is bounded by webhooks.timeout_seconds (at most 60)
 
 
 class ProviderEndpoint(StrEnum):
@@ -47,6 +48,20 @@ class CompletionResult(StrEnum):
     SENT = "sent"
     UNDELIVERABLE = "undeliverable"
 
+
+class WebhookResult(StrEnum):
+    """What followed a webhook attempt (the `result` label)."""
+
+    DELIVERED = "delivered"  # the endpoint answered 2xx
+    RETRIED = "retried"  # it did not; another attempt is scheduled
+    FAILED = "failed"  # it did not, and the delivery is too old for another: given up
+
+
+WEBHOOK_RESULTS = {
+    DeliveryStatus.DELIVERED: WebhookResult.DELIVERED,
+    DeliveryStatus.PENDING: WebhookResult.RETRIED,
+    DeliveryStatus.FAILED: WebhookResult.FAILED,
+}
 
 Sampler = Callable[[], Awaitable[None]]
 
@@ -116,6 +131,22 @@ class Metrics:
             "Database connections checked out of this process's pool.",
             registry=registry,
         )
+        # No tenant label: tenants are API-key names, as many as operators make (unbounded).
+        self.webhook_deliveries = Counter(
+            f"{PREFIX}_webhook_deliveries",
+            "Webhook attempts this process made and recorded, by what followed: delivered (2xx), retried (another "
+            "attempt is scheduled) or failed (given up).",
+            ["result"],
+            registry=registry,
+        )
+        for result in WebhookResult:
+            self.webhook_deliveries.labels(result.value)  # every result is exposed, at 0 until it happens
+        self.webhook_attempt_latency = Histogram(
+            f"{PREFIX}_webhook_attempt_seconds",
+            "Webhook attempts this process made, from signing to the answer's status line (or the error).",
+            buckets=WEBHOOK_BUCKETS,
+            registry=registry,
+        )
         self.bus_reconnects = Counter(
             f"{PREFIX}_event_bus_reconnects",
             "Times the cross-process event bus re-established its listening connection.",
@@ -162,6 +193,14 @@ class Metrics:
     def rate_limit_refused(self, route: str, key: str) -> None:
         self.rate_limited.labels(route, key).inc()
 
+    def webhook_attempt(self, status: DeliveryStatus | None, seconds: float) -> None:
+        """One webhook attempt and the status its delivery took (None: another replica took it meanwhile, so
+        what followed is that replica's to count)."""
+        self.webhook_attempt_latency.observe(max(seconds, 0.0))
+        result = None if status is None else WEBHOOK_RESULTS.get(status)
+        if result is not None:
+            self.webhook_deliveries.labels(result.value).inc()
+
     def bus_reconnected(self) -> None:
         self.bus_reconnects.inc()
 
@@ -180,4 +219,4 @@ class Metrics:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 
-__all__ = ["CompletionResult", "Metrics", "ProviderEndpoint", "RefreshResult"]
+__all__ = ["CompletionResult", "Metrics", "ProviderEndpoint", "RefreshResult", "WebhookResult"]

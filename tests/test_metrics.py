@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import httpx
 import pytest
@@ -18,7 +19,10 @@ from service.testing import ScriptedBrowser
 from service.web.server import make_server
 
 from .acp_peers import RecordingClient, connect, eventually, prompt_text, status_is
-from .conftest import BOB, Deploy, Deployment
+from .api_support import api_client, create_body, make_key
+from .conftest import ALICE, BOB, Deploy, Deployment
+from .test_api_webhooks import FAST, receiving
+from .test_api_webhooks import eventually as webhooks_eventually
 
 METRICS_TOKEN = "metrics-token-" + "x" * 24
 
@@ -163,3 +167,54 @@ async def test_metrics_on_their_own_listener_are_not_on_the_public_one(
     own = await scrape(f"{metrics_base}/metrics")
     assert own.status_code == 200 and "acp_connector_pending_elicitations" in own.text
     assert (await scrape(f"{metrics_base}/connect")).status_code == 404  # nothing else is served there
+
+
+@pytest.mark.parametrize(
+    ("script", "settings", "expected"),
+    [
+        pytest.param(
+            lambda n: "fail" if n == 1 else "ok", {}, {"delivered": 1, "retried": 1, "failed": 0}, id="retried"
+        ),
+        pytest.param(
+            lambda n: "fail",
+            {"CONNECTOR_WEBHOOKS__MAX_AGE_SECONDS": "0.001"},  # the first failure is too late for a retry
+            {"delivered": 0, "retried": 0, "failed": 1},
+            id="given-up",
+        ),
+    ],
+)
+async def test_webhook_attempts_are_counted_by_what_followed(
+    deploy_with: Deploy, script: Callable[[int], str], settings: dict[str, str], expected: dict[str, int]
+) -> None:
+    attempts = sum(expected.values())
+    async with deploy_with(**FAST, **settings) as deployment, receiving(script) as receiver:
+        key = await make_key(deployment.connector.runtime.store, "agent-a")
+        async with api_client(deployment.base_url, key) as api:
+            webhook = (await api.post("/v1/webhooks", json={"url": receiver.url})).json()
+            created = (await api.post("/v1/elicitations", json=create_body(ALICE, connectionId="c1"))).json()
+            await api.post(f"/v1/elicitations/{created['elicitationId']}/answer", json={"action": "decline"})
+
+            async def ended() -> dict[str, Any] | None:
+                found = (await api.get(f"/v1/webhooks/{webhook['webhookId']}/deliveries")).json()["deliveries"]
+                return found[0] if found and found[0]["status"] in ("delivered", "failed") else None
+
+            delivery = await webhooks_eventually(ended)
+
+            async def scraped() -> dict[tuple[str, frozenset[tuple[str, str]]], float] | None:
+                response = await scrape(f"{deployment.base_url}/metrics")
+                found = samples(response.text)
+                # The counter moves just after the delivery's row: wait for this process to have counted it.
+                counted = value(found, "acp_connector_webhook_attempt_seconds_count") == attempts
+                return found if counted else None
+
+            found = await webhooks_eventually(scraped)
+            text = (await scrape(f"{deployment.base_url}/metrics")).text
+
+    assert delivery["attempts"] == attempts and len(receiver.requests) == attempts
+    for result, count in expected.items():
+        assert value(found, "acp_connector_webhook_deliveries_total", result=result) == count, result
+    assert value(found, "acp_connector_webhook_attempt_seconds_sum") > 0
+    assert value(found, "acp_connector_webhook_attempt_seconds_bucket", le="+Inf") == attempts
+    # Bounded labels: no tenant, endpoint, URL or event id.
+    for unbounded in ("agent-a", webhook["webhookId"], receiver.url, created["elicitationId"]):
+        assert unbounded not in text

@@ -186,6 +186,13 @@ class FlowMetrics(Protocol):
     def flow_ended(self, provider: str, status: ElicitationStatus) -> None: ...
 
 
+class WebhookMetrics(Protocol):
+    """What webhook delivery reports to the connector's metrics: each attempt made, how long it took, and the status
+    its delivery then took (`None` when another replica took the delivery meanwhile)."""
+
+    def webhook_attempt(self, status: DeliveryStatus | None, seconds: float) -> None: ...
+
+
 class EventSource(Protocol):
     """Where waiters learn that an elicitation ended (one future per waiter, resolved with the terminal event, or
     with None by whoever else may wake the waiter, e.g. a closed connection), and listeners hear every event."""

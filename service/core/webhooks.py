@@ -39,7 +39,7 @@ from .agent_api import tenant_of
 from .events import ElicitationEvent
 from .handles import new_id
 from .outcomes import TERMINAL_OUTCOMES
-from .ports import OutboxRepo, Vault, WebhookRepo, WebhookSender
+from .ports import OutboxRepo, Vault, WebhookMetrics, WebhookRepo, WebhookSender
 from .records import AttemptRecord, AttemptResult, WebhookDeliveryRecord, WebhookEndpointRecord
 from .states import DeliveryStatus
 
@@ -304,6 +304,7 @@ class WebhookDispatcher:
         sender: WebhookSender,
         replica_id: str,
         rand: Callable[[], float] = random.random,
+        metrics: WebhookMetrics | None = None,
     ) -> None:
         self.endpoints = endpoints
         self.repo = endpoints.repo
@@ -313,6 +314,7 @@ class WebhookDispatcher:
         self.policy = endpoints.policy
         self.now = endpoints.now
         self.rand = rand
+        self.metrics = metrics
 
     async def step(self) -> int:
         """Fan out what the log holds, then make the attempts that are due; how many attempts were made."""
@@ -386,6 +388,7 @@ class WebhookDispatcher:
         else:
             headers["Content-Type"] = "application/json"
             result = await self.sender.send(endpoint.url, headers, body)
+        elapsed = time.monotonic() - started
         now = self.now()
         if result.delivered:
             status, next_at = DeliveryStatus.DELIVERED, None
@@ -400,11 +403,13 @@ class WebhookDispatcher:
             at=now,
             status_code=result.status_code,
             error=result.error[:ERROR_TEXT_LIMIT] if result.error else None,
-            duration_ms=int((time.monotonic() - started) * 1000),
+            duration_ms=int(elapsed * 1000),
         )
         settled = await self.repo.settle(
             delivery, replica_id=self.replica_id, status=status, next_attempt_at=next_at, attempt=attempt
         )
+        if self.metrics is not None:
+            self.metrics.webhook_attempt(status if settled else None, elapsed)
         if not settled:
             log.warning(
                 "a webhook attempt outlived its lease; another replica took the delivery",
