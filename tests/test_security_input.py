@@ -16,6 +16,7 @@ from service import ElicitationStatus
 from service.store.audit import TRUNCATED
 from service.testing import ScriptedBrowser
 
+from .acp_peers import eventually, status_is
 from .conftest import Deploy, Deployment
 from .hardening_support import asking, status_of
 from .security_support import raw_exchange, row_counts, status_of_raw
@@ -29,6 +30,13 @@ async def deployment(deploy_with: Deploy, database_url: str) -> AsyncIterator[De
         yield deployment
 
 
+async def consented(deployment: Deployment, elicitation_id: str) -> None:
+    """Wait until the client's accept is stored: the status the refused requests must leave as it is."""
+    await eventually(
+        lambda: status_is(deployment.connector, elicitation_id, ElicitationStatus.CONSENTED), "the accept is stored"
+    )
+
+
 def assert_invalid(response: httpx.Response) -> None:
     assert response.status_code == 400, (response.request.url, response.status_code, response.text)
     assert response.headers["x-connector-error"] == "invalid_input"
@@ -40,6 +48,7 @@ async def test_nul_bytes_and_oversized_names_are_refused_before_the_store(deploy
     store = deployment.connector.runtime.store
     async with asking(deployment) as ask, ScriptedBrowser() as browser:
         pending = await ask()
+        await consented(deployment, pending.elicitation_id)
         page = await browser.get(pending.url)
         token = page.text.split('name="csrf" value="', 1)[1].split('"', 1)[0]
         before = await row_counts(store)
@@ -118,6 +127,7 @@ def chunked(data: bytes) -> bytes:
 async def test_a_streamed_form_body_is_cut_off_at_its_limit(deployment: Deployment, spool_dir: Path) -> None:
     async with asking(deployment) as ask:
         pending = await ask()
+        await consented(deployment, pending.elicitation_id)
         path = f"/connect/{pending.elicitation_id}"
         # 300 MB announced, sent in 64 KiB chunks: refused long before, the rest never read.
         answer, sent = await raw_exchange(
