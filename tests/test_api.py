@@ -7,13 +7,15 @@ import json
 import os
 import subprocess
 import sys
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from openapi_spec_validator import validate
 
 from service import ElicitationStatus
+from service.core.handles import new_id
+from service.core.records import GrantRecord
 from service.testing import ScriptedBrowser
 
 from .api_support import api_client, create_body, make_key
@@ -69,6 +71,30 @@ async def test_full_flow_over_the_api(deployment: Deployment) -> None:
         text = json.dumps([created.json(), accepted.json(), state, again.json(), grants.json()])
     for secret in deployment.provider.secrets_issued():
         assert secret not in text
+
+
+async def test_grants_only_answers_from_stored_grants_and_creates_nothing(deployment: Deployment) -> None:
+    """What the Python client asks first (and always, for a client without URL mode): `needs_user` without a
+    grant that settles the request, `narrowed` or `already_authorized` with one; never an elicitation."""
+    store = deployment.connector.runtime.store
+    key = await make_key(store)
+    user = deployment.local_user
+    async with api_client(deployment.base_url, key) as api:
+        body = create_body(user, scopes=["repo", "admin:org"], grantsOnly=True)
+        none = await api.post("/v1/elicitations", json=body, headers={"Idempotency-Key": "look-1"})
+        assert none.status_code == 200, none.text
+        assert (none.json()["status"], none.json()["elicitationId"], none.json()["grant"]) == ("needs_user", None, None)
+        assert none.json()["providerDisplayName"] == "Mock Provider"
+        now = datetime.now(UTC)
+        grant = GrantRecord(new_id(16), user, "github", "acct-n", ("repo",), "k1", b"-", None, now, now, ("admin:org",))
+        await store.grants.upsert(grant)
+        narrowed = (await api.post("/v1/elicitations", json=body)).json()
+        assert (narrowed["status"], narrowed["refusedScopes"]) == ("narrowed", ["admin:org"])
+        covered = (await api.post("/v1/elicitations", json={**body, "scopes": ["repo"]})).json()
+        assert (covered["status"], covered["grant"]["grantId"]) == ("already_authorized", grant.id)
+        asked_again = (await api.post("/v1/elicitations", json={**body, "askAgain": True})).json()
+        assert asked_again["status"] == "needs_user"
+    assert await store.audit.list(event="created") == []
 
 
 async def test_idempotency_key_gives_the_same_elicitation_once(deployment: Deployment) -> None:

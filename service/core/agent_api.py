@@ -66,7 +66,7 @@ def new_api_key(
 class Created:
     """What creating gave: a new (or, for a repeated idempotency key, the earlier) elicitation, or a grant that
     settles the request without asking (it covers the scopes, or lacks only scopes refused when it was made:
-    `refused_scopes`, as the embedded API's `narrowed`)."""
+    `refused_scopes`, as the embedded API's `narrowed`), or neither (asked for grants only)."""
 
     elicitation: ElicitationRecord | None = None
     owner: ApiElicitationRecord | None = None
@@ -127,15 +127,17 @@ class AgentApi:
         idempotency_key: str | None,
         connection_id: str | None,
         ask_again: bool = False,
+        grants_only: bool = False,
     ) -> Created:
         """A grant that already covers the scopes (or, unless `ask_again`, lacks only scopes the provider refused
         when it was made: asking would ask the user the same again), else a new pending elicitation bound to `user`.
 
         A repeated idempotency key answers with the elicitation it created first, if the request is the same,
-        and `idempotency_conflict` if it is not.
+        and `idempotency_conflict` if it is not. `grants_only` creates nothing: without a grant that settles the
+        request, the answer is empty.
         """
         self.check_provider(caller, provider)
-        if idempotency_key is not None:
+        if idempotency_key is not None and not grants_only:
             earlier = await self.store.api_elicitations.by_idempotency_key(caller.tenant, idempotency_key)
             if earlier is not None:
                 return await self._replay(earlier, user, provider, scopes, scope, connection_id)
@@ -148,6 +150,8 @@ class AgentApi:
         grant = await self.store.grants.get(settled.grant.id) if settled and settled.grant else None
         if settled is not None and grant is not None:
             return Created(grant=grant, refused_scopes=settled.refused_scopes)
+        if grants_only:
+            return Created()
         now = self.now()
         owner: ApiElicitationRecord | None = None
 

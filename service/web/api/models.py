@@ -72,6 +72,11 @@ class CreateElicitation(_Request):
         description="Ask the user even when a stored grant lacks only scopes the provider refused before "
         "(without it, such a request is answered `narrowed` at once).",
     )
+    grants_only: bool = Field(
+        default=False,
+        description="Answer from stored grants only (`already_authorized`, `narrowed`, else `needs_user`) and "
+        "create nothing: for a client that cannot be asked, or to look before asking.",
+    )
 
 
 class Answer(_Request):
@@ -136,9 +141,10 @@ class ElicitationState(_Model):
 class Created(_Model):
     """`created`: send `elicitation/create` with these values. `already_authorized`: a grant covers the scopes.
     `narrowed`: a grant lacks only `refusedScopes`, which the provider refused when it was made; nothing is asked
-    (send `askAgain: true` to ask the user again)."""
+    (send `askAgain: true` to ask the user again). `needs_user` (only with `grantsOnly`): no grant settles the
+    request, and nothing was created."""
 
-    status: Literal["created", "already_authorized", "narrowed"]
+    status: Literal["created", "already_authorized", "narrowed", "needs_user"]
     provider_display_name: str
     elicitation_id: str | None = None
     url: str | None = None

@@ -134,18 +134,22 @@ class ElicitationRoutes:
             idempotency_key=idempotency_key,
             connection_id=body.connection_id,
             ask_again=body.ask_again,
+            grants_only=body.grants_only,
         )
-        return answer(await self._created(created), 200 if created.replayed or created.grant else 201)
+        status = 200 if created.replayed or created.elicitation is None else 201
+        return answer(await self._created(created, body.provider), status)
 
-    async def _created(self, created: Created) -> models.Created:
+    async def _created(self, created: Created, provider: str) -> models.Created:
+        display_name = self.api.elicitations.providers.display_name(provider)
         if created.grant is not None:
             return models.Created(
                 status="narrowed" if created.refused_scopes else "already_authorized",
-                provider_display_name=self.api.elicitations.providers.display_name(created.grant.provider),
+                provider_display_name=display_name,
                 grant=grant_model(created.grant),
                 refused_scopes=list(created.refused_scopes),
             )
-        assert created.elicitation is not None and created.owner is not None
+        if created.elicitation is None or created.owner is None:
+            return models.Created(status="needs_user", provider_display_name=display_name)
         state = await self.state(created.elicitation, created.owner)
         return models.Created(
             status="created",
