@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
-from .acp import AcpAuthorizer
+from .acp import AcpAuthorizer, EmbeddedLifecycle
 from .config import (
     CONFIG_ENV_VAR,
     ENV_NESTED_DELIMITER,
@@ -28,9 +28,11 @@ from .core.agent_api import AgentApi
 from .core.browser import BrowserFlow
 from .core.clock import Clock
 from .core.errors import ConnectorError
+from .core.events import ElicitationEvent
 from .core.identity import Identity
 from .core.lifecycle import Elicitations
 from .core.ports import AuditGate
+from .core.records import ElicitationRecord
 from .core.retention import RetentionPolicy
 from .core.settings import FlowSettings
 from .core.sweeper import Sweeper
@@ -77,7 +79,7 @@ class Runtime:
     verifier: IdentityVerifier
     identity: IdentityStep
     tokens: TokenAccess
-    acp: AcpAuthorizer
+    acp: AcpAuthorizer[ElicitationRecord, ElicitationEvent]
     metrics: Metrics
     feed: OutboxFeed
     sweeper: Sweeper
@@ -315,7 +317,7 @@ def build_runtime(settings: Settings) -> Runtime:
         verifier=verifier,
         identity=IdentityStep(browser, verifier),
         tokens=TokenAccess(store, vault, providers, bus, clock, metrics),
-        acp=AcpAuthorizer(elicitations, bus, metrics),
+        acp=AcpAuthorizer(EmbeddedLifecycle(elicitations, bus, metrics)),
         metrics=metrics,
         feed=feed,
         replica=replica,

@@ -12,33 +12,26 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import httpx
 
-from .acp import AcpLink, AgentConnection, StateListener, url_mode_advertised
-from .acp.adapter import SdkConnection
-from .acp.authorizer import INITIALIZE_WAIT_SECONDS, stop_cause
-from .acp.foreground import ForegroundTracker
-from .acp.messages import send_completion, send_url_elicitation
+from .acp import AcpAuthorizer, AcpLink, AgentConnection, AuthorizationAsk, StateListener
+from .acp.lifecycle import CompletionListener
 from .core.errors import ConnectorError
 from .core.identity import Identity
 from .core.lifecycle import AnswerKind, ClientAnswer, covers
-from .core.outcomes import (
-    CLIENT_DISCONNECTED,
-    NARROWED_BEFORE,
-    AuthorizationOutcome,
-    AuthorizationStatus,
-    GrantInfo,
-)
+from .core.outcomes import NARROWED_BEFORE, AuthorizationOutcome, AuthorizationStatus, GrantInfo
 from .core.scopes import ElicitationScope, SessionScope
 from .core.webhooks import WebhookVerificationError, verify_webhook
 
-# How long one long-poll asks the sidecar to hold; between polls the client checks its ACP connection.
+# How long one long-poll asks the sidecar to hold (the connection ending wakes the waiting call at once).
 WAIT_SECONDS = 10.0
+Call = Callable[..., Awaitable[dict[str, Any]]]  # (method, path, **httpx request options) -> the JSON answer
 _ANSWER_ACTIONS = {
     AnswerKind.ACCEPT: "accept",
     AnswerKind.DECLINE: "decline",
@@ -52,6 +45,121 @@ class SidecarError(ConnectorError):
     """The sidecar refused a call: `code` is its stable error code."""
 
 
+@dataclass(frozen=True, slots=True)
+class SidecarElicitation:
+    """An elicitation the sidecar created, as the ACP side needs it."""
+
+    id: str
+    url: str
+    message: str
+    connection_key: str  # the agent's `AcpLink.key`, sent as `connectionId`
+
+
+State = dict[str, Any]  # an elicitation's state as `GET /v1/elicitations/{id}` answers it
+
+
+class SidecarLifecycle:
+    """`Lifecycle[SidecarElicitation, State]` over the `/v1` API: the sidecar keeps the elicitations and grants.
+
+    The waiting call is the only one here that learns of a completion, so it tells it itself (once); the sidecar
+    records no `unsupported_client` row (no route takes one).
+    """
+
+    def __init__(self, call: Call) -> None:
+        self._call = call
+        self._display_names: dict[str, str] = {}
+
+    def display_name(self, provider: str) -> str | None:
+        return self._display_names.get(provider)
+
+    async def settled(self, ask: AuthorizationAsk) -> AuthorizationOutcome | None:
+        answer = await self._call("POST", "/v1/elicitations", json={**_create_body(ask, None), "grantsOnly": True})
+        return self._settled(ask.provider, answer)
+
+    async def unsupported(self, ask: AuthorizationAsk) -> None:
+        return None
+
+    async def create(self, ask: AuthorizationAsk, connection_key: str) -> SidecarElicitation | AuthorizationOutcome:
+        created = await self._call(
+            "POST",
+            "/v1/elicitations",
+            json=_create_body(ask, connection_key),
+            headers={"Idempotency-Key": uuid.uuid4().hex},
+        )
+        settled = self._settled(ask.provider, created)
+        if settled is not None:
+            return settled
+        return SidecarElicitation(created["elicitationId"], created["url"], created["message"], connection_key)
+
+    def _settled(self, provider: str, answer: Mapping[str, Any]) -> AuthorizationOutcome | None:
+        self._display_names[provider] = answer["providerDisplayName"]
+        if answer["status"] not in ("already_authorized", "narrowed"):
+            return None
+        narrowed = answer["status"] == "narrowed"
+        return AuthorizationOutcome(
+            AuthorizationStatus.NARROWED if narrowed else AuthorizationStatus.ALREADY_AUTHORIZED,
+            provider,
+            grant=_grant(answer["grant"]),
+            reason=NARROWED_BEFORE if narrowed else None,
+            provider_display_name=answer["providerDisplayName"],
+            refused_scopes=tuple(answer.get("refusedScopes", ())),
+        )
+
+    def url(self, handle: SidecarElicitation) -> str:
+        return handle.url
+
+    @contextmanager
+    def waiter(self, handle: SidecarElicitation) -> Iterator[asyncio.Future[State | None]]:
+        """Long-polls the sidecar until the elicitation has ended (the connection ending wakes it with None)."""
+        ended: asyncio.Future[State | None] = asyncio.get_running_loop().create_future()
+        polling = asyncio.ensure_future(self._poll(handle.id, ended))
+        try:
+            yield ended
+        finally:
+            polling.cancel()
+
+    async def _poll(self, elicitation_id: str, ended: asyncio.Future[State | None]) -> None:
+        try:
+            while not ended.done():
+                state = await self._call(
+                    "GET", f"/v1/elicitations/{elicitation_id}", params={"wait": str(WAIT_SECONDS)}
+                )
+                if state["outcome"] is not None and not ended.done():
+                    ended.set_result(state)
+        except Exception as exc:
+            if not ended.done():
+                ended.set_exception(exc)
+
+    async def answered(self, handle: SidecarElicitation, answer: ClientAnswer) -> AuthorizationOutcome | None:
+        state = await self._call("POST", f"/v1/elicitations/{handle.id}/answer", json=_answer_body(answer))
+        if answer.kind is AnswerKind.ACCEPT:
+            return None
+        return _outcome(state, answer.error_code)
+
+    async def outcome_of_end(self, handle: SidecarElicitation, end: State) -> AuthorizationOutcome:
+        return _outcome(end, None)
+
+    async def cancel(
+        self, handle: SidecarElicitation, *, event: str, reason: str, detail: Mapping[str, object]
+    ) -> bool:
+        try:
+            await self._call("POST", f"/v1/elicitations/{handle.id}/cancel")
+        except SidecarError as exc:
+            if exc.code != "already_ended":
+                raise
+            return False
+        return True
+
+    async def current_outcome(self, handle: SidecarElicitation) -> AuthorizationOutcome:
+        return _outcome(await self._call("GET", f"/v1/elicitations/{handle.id}"), None)
+
+    async def tell_completion(self, elicitation_id: str, send: Callable[[], Awaitable[bool]]) -> None:
+        await send()
+
+    def on_completed(self, listener: CompletionListener) -> None:
+        return None  # the sidecar's events are not followed here: the waiting call tells its own completion
+
+
 class SidecarClient:
     """One agent's client of a sidecar at `base_url`, authenticated by an API key."""
 
@@ -63,9 +171,10 @@ class SidecarClient:
             headers={"Authorization": f"Bearer {api_key}"},
             timeout=httpx.Timeout(timeout, read=timeout + WAIT_SECONDS),
         )
-        self.foreground = ForegroundTracker()
+        self.acp = AcpAuthorizer(SidecarLifecycle(self._call))
 
     async def close(self) -> None:
+        await self.acp.close()
         await self._http.aclose()
 
     async def __aenter__(self) -> SidecarClient:
@@ -77,12 +186,7 @@ class SidecarClient:
     # -- the agent's API (as `Connector`) -------------------------------------------------------------------
     def attach(self, conn: AgentConnection, *, on_state: StateListener | None = None) -> AcpLink:
         """Start tracking a client connection; call it from the agent's `on_connect`, before `initialize`."""
-        link = SdkConnection.installed(conn)
-        if not isinstance(link, AcpLink):
-            link = AcpLink(conn, on_closed=self.foreground.forget)
-        if not link.closed:
-            self.foreground.listen(link, on_state)
-        return link
+        return self.acp.attach(conn, on_state=on_state)
 
     async def request_authorization(
         self,
@@ -98,108 +202,17 @@ class SidecarClient:
         ask_again: bool = False,
     ) -> AuthorizationOutcome:
         """As `Connector.request_authorization`. Raises `SidecarError` when the sidecar refuses the request."""
-        attached_before = SdkConnection.installed(conn) is not None
-        link = self.attach(conn)
-        wait = INITIALIZE_WAIT_SECONDS if attached_before else 0.0
-        capabilities = await link.client_capabilities(client_capabilities, wait)
-        if link.closed:
-            return AuthorizationOutcome(AuthorizationStatus.DISCONNECTED, provider, reason=CLIENT_DISCONNECTED)
-        if not url_mode_advertised(capabilities):
-            return await self._without_url_mode(user, provider, scopes)
-        body = _create_body(user, provider, scopes, scope, message, link.key)
-        if ask_again:
-            body["askAgain"] = True
-        created = await self._call("POST", "/v1/elicitations", json=body, headers={"Idempotency-Key": uuid.uuid4().hex})
-        if created["status"] in ("already_authorized", "narrowed"):
-            narrowed = created["status"] == "narrowed"
-            return AuthorizationOutcome(
-                AuthorizationStatus.NARROWED if narrowed else AuthorizationStatus.ALREADY_AUTHORIZED,
-                provider,
-                grant=_grant(created["grant"]),
-                reason=NARROWED_BEFORE if narrowed else None,
-                provider_display_name=created["providerDisplayName"],
-                refused_scopes=tuple(created.get("refusedScopes", ())),
-            )
-        elicitation_id = created["elicitationId"]
-        blocking = foreground and isinstance(scope, SessionScope)
-        session_id = scope.session_id if isinstance(scope, SessionScope) else ""
-        if blocking:
-            await self.foreground.block(link, session_id)
-        resumes = True
-        try:
-            outcome = await self._run(link, created, scope)
-            resumes = outcome.status is not AuthorizationStatus.DISCONNECTED
-            return outcome
-        except asyncio.CancelledError:
-            resumes = not stop_cause(link, scope).ends_the_work
-            await asyncio.shield(self._cancelled(link, elicitation_id))
-            raise
-        finally:
-            if blocking:
-                await self.foreground.unblock(link, session_id, ended=not resumes)
-
-    async def _run(self, link: AcpLink, created: Mapping[str, Any], scope: ElicitationScope) -> AuthorizationOutcome:
-        """Ask the client, report its answer, wait for the end, and send `elicitation/complete` when authorized."""
-        elicitation_id = created["elicitationId"]
-        ask = asyncio.ensure_future(
-            send_url_elicitation(
-                link, elicitation_id=elicitation_id, url=created["url"], message=created["message"], scope=scope
-            )
+        return await self.acp.request_authorization(
+            conn,
+            client_capabilities,
+            user=user,
+            provider=provider,
+            scopes=scopes,
+            scope=scope,
+            message=message,
+            foreground=foreground,
+            ask_again=ask_again,
         )
-        try:
-            # The elicitation may end before the client answers (its time, the browser being faster).
-            state = await self._until(ask, elicitation_id)
-        finally:
-            ask.cancel()
-        if state is not None:
-            await link.withdraw(elicitation_id)  # the question is no longer relevant to the client
-            return _outcome(state, None)
-        answer = ask.result()
-        state = await self._call("POST", f"/v1/elicitations/{elicitation_id}/answer", json=_answer_body(answer))
-        if answer.kind is AnswerKind.ACCEPT:
-            state = await self._await_browser(link, elicitation_id, state)
-        outcome = _outcome(state, answer.error_code)
-        if outcome.status is AuthorizationStatus.AUTHORIZED:
-            await send_completion(link, elicitation_id)
-        return outcome
-
-    async def _until(self, ask: asyncio.Future[ClientAnswer], elicitation_id: str) -> dict[str, Any] | None:
-        """None once the client answered; the state if the elicitation ended first."""
-        while not ask.done():
-            poll = asyncio.ensure_future(
-                self._call("GET", f"/v1/elicitations/{elicitation_id}", params={"wait": str(WAIT_SECONDS)})
-            )
-            waiting: set[asyncio.Future[Any]] = {ask, poll}
-            try:
-                await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                if not poll.done():
-                    poll.cancel()
-            if not ask.done() and poll.done() and poll.result()["outcome"] is not None:
-                return poll.result()
-        return None
-
-    async def _await_browser(self, link: AcpLink, elicitation_id: str, state: dict[str, Any]) -> dict[str, Any]:
-        while state["outcome"] is None:
-            if link.closed:
-                # As embedded: nobody waits any more; a flow the user already took to the provider still stores
-                # its grant, nothing is sent.
-                await self._cancel(elicitation_id)
-                return {**state, "outcome": AuthorizationStatus.DISCONNECTED.value, "reason": CLIENT_DISCONNECTED}
-            poll = asyncio.ensure_future(
-                self._call("GET", f"/v1/elicitations/{elicitation_id}", params={"wait": str(WAIT_SECONDS)})
-            )
-            closed = asyncio.ensure_future(link.wait_closed())
-            both: set[asyncio.Future[Any]] = {poll, closed}
-            try:
-                await asyncio.wait(both, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                closed.cancel()
-                if not poll.done():
-                    poll.cancel()
-            if poll.done():
-                state = poll.result()
-        return state
 
     async def find_grant(self, user: Identity, provider: str, scopes: Sequence[str] = ()) -> GrantInfo | None:
         grants = await self._call(
@@ -237,28 +250,6 @@ class SidecarClient:
             await self._call("DELETE", f"/v1/grants/{grant['grantId']}")
         return len(grants["grants"])
 
-    # -- steps ----------------------------------------------------------------------------------------------
-    async def _without_url_mode(
-        self, user: Identity, provider: str, scopes: Sequence[str] | None
-    ) -> AuthorizationOutcome:
-        """Nothing is sent to a client without URL mode; a stored grant still answers."""
-        grant = await self.find_grant(user, provider, scopes or ())
-        if grant is not None:
-            return AuthorizationOutcome(AuthorizationStatus.ALREADY_AUTHORIZED, provider, grant=grant)
-        return AuthorizationOutcome(AuthorizationStatus.UNSUPPORTED, provider)
-
-    async def _cancelled(self, link: AcpLink, elicitation_id: str) -> None:
-        """The agent's work stopped: withdraw our unanswered request and cancel the elicitation (see `Connector`)."""
-        await link.withdraw(elicitation_id)
-        await self._cancel(elicitation_id)
-
-    async def _cancel(self, elicitation_id: str) -> None:
-        try:
-            await self._call("POST", f"/v1/elicitations/{elicitation_id}/cancel")
-        except SidecarError as exc:
-            if exc.code != "already_ended":
-                raise
-
     async def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         response = await self._http.request(method, path, **kwargs)
         if response.status_code == 204:
@@ -276,29 +267,26 @@ class SidecarClient:
         return body
 
 
-def _create_body(
-    user: Identity,
-    provider: str,
-    scopes: Sequence[str] | None,
-    scope: ElicitationScope,
-    message: str | None,
-    connection_id: str,
-) -> dict[str, Any]:
+def _create_body(ask: AuthorizationAsk, connection_id: str | None) -> dict[str, Any]:
+    scope = ask.scope
     where: dict[str, Any] = (
         {"sessionId": scope.session_id, **({"toolCallId": scope.tool_call_id} if scope.tool_call_id else {})}
         if isinstance(scope, SessionScope)
         else {"requestId": scope.request_id}
     )
     body: dict[str, Any] = {
-        "user": {"issuer": user.issuer, "subject": user.subject},
-        "provider": provider,
+        "user": {"issuer": ask.user.issuer, "subject": ask.user.subject},
+        "provider": ask.provider,
         "scope": where,
-        "connectionId": connection_id,
     }
-    if scopes is not None:
-        body["scopes"] = list(scopes)
-    if message is not None:
-        body["message"] = message
+    if connection_id is not None:
+        body["connectionId"] = connection_id
+    if ask.scopes is not None:
+        body["scopes"] = list(ask.scopes)
+    if ask.message is not None:
+        body["message"] = ask.message
+    if ask.ask_again:
+        body["askAgain"] = True
     return body
 
 

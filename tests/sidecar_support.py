@@ -150,6 +150,9 @@ class SharedSidecar:
 
 Popen = subprocess.Popen[bytes]
 
+# The shared sidecar's provider refuses this scope at consent (a narrowed grant).
+REFUSED_SCOPE = "refused-by-provider"
+
 # Limits per client address count every test on the one loopback address; raised so tests cannot starve each
 # other (the rate-limit tests run their own deployments).
 SHARED_LIMITS = {
@@ -168,7 +171,9 @@ def shared_sidecar(tmp_path: Path) -> Iterator[SharedSidecar]:
     provider_env[provider_env_var("github", "CLIENT_SECRET")] = credentials[1]
     with (
         log_file.open("ab") as log,
-        _process(["mock-provider", "--port", "0"], {**base_env, **provider_env}, log) as mock,
+        _process(
+            ["mock-provider", "--port", "0", "--narrow", REFUSED_SCOPE], {**base_env, **provider_env}, log
+        ) as mock,
     ):
         provider = MockOAuthProvider(base_url=_mock_provider_url(mock))  # for its catalog entry only
         env = sidecar_env(tmp_path, {"github": provider.catalog_entry()}, {"github": credentials}) | SHARED_LIMITS

@@ -24,7 +24,7 @@ from service.client import SidecarClient
 from service.core.handles import new_id
 from service.core.records import ElicitationRecord, GrantRecord
 from service.store import Store
-from service.testing import ScriptedBrowser
+from service.testing import MockOAuthProvider, ScriptedBrowser
 
 from .acp_peers import (
     AgentFacing,
@@ -38,7 +38,7 @@ from .acp_peers import (
 )
 from .api_support import make_key
 from .conftest import ALICE, BOB, Deploy
-from .sidecar_support import SharedSidecar, shared_sidecar
+from .sidecar_support import REFUSED_SCOPE, SharedSidecar, shared_sidecar
 
 URL = {"url": {}}
 
@@ -62,7 +62,8 @@ def deployment(request: pytest.FixtureRequest) -> Deployment:
 
 
 @pytest.fixture
-async def embedded_deployment(deploy_with: Deploy) -> AsyncIterator[Deployment]:
+async def embedded_deployment(deploy_with: Deploy, mock_provider: MockOAuthProvider) -> AsyncIterator[Deployment]:
+    mock_provider.narrow_scopes = {REFUSED_SCOPE}  # as the shared sidecar's provider
     async with deploy_with() as embedded:
         connector = embedded.connector
         yield Deployment(connector, connector.runtime.store, embedded.base_url, embedded.local_user)
@@ -164,17 +165,22 @@ async def test_same_session_id_on_two_connections_never_crosses(deployment: Depl
     await wire_b.close()
 
 
-async def test_a_narrowed_grant_is_answered_without_a_new_elicitation_unless_asked_again(
-    deployment: Deployment,
-) -> None:
-    """Issue 18: scopes the provider refused when the grant was made are not asked for again on every request
-    (`narrowed`, with the refused scopes), until the agent asks again explicitly."""
+async def store_narrowed_grant(deployment: Deployment) -> None:
+    """Alice's grant of `repo`, made when the provider refused `admin:org`."""
     now = datetime.now(UTC)
     metadata_only = b"never decrypted: no token is used here"
     grant = GrantRecord(
         new_id(16), ALICE, "github", "acct-n", ("repo",), "k1", metadata_only, None, now, now, ("admin:org",)
     )
     await deployment.store.grants.upsert(grant)
+
+
+async def test_a_narrowed_grant_is_answered_without_a_new_elicitation_unless_asked_again(
+    deployment: Deployment,
+) -> None:
+    """Issue 18: scopes the provider refused when the grant was made are not asked for again on every request
+    (`narrowed`, with the refused scopes), until the agent asks again explicitly."""
+    await store_narrowed_grant(deployment)
     client = RecordingClient(answer="decline")
     wire = await connect(deployment.connector, ALICE, client)
     wire.agent.scopes = ["repo", "admin:org"]
@@ -192,6 +198,41 @@ async def test_a_narrowed_grant_is_answered_without_a_new_elicitation_unless_ask
     await asyncio.wait_for(wire.client_conn.prompt(session_id="sess-1", prompt=[]), 10)
     assert len(wire.received("elicitation/create")) == 1
     assert wire.agent.outcomes[-1].status is AuthorizationStatus.DECLINED
+    await wire.close()
+
+
+async def test_a_client_without_url_mode_is_answered_narrowed_from_the_stored_grant(deployment: Deployment) -> None:
+    """Stored grants are looked at before the client's capabilities: a client that cannot take a URL-mode
+    elicitation still gets `narrowed` (not `unsupported`), and nothing is sent to it."""
+    await store_narrowed_grant(deployment)
+    client = RawClient({"action": "decline"})
+    async with raw(deployment, client, elicitation={"form": {}}) as agent:
+        agent.scopes = ["repo", "admin:org"]
+        session = await client.new_session()
+        await asyncio.wait_for(client.prompt(session), 10)
+        assert client.received("elicitation/create") == []
+        assert [(o.status, o.refused_scopes, o.elicitation_id) for o in agent.outcomes] == [
+            (AuthorizationStatus.NARROWED, ("admin:org",), None)
+        ]
+
+
+async def test_a_grant_the_provider_narrowed_is_completed_once_and_answered_narrowed(deployment: Deployment) -> None:
+    """The provider grants less than asked: the elicitation still completed, so the client receives
+    `elicitation/complete` once, and the agent `narrowed` with the refused scope."""
+    client = RecordingClient()
+    wire = await connect(deployment.connector, deployment.local_user, client)
+    wire.agent.scopes = ["repo", REFUSED_SCOPE]
+    prompt = asyncio.create_task(wire.client_conn.prompt(session_id="sess-1", prompt=[]))
+    url = await client.next_url()
+    async with ScriptedBrowser() as browser:
+        assert (await browser.authorize(url)).status_code == 200
+    await asyncio.wait_for(prompt, 10)
+    elicitation_id = wire.received("elicitation/create")[0]["params"]["elicitationId"]
+    assert [(o.status, o.refused_scopes, o.elicitation_id) for o in wire.agent.outcomes] == [
+        (AuthorizationStatus.NARROWED, (REFUSED_SCOPE,), elicitation_id)
+    ]
+    await wire.client_conn.new_session(cwd="/")  # a round trip: a second completion would have arrived first
+    assert client.completions == [elicitation_id]
     await wire.close()
 
 

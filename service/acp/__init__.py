@@ -5,6 +5,8 @@
 - `messages`: `elicitation/create` (URL mode) and `elicitation/complete`;
 - `foreground`: v2 foreground state per session;
 - `authorizer`: `AcpAuthorizer`, one authorization over one connection, and completion delivery;
+- `lifecycle`: the `Lifecycle` port `AcpAuthorizer` drives; `embedded`: `EmbeddedLifecycle`, its in-process
+  implementation (the sidecar client's is over HTTP, in `service.client`);
 - `jsonrpc`, `wire`: the checks every incoming message passes, and `GuardedTransport`, the connector's own stream
   under the SDK's `Connection` (validation, `$/cancel_request` served, the end of the connection noticed);
 - `adapter`: the one module that touches SDK internals (and checks the SDK's version first).
@@ -13,13 +15,18 @@
 from .adapter import AgentConnection, check_sdk_version
 from .authorizer import AcpAuthorizer
 from .capabilities import url_mode_advertised
+from .embedded import EmbeddedLifecycle
+from .lifecycle import AuthorizationAsk, Lifecycle
 from .link import AcpLink, ForegroundState, StateListener
 
 __all__ = [
     "AcpAuthorizer",
     "AcpLink",
     "AgentConnection",
+    "AuthorizationAsk",
+    "EmbeddedLifecycle",
     "ForegroundState",
+    "Lifecycle",
     "StateListener",
     "check_sdk_version",
     "url_mode_advertised",

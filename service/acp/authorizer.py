@@ -1,9 +1,12 @@
 """Getting a user's authorization over one ACP connection, and telling that connection when it is done.
 
-`AcpAuthorizer` owns the connector's view of its client connections (`AcpLink`s, dropped when a connection ends),
-foreground state per session, and the delivery of `elicitation/complete` to the connection that asked.
-`request_authorization` runs one elicitation: create it, send `elicitation/create`, record the answer, wait for the
-browser, and end it honestly when anything stops it early. What goes on the wire then:
+`AcpAuthorizer` owns the agent's view of its client connections (`AcpLink`s, dropped when a connection ends),
+foreground state per session, and the delivery of `elicitation/complete` to the connection that asked. It drives
+the elicitation lifecycle through the `Lifecycle` port (`service.acp.lifecycle`): in process for the embedded
+connector, over the `/v1` API for the sidecar client; the ACP side, and so what the client sees, is the same.
+`request_authorization` runs one elicitation: settle it from stored grants or create it, send `elicitation/create`,
+record the answer, wait for the browser, and end it honestly when anything stops it early. What goes on the wire
+then:
 
 An early stop, and what the client receives after `requires_action` (in this order):
 
@@ -23,38 +26,26 @@ an elicitation elsewhere (e.g. an expiry sweeper) only ends the row; the waiting
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Sequence
-from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, Generic
 
-from service.core.events import ElicitationEvent, Event
 from service.core.identity import Identity
-from service.core.lifecycle import AnswerKind, ClientAnswer, Elicitations
+from service.core.lifecycle import ClientAnswer
 from service.core.outcomes import (
     CLIENT_DISCONNECTED,
     AuthorizationOutcome,
     AuthorizationStatus,
 )
-from service.core.ports import EventSource
-from service.core.records import ElicitationRecord
 from service.core.scopes import ElicitationScope, SessionScope
-from service.core.states import CompletionDelivery, ElicitationStatus
-from service.metrics import CompletionResult, Metrics
 
 from .adapter import AgentConnection, SdkConnection
 from .capabilities import url_mode_advertised
 from .foreground import ForegroundTracker
+from .lifecycle import AuthorizationAsk, E, H, Lifecycle
 from .link import AcpLink, StateListener
 from .messages import send_completion, send_url_elicitation
 from .wire import serving
-
-log = logging.getLogger("service.acp")
-
-CONNECTION_CLOSED = "connection_closed"  # why a completion is undeliverable: the connection is gone
-
-Waiter = asyncio.Future[ElicitationEvent | None]
 
 # How long `request_authorization` waits for the client's `initialize` on a connection attached (in `on_connect`)
 # before the client's first message.
@@ -95,21 +86,15 @@ _STOP_REASONS = {
 }
 
 
-class AcpAuthorizer:
-    def __init__(self, elicitations: Elicitations, events: EventSource, metrics: Metrics | None = None) -> None:
-        self.elicitations = elicitations
-        self.events = events
-        # This process among the replicas sharing the database: the one that tells the completions of the
-        # connections it holds.
-        self.replica_id = elicitations.store.origin
-        self.metrics = metrics or Metrics()
+class AcpAuthorizer(Generic[H, E]):
+    """The ACP face of a `Lifecycle`: the embedded connector's (in process) and the sidecar client's (over HTTP)."""
+
+    def __init__(self, lifecycle: Lifecycle[H, E]) -> None:
+        self.lifecycle = lifecycle
         self.foreground = ForegroundTracker()
         self._links: dict[str, AcpLink] = {}  # live connections by key; a link leaves when its connection ends
         self._deliveries: dict[str, asyncio.Task[None]] = {}
-        events.add_listener(self._on_event)
-
-    def now(self) -> datetime:
-        return self.elicitations.now()
+        lifecycle.on_completed(self._completed)
 
     async def close(self) -> None:
         await asyncio.gather(*list(self._deliveries.values()), return_exceptions=True)
@@ -140,14 +125,15 @@ class AcpAuthorizer:
         *,
         user: Identity,
         provider: str,
-        scopes: Sequence[str],
+        scopes: Sequence[str] | None,
         scope: ElicitationScope,
         message: str | None,
         foreground: bool,
         ask_again: bool = False,
     ) -> AuthorizationOutcome:
-        display_name = self.elicitations.providers.display_name(provider)
-        settled = await self.elicitations.settled(user, provider, scopes, ask_again=ask_again)
+        """Settle the request from stored grants, else ask the client (URL mode only) and wait for the browser."""
+        ask = AuthorizationAsk(user, provider, scopes, scope, message, ask_again)
+        settled = await self.lifecycle.settled(ask)
         if settled is not None:
             return settled
         attached_before = SdkConnection.installed(conn) is not None
@@ -155,24 +141,18 @@ class AcpAuthorizer:
         # Only a connection attached beforehand (in on_connect) can still see the client's initialize.
         wait = INITIALIZE_WAIT_SECONDS if attached_before else 0.0
         capabilities = await link.client_capabilities(client_capabilities, wait)
+        display_name = self.lifecycle.display_name(provider)
         if link.closed:
             gone = AuthorizationStatus.DISCONNECTED
             return AuthorizationOutcome(gone, provider, reason=CLIENT_DISCONNECTED, provider_display_name=display_name)
         if not url_mode_advertised(capabilities):
-            await self.elicitations.store.audit.record(
-                "unsupported_client", identity=user, provider=provider, now=self.now()
-            )
+            await self.lifecycle.unsupported(ask)
             return AuthorizationOutcome(AuthorizationStatus.UNSUPPORTED, provider, provider_display_name=display_name)
 
-        record = await self.elicitations.create(
-            connection_key=link.key,
-            user=user,
-            provider=provider,
-            scopes=scopes,
-            scope=scope,
-            message=message,
-            replica_id=self.replica_id,
-        )
+        created = await self.lifecycle.create(ask, link.key)
+        if isinstance(created, AuthorizationOutcome):
+            return created  # a grant settled it meanwhile
+        handle: H = created
         blocking = foreground and isinstance(scope, SessionScope)
         session_id = scope.session_id if isinstance(scope, SessionScope) else ""
         if blocking:
@@ -180,13 +160,13 @@ class AcpAuthorizer:
         resumes = True
         try:
             # Registered before elicitation/create goes out: nothing can end the elicitation before this.
-            with self.events.waiter(record.id) as ended:
-                answer = await self._ask(link, record, scope, ended)
+            with self.lifecycle.waiter(handle) as ended:
+                answer = await self._ask(link, handle, scope, ended)
                 if isinstance(answer, AuthorizationOutcome):
-                    return await self._delivered(answer, record)
-                if answer.kind is AnswerKind.ACCEPT:
-                    await self.elicitations.consented(record)
-                    # Now the browser: wait for the terminal event, or for the connection to end; nothing polls.
+                    return await self._delivered(answer, handle)
+                outcome = await self.lifecycle.answered(handle, answer)
+                if outcome is None:
+                    # Accepted. Now the browser: wait for the end, or for the connection to end; nothing polls here.
                     # (Inline, not a helper coroutine: thousands may wait at once, each frame costs memory.)
                     if not ended.done():
                         link.wake_on_close(ended)
@@ -194,32 +174,26 @@ class AcpAuthorizer:
                             await ended
                         finally:
                             link.forget_waiter(ended)
-                    return await self._browser_done(link, record, ended)
-                outcome = await self.elicitations.answered(record, answer)
-                assert outcome is not None
+                    return await self._browser_done(handle, ended, provider, display_name)
                 resumes = outcome.status is not AuthorizationStatus.DISCONNECTED
-                return await self._delivered(outcome, record)
+                return await self._delivered(outcome, handle)
         except asyncio.CancelledError:
             cause = stop_cause(link, scope)
             resumes = not cause.ends_the_work
             # Shielded: a second cancellation (e.g. the SDK closing the connection) must not leave the row open.
-            await asyncio.shield(self._cancelled(link, record, cause))
+            await asyncio.shield(self._cancelled(link, handle, cause))
             raise
         finally:
             if blocking:
                 await self.foreground.unblock(link, session_id, ended=not resumes)
 
     async def _ask(
-        self, link: AcpLink, record: ElicitationRecord, scope: ElicitationScope, ended: Waiter
+        self, link: AcpLink, handle: H, scope: ElicitationScope, ended: asyncio.Future[E | None]
     ) -> ClientAnswer | AuthorizationOutcome:
         """Send `elicitation/create` and wait for the client's answer, or for the elicitation to end meanwhile."""
         ask = asyncio.ensure_future(
             send_url_elicitation(
-                link,
-                elicitation_id=record.id,
-                url=self.elicitations.settings.connect_url(record.id),
-                message=record.message,
-                scope=scope,
+                link, elicitation_id=handle.id, url=self.lifecycle.url(handle), message=handle.message, scope=scope
             )
         )
         ask.add_done_callback(_retrieve)
@@ -230,63 +204,61 @@ class AcpAuthorizer:
                 return ask.result()
             # It ended before the client answered (its time ran out, or the browser was faster): the question is
             # no longer relevant to the client.
-            await link.withdraw(record.id)
-            event = ended.result()
-            assert event is not None  # only the bus resolves the waiter while the create is outstanding
-            return await self.elicitations.outcome_of_event(record, event)
+            await link.withdraw(handle.id)
+            end = ended.result()
+            assert end is not None  # only the lifecycle resolves the waiter while the create is outstanding
+            return await self.lifecycle.outcome_of_end(handle, end)
         finally:
             ask.cancel()
 
-    async def _cancelled(self, link: AcpLink, record: ElicitationRecord, cause: StopCause) -> None:
+    async def _cancelled(self, link: AcpLink, handle: H, cause: StopCause) -> None:
         """The work waiting on this elicitation stopped: withdraw our request and end the elicitation.
 
         The browser flow may still finish on its own (the grant is then stored), but nothing resumes the stopped
         work and no `elicitation/complete` is sent for it: the client was told to drop it.
         """
-        withdrawn = await link.withdraw(record.id)
-        await self.elicitations.finish(
-            record,
-            ElicitationStatus.CANCELLED,
-            CLIENT_DISCONNECTED if cause is StopCause.CLIENT_DISCONNECTED else "cancelled",
+        withdrawn = await link.withdraw(handle.id)
+        await self.lifecycle.cancel(
+            handle,
+            event=CLIENT_DISCONNECTED if cause is StopCause.CLIENT_DISCONNECTED else "cancelled",
             reason=_STOP_REASONS[cause],
             detail={"cause": cause.value, "request_cancelled": withdrawn},
-            close_flows=False,
         )
 
-    async def _browser_done(self, link: AcpLink, record: ElicitationRecord, ended: Waiter) -> AuthorizationOutcome:
-        """The outcome once the waiter woke: the elicitation's terminal event, or None when the connection ended."""
-        event = ended.result()
-        if event is not None:
-            return await self._delivered(await self.elicitations.outcome_of_event(record, event), record)
+    async def _browser_done(
+        self, handle: H, ended: asyncio.Future[E | None], provider: str, display_name: str | None
+    ) -> AuthorizationOutcome:
+        """The outcome once the waiter woke: the elicitation's end, or None when the connection ended."""
+        end = ended.result()
+        if end is not None:
+            return await self._delivered(await self.lifecycle.outcome_of_end(handle, end), handle)
         # The connection ended: nobody waits for the elicitation any more. A flow the user already took to the
-        # provider still stores its grant (close_flows=False); nothing is sent.
-        if await self.elicitations.finish(
-            record,
-            ElicitationStatus.CANCELLED,
-            CLIENT_DISCONNECTED,
-            reason=CLIENT_DISCONNECTED,
-            detail={"cause": StopCause.CLIENT_DISCONNECTED.value},
-            close_flows=False,
-        ):
-            return self.elicitations.outcome_of(record, AuthorizationStatus.DISCONNECTED, reason=CLIENT_DISCONNECTED)
-        return await self.elicitations.outcome(await self.elicitations.get(record.id) or record)
+        # provider still stores its grant; nothing is sent.
+        cause = {"cause": StopCause.CLIENT_DISCONNECTED.value}
+        if await self.lifecycle.cancel(handle, event=CLIENT_DISCONNECTED, reason=CLIENT_DISCONNECTED, detail=cause):
+            return AuthorizationOutcome(
+                AuthorizationStatus.DISCONNECTED,
+                provider,
+                handle.id,
+                reason=CLIENT_DISCONNECTED,
+                provider_display_name=display_name,
+            )
+        return await self.lifecycle.current_outcome(handle)
 
-    async def _delivered(self, outcome: AuthorizationOutcome, record: ElicitationRecord) -> AuthorizationOutcome:
+    async def _delivered(self, outcome: AuthorizationOutcome, handle: H) -> AuthorizationOutcome:
         """Let `elicitation/complete` reach the client before the waiting work resumes.
 
-        The waiting call tells the client itself when no event has started it yet; the database makes sure that
-        happens once, whoever gets there first.
+        The waiting call tells the client itself when nothing else has started telling it; the lifecycle makes
+        sure that happens once, whoever gets there first.
         """
         completed = outcome.status in (AuthorizationStatus.AUTHORIZED, AuthorizationStatus.NARROWED)
         if completed and outcome.elicitation_id is not None:
-            await asyncio.shield(self._tell(outcome.elicitation_id, record.connection_key))
+            await asyncio.shield(self._tell(outcome.elicitation_id, handle.connection_key))
         return outcome
 
-    def _on_event(self, event: Event) -> None:
-        if not isinstance(event, ElicitationEvent) or event.status is not ElicitationStatus.COMPLETED:
-            return
-        if event.connection_key in self._links or event.replica_id == self.replica_id:
-            self._tell(event.elicitation_id, event.connection_key)
+    def _completed(self, elicitation_id: str, connection_key: str, created_here: bool) -> None:
+        if connection_key in self._links or created_here:
+            self._tell(elicitation_id, connection_key)
         # Otherwise another replica holds the connection: that one tells it.
 
     def _tell(self, elicitation_id: str, connection_key: str) -> asyncio.Task[None]:
@@ -299,37 +271,11 @@ class AcpAuthorizer:
         return task
 
     async def _deliver(self, elicitation_id: str, connection_key: str) -> None:
-        """Send `elicitation/complete` once. The database decides, by a conditional update, whatever repeats the
-        event (a duplicate, a catch-up after a reconnect, the waiting call); without a live connection the
-        completion is recorded undeliverable instead."""
-        store = self.elicitations.store
-        try:
-            completed_at = await store.elicitations.claim_completion(elicitation_id, self.replica_id)
-            if completed_at is None:
-                return  # told already, or settled by another replica
+        async def send() -> bool:
             link = self._links.get(connection_key)
-            sent = link is not None and await send_completion(link, elicitation_id)
-            async with store.transaction() as tx:
-                outcome = CompletionDelivery.SENT if sent else CompletionDelivery.UNDELIVERABLE
-                settled = await store.elicitations.settle_completion(elicitation_id, outcome, conn=tx)
-                if settled:
-                    await store.audit.record(
-                        "completion_sent" if sent else "completion_undeliverable",
-                        elicitation_id=elicitation_id,
-                        detail={} if sent else {"reason": CONNECTION_CLOSED},
-                        now=self.now(),
-                        conn=tx,
-                    )
-        except Exception as exc:  # this replica's heartbeat catch-up tries an untold completion again
-            log.warning("telling a completion failed: %s", type(exc).__name__, extra={"elicitation_id": elicitation_id})
-            return
-        if not settled:
-            log.warning(
-                "a completion was settled undeliverable while this replica was telling it (presumed gone)",
-                extra={"elicitation_id": elicitation_id},
-            )
-        since = (self.now() - completed_at).total_seconds() if sent else None
-        self.metrics.completion(CompletionResult.SENT if sent else CompletionResult.UNDELIVERABLE, since)
+            return link is not None and await send_completion(link, elicitation_id)
+
+        await self.lifecycle.tell_completion(elicitation_id, send)
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:
