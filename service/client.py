@@ -20,13 +20,13 @@ from typing import Any
 
 import httpx
 
-from .acp import AcpAuthorizer, AcpLink, AgentConnection, AuthorizationAsk, StateListener
+from .acp import AcpAuthorizer, AgentCalls, AuthorizationAsk
 from .acp.lifecycle import CompletionListener
 from .core.errors import ConnectorError
 from .core.identity import Identity
 from .core.lifecycle import AnswerKind, ClientAnswer, covers
 from .core.outcomes import NARROWED_BEFORE, AuthorizationOutcome, AuthorizationStatus, GrantInfo
-from .core.scopes import ElicitationScope, SessionScope
+from .core.scopes import SessionScope
 from .core.webhooks import WebhookVerificationError, verify_webhook
 
 # How long one long-poll asks the sidecar to hold (the connection ending wakes the waiting call at once).
@@ -160,7 +160,7 @@ class SidecarLifecycle:
         return None  # the sidecar's events are not followed here: the waiting call tells its own completion
 
 
-class SidecarClient:
+class SidecarClient(AgentCalls):
     """One agent's client of a sidecar at `base_url`, authenticated by an API key."""
 
     def __init__(self, base_url: str, api_key: str, *, timeout: float = 30.0) -> None:
@@ -171,10 +171,10 @@ class SidecarClient:
             headers={"Authorization": f"Bearer {api_key}"},
             timeout=httpx.Timeout(timeout, read=timeout + WAIT_SECONDS),
         )
-        self.acp = AcpAuthorizer(SidecarLifecycle(self._call))
+        self._authorizer = AcpAuthorizer(SidecarLifecycle(self._call))
 
     async def close(self) -> None:
-        await self.acp.close()
+        await self._authorizer.close()
         await self._http.aclose()
 
     async def __aenter__(self) -> SidecarClient:
@@ -183,36 +183,10 @@ class SidecarClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    # -- the agent's API (as `Connector`) -------------------------------------------------------------------
-    def attach(self, conn: AgentConnection, *, on_state: StateListener | None = None) -> AcpLink:
-        """Start tracking a client connection; call it from the agent's `on_connect`, before `initialize`."""
-        return self.acp.attach(conn, on_state=on_state)
-
-    async def request_authorization(
-        self,
-        conn: AgentConnection,
-        client_capabilities: Any = None,
-        *,
-        user: Identity,
-        provider: str,
-        scope: ElicitationScope,
-        scopes: Sequence[str] | None = None,
-        message: str | None = None,
-        foreground: bool = True,
-        ask_again: bool = False,
-    ) -> AuthorizationOutcome:
-        """As `Connector.request_authorization`. Raises `SidecarError` when the sidecar refuses the request."""
-        return await self.acp.request_authorization(
-            conn,
-            client_capabilities,
-            user=user,
-            provider=provider,
-            scopes=scopes,
-            scope=scope,
-            message=message,
-            foreground=foreground,
-            ask_again=ask_again,
-        )
+    # -- the agent's API (attach, request_authorization: `AgentCalls`, as `Connector`) ------------------------
+    @property
+    def authorizer(self) -> AcpAuthorizer[SidecarElicitation, State]:
+        return self._authorizer
 
     async def find_grant(self, user: Identity, provider: str, scopes: Sequence[str] = ()) -> GrantInfo | None:
         grants = await self._call(

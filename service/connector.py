@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from .acp import AcpLink, AgentConnection, StateListener
+from .acp import AcpAuthorizer, AgentCalls
 from .config import Settings, load_settings
 from .core.clock import Clock
 from .core.errors import NotAuthorized
+from .core.events import ElicitationEvent
 from .core.identity import Identity
-from .core.outcomes import AuthorizationOutcome, GrantInfo
+from .core.outcomes import GrantInfo
 from .core.records import ElicitationRecord
-from .core.scopes import ElicitationScope
 from .tokens import GrantAuth
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from .identity import IdentityVerifier
 
 
-class Connector:
+class Connector(AgentCalls):
     """One connector instance: its database, vault, provider catalog and web routes."""
 
     def __init__(self, runtime: Runtime) -> None:
@@ -101,63 +101,15 @@ class Connector:
             listeners.append(serve(metrics, self.settings.metrics.host, self.settings.metrics.port))
         await asyncio.gather(*listeners)
 
-    # -- the agent's API -------------------------------------------------------------------------------------
-    def attach(self, conn: AgentConnection, *, on_state: StateListener | None = None) -> AcpLink:
-        """Start tracking a client connection. Call it from the agent's `on_connect`, before `initialize`.
+    # -- the agent's API (attach, request_authorization: `AgentCalls`) ----------------------------------------
+    @property
+    def authorizer(self) -> AcpAuthorizer[ElicitationRecord, ElicitationEvent]:
+        return self.runtime.acp
 
-        The connector then sees every message of the connection: it reads the client's capabilities (v1
-        `clientCapabilities` or v2 `capabilities`) and the negotiated protocol version, refuses malformed messages
-        before the SDK sees them, can cancel its own pending requests with `$/cancel_request`, answers the client's
-        `$/cancel_request`, and notices at once when the connection ends (everything it kept for the connection is
-        dropped then). `on_state(session_id, state)` hears foreground-state transitions (on v2 connections they are
-        also sent as `state_update`). Raises `AcpSdkUnsupported` when the installed `acp` SDK is not a version the
-        connector was written for, or `conn` is not the SDK's agent-side connection.
-        """
-        return self.runtime.acp.attach(conn, on_state=on_state)
-
-    async def request_authorization(
-        self,
-        conn: AgentConnection,
-        client_capabilities: Any = None,
-        *,
-        user: Identity,
-        provider: str,
-        scope: ElicitationScope,
-        scopes: Sequence[str] | None = None,
-        message: str | None = None,
-        foreground: bool = True,
-        ask_again: bool = False,
-    ) -> AuthorizationOutcome:
-        """Make sure `user` holds a grant at `provider` covering `scopes`, asking through the client if needed.
-
-        The client's capabilities come from its `initialize` on the wire when the connection was attached in
-        `on_connect`; if the client has not sent `initialize` yet, this waits for it (at most 10 s) and then raises
-        `ClientNotInitialized`. On a connection attached only now (too late to see `initialize`) pass
-        `client_capabilities` (SDK model or raw JSON); without them this raises `ClientNotInitialized` at once.
-        `foreground=False` marks a request for background activity: it changes no session's foreground state.
-
-        When the provider grants fewer scopes than asked, the outcome is `narrowed`: `refused_scopes` names the
-        others and `grant` is the stored grant. Asking again for scopes the provider refused is answered the same
-        way at once, without a new `elicitation/create`, unless `ask_again=True` (e.g. after the user said so).
-
-        Returns when the grant exists, or with the reason it does not (`AuthorizationOutcome.status`). If the calling
-        task is cancelled (a timeout of yours, `session/cancel`, the client's `$/cancel_request`), the pending
-        `elicitation/create` is withdrawn with `$/cancel_request`, the elicitation ends as cancelled, and
-        `CancelledError` propagates; nothing resumes the cancelled work. Raises `ProviderNotConfigured` or
-        `UnknownProvider` for a provider the operator has not set up.
-        """
+    def requested(self, provider: str, scopes: Sequence[str] | None) -> tuple[str, Sequence[str]]:
+        """The catalog's name and, when none are given, default scopes (`ProviderNotConfigured`, `UnknownProvider`)."""
         entry = self.runtime.providers.require_configured(provider)
-        return await self.runtime.acp.request_authorization(
-            conn,
-            client_capabilities,
-            user=user,
-            provider=entry.name,
-            scopes=tuple(scopes) if scopes is not None else tuple(entry.default_scopes),
-            scope=scope,
-            message=message,
-            foreground=foreground,
-            ask_again=ask_again,
-        )
+        return entry.name, tuple(scopes) if scopes is not None else tuple(entry.default_scopes)
 
     async def find_grant(self, user: Identity, provider: str, scopes: Sequence[str] = ()) -> GrantInfo | None:
         grant = await self.runtime.elicitations.find_grant(user, provider, scopes)

@@ -5,6 +5,8 @@
 - `messages`: `elicitation/create` (URL mode) and `elicitation/complete`;
 - `foreground`: v2 foreground state per session;
 - `authorizer`: `AcpAuthorizer`, one authorization over one connection, and completion delivery;
+- `face`: `AgentCalls`, the agent's `attach` and `request_authorization`, declared once for the embedded
+  connector and the sidecar client;
 - `lifecycle`: the `Lifecycle` port `AcpAuthorizer` drives; `embedded`: `EmbeddedLifecycle`, its in-process
   implementation (the sidecar client's is over HTTP, in `service.client`);
 - `jsonrpc`, `wire`: the checks every incoming message passes, and `GuardedTransport`, the connector's own stream
@@ -16,12 +18,14 @@ from .adapter import AgentConnection, check_sdk_version
 from .authorizer import AcpAuthorizer
 from .capabilities import url_mode_advertised
 from .embedded import EmbeddedLifecycle
+from .face import AgentCalls
 from .lifecycle import AuthorizationAsk, Lifecycle
 from .link import AcpLink, ForegroundState, StateListener
 
 __all__ = [
     "AcpAuthorizer",
     "AcpLink",
+    "AgentCalls",
     "AgentConnection",
     "AuthorizationAsk",
     "EmbeddedLifecycle",

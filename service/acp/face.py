@@ -1,0 +1,90 @@
+"""The agent's two ACP calls, declared once for both faces: `attach` and `request_authorization`.
+
+`Connector` (embedded) and `SidecarClient` (backed by a sidecar) are both `AgentCalls`: the same signature, the
+same documentation and the same `AcpAuthorizer` behind them; each face only names its authorizer and may resolve
+what was asked (the embedded connector fills in the provider's default scopes from its own catalog).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any
+
+from service.core.identity import Identity
+from service.core.outcomes import AuthorizationOutcome
+from service.core.scopes import ElicitationScope
+
+from .adapter import AgentConnection
+from .authorizer import AcpAuthorizer
+from .link import AcpLink, StateListener
+
+
+class AgentCalls(ABC):
+    @property
+    @abstractmethod
+    def authorizer(self) -> AcpAuthorizer[Any, Any]:
+        """The ACP side of this face."""
+
+    def requested(self, provider: str, scopes: Sequence[str] | None) -> tuple[str, Sequence[str] | None]:
+        """The provider and scopes to ask for (None: the provider's defaults, resolved by the lifecycle)."""
+        return provider, scopes
+
+    def attach(self, conn: AgentConnection, *, on_state: StateListener | None = None) -> AcpLink:
+        """Start tracking a client connection. Call it from the agent's `on_connect`, before `initialize`.
+
+        The connector then sees every message of the connection: it reads the client's capabilities (v1
+        `clientCapabilities` or v2 `capabilities`) and the negotiated protocol version, refuses malformed messages
+        before the SDK sees them, can cancel its own pending requests with `$/cancel_request`, answers the client's
+        `$/cancel_request`, and notices at once when the connection ends (everything it kept for the connection is
+        dropped then). `on_state(session_id, state)` hears foreground-state transitions (on v2 connections they are
+        also sent as `state_update`). Raises `AcpSdkUnsupported` when the installed `acp` SDK is not a version the
+        connector was written for, or `conn` is not the SDK's agent-side connection.
+        """
+        return self.authorizer.attach(conn, on_state=on_state)
+
+    async def request_authorization(
+        self,
+        conn: AgentConnection,
+        client_capabilities: Any = None,
+        *,
+        user: Identity,
+        provider: str,
+        scope: ElicitationScope,
+        scopes: Sequence[str] | None = None,
+        message: str | None = None,
+        foreground: bool = True,
+        ask_again: bool = False,
+    ) -> AuthorizationOutcome:
+        """Make sure `user` holds a grant at `provider` covering `scopes`, asking through the client if needed.
+
+        A stored grant that settles the request answers at once, before anything about the client is looked at.
+        The client's capabilities come from its `initialize` on the wire when the connection was attached in
+        `on_connect`; if the client has not sent `initialize` yet, this waits for it (at most 10 s) and then raises
+        `ClientNotInitialized`. On a connection attached only now (too late to see `initialize`) pass
+        `client_capabilities` (SDK model or raw JSON); without them this raises `ClientNotInitialized` at once.
+        `foreground=False` marks a request for background activity: it changes no session's foreground state.
+
+        When the provider grants fewer scopes than asked, the outcome is `narrowed`: `refused_scopes` names the
+        others and `grant` is the stored grant. Asking again for scopes the provider refused is answered the same
+        way at once, without a new `elicitation/create`, unless `ask_again=True` (e.g. after the user said so).
+
+        Returns when the grant exists, or with the reason it does not (`AuthorizationOutcome.status`). If the calling
+        task is cancelled (a timeout of yours, `session/cancel`, the client's `$/cancel_request`), the pending
+        `elicitation/create` is withdrawn with `$/cancel_request`, the elicitation ends as cancelled, and
+        `CancelledError` propagates; nothing resumes the cancelled work. Raises `ProviderNotConfigured` or
+        `UnknownProvider` for a provider the operator has not set up (`SidecarClient`: `SidecarError` with that
+        code, or with the code of whatever else the sidecar refused).
+        """
+        provider, scopes = self.requested(provider, scopes)
+        return await self.authorizer.request_authorization(
+            conn,
+            client_capabilities,
+            user=user,
+            provider=provider,
+            scopes=scopes,
+            scope=scope,
+            message=message,
+            foreground=foreground,
+            ask_again=ask_again,
+        )
