@@ -1,12 +1,15 @@
 """ACP OAuth connector: get a user's third-party authorization through ACP URL-mode elicitation.
 
 Tokens stay server-side and encrypted; the agent uses them through `Connector.http(...)`.
+
+The names that need the ACP SDK or the whole runtime (`Connector`, `AcpLink`, ...) are imported on first use
+(PEP 562), so that a process which never speaks ACP (`acp-connector keys`, `migrate`, a sidecar) does not pay
+for importing the SDK's schema, about half of the start-up time of a command.
 """
 
-from .acp import AcpLink, ForegroundState, url_mode_advertised
-from .bootstrap import generate_key, migrate_database, use_development_key
-from .config import Settings, load_settings
-from .connector import Connector
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
 from .core.errors import (
     AcpSdkUnsupported,
     ClientNotInitialized,
@@ -24,6 +27,38 @@ from .core.outcomes import AuthorizationOutcome, AuthorizationStatus, GrantInfo
 from .core.scopes import RequestScope, SessionScope
 from .core.states import ElicitationStatus
 from .core.webhooks import WebhookVerificationError, verify_webhook
+
+if TYPE_CHECKING:
+    from .acp import AcpLink, ForegroundState, url_mode_advertised
+    from .bootstrap import generate_key, migrate_database, use_development_key
+    from .config import Settings, load_settings
+    from .connector import Connector
+
+_LAZY = {
+    "AcpLink": ".acp",
+    "ForegroundState": ".acp",
+    "url_mode_advertised": ".acp",
+    "generate_key": ".bootstrap",
+    "migrate_database": ".bootstrap",
+    "use_development_key": ".bootstrap",
+    "Settings": ".config",
+    "load_settings": ".config",
+    "Connector": ".connector",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 __all__ = [
     "AcpLink",
