@@ -85,18 +85,24 @@ class _OneTripCursor(AsyncAdapt_aiosqlite_cursor):
             # transaction is open and the rollback (which asks SQLite, not this flag) ends it.
             begin, adapt.begin_pending = adapt.begin_pending, False
             connection = self._connection
+            if begin:
+                # Until this trip comes back, SQLite may begin the transaction at any moment: a caller cancelled
+                # meanwhile must roll back through the thread (after the BEGIN), not skip it.
+                adapt.begin_unsettled = True
             done, rows = await connection._execute(_run, connection._connection, operation, parameters, many, begin)
+            adapt.begin_unsettled = False
         self._cursor = done
         self._rows = deque(rows)
 
 
 class _OneTripConnection(AsyncAdapt_aiosqlite_connection):
-    __slots__ = ("begin_pending",)
+    __slots__ = ("begin_pending", "begin_unsettled")
     _cursor_cls = _OneTripCursor
 
     def __init__(self, dbapi: Any, connection: Any) -> None:
         super().__init__(dbapi, connection)
         self.begin_pending = False
+        self.begin_unsettled = False
 
     def begin_immediate(self) -> None:
         """Begin a write transaction (`BEGIN IMMEDIATE`) with the next statement, in its trip."""
@@ -112,10 +118,12 @@ class _OneTripConnection(AsyncAdapt_aiosqlite_connection):
         self.begin_pending = False
         # Reads run in autocommit and the pool resets a connection after its commit: most rollbacks find no
         # transaction. `in_transaction` is a flag read that SQLite allows from any thread; nothing else runs on
-        # this connection while SQLAlchemy rolls it back.
+        # this connection while SQLAlchemy rolls it back, unless a cancelled caller left a trip that begins a
+        # transaction on its way (`begin_unsettled`): then the rollback is queued behind it.
         connection = self._connection._connection
-        if connection is not None and not connection.in_transaction:
+        if connection is not None and not connection.in_transaction and not self.begin_unsettled:
             return
+        self.begin_unsettled = False
         super().rollback()
 
 
