@@ -10,6 +10,7 @@ API base URL (a path that would leave it is refused before anything is sent).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 from collections.abc import AsyncIterator
@@ -58,13 +59,19 @@ _UNSAFE_PATH = re.compile(r"(^|/)\.\.?(/|$)|\\|[\x00-\x1f\x7f]")
 SMALL_RESPONSE_BYTES = 64 * 1024
 
 
+@functools.lru_cache(maxsize=64)
+def _api_base(base: str) -> tuple[httpx.URL, str]:
+    """The provider's API base parsed once (httpx.URL is immutable), and its path as a prefix ending in "/"."""
+    origin = httpx.URL(base)
+    return origin, origin.raw_path.decode("ascii").rstrip("/") + "/"
+
+
 def target_url(base: str, raw_path: str, query: bytes) -> httpx.URL:
     """`raw_path` (as sent, percent-encoded) under `base`; FlowRefused `proxy_path_refused` if it could leave it."""
     decoded = unquote(raw_path)
     if _UNSAFE_PATH.search(decoded) or decoded.startswith("/") or "//" in decoded or "?" in decoded or "#" in decoded:
         raise FlowRefused("proxy_path_refused")
-    origin = httpx.URL(base)
-    prefix = origin.raw_path.decode("ascii").rstrip("/") + "/"
+    origin, prefix = _api_base(base)
     url = origin.copy_with(raw_path=(prefix + raw_path).encode("ascii") + (b"?" + query if query else b""))
     if (url.scheme, url.host, url.port) != (origin.scheme, origin.host, origin.port) or not url.path.startswith(
         unquote(prefix)
@@ -106,12 +113,11 @@ class ProxyRoute:
         if grant is None:
             raise FlowRefused("no_grant")
 
+        listed = _listed_in_connection(request)
         headers = [
             (name, value)
             for name, value in request.headers.items()
-            if name not in NOT_FORWARDED
-            and not name.startswith("connector-")
-            and name not in _listed_in_connection(request)
+            if name not in NOT_FORWARDED and not name.startswith("connector-") and name not in listed
         ]
         content = await self._body(request)
         # The provider's long-lived pool (redirects are not followed: the agent gets the provider's own answer).
