@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
-from .acp import AcpAuthorizer, EmbeddedLifecycle
 from .config import (
     CONFIG_ENV_VAR,
     ENV_NESTED_DELIMITER,
@@ -58,6 +57,7 @@ from .vault import Vault, load_key_ring
 if TYPE_CHECKING:
     from starlette.applications import Starlette
 
+    from .acp import AcpAuthorizer
     from .web.ratelimit import RateLimiter
 
 TEST_ENV_PREFIX = "CONNECTOR_TEST_"  # reserved for test suites' own variables (e.g. CONNECTOR_TEST_POSTGRES_URL)
@@ -79,7 +79,6 @@ class Runtime:
     verifier: IdentityVerifier
     identity: IdentityStep
     tokens: TokenAccess
-    acp: AcpAuthorizer[ElicitationRecord, ElicitationEvent]
     metrics: Metrics
     feed: OutboxFeed
     sweeper: Sweeper
@@ -88,8 +87,19 @@ class Runtime:
     replica: Replica
     webhooks: WebhookEndpoints
     webhook_worker: WebhookWorker | None  # None when this replica does not deliver (`webhooks.deliver`)
+    # Built on first use: only a process that speaks ACP itself imports the SDK (a sidecar never does).
+    _acp: AcpAuthorizer[ElicitationRecord, ElicitationEvent] | None = field(default=None, init=False, repr=False)
     # Started by `start`: reads each configured provider's discovery document and logs what is wrong.
     provider_check: asyncio.Task[list[ProviderReport]] | None = field(default=None, init=False, repr=False)
+
+    @property
+    def acp(self) -> AcpAuthorizer[ElicitationRecord, ElicitationEvent]:
+        """The embedded face's ACP side: sends elicitation/create and elicitation/complete on attached connections."""
+        if self._acp is None:
+            from .acp import AcpAuthorizer, EmbeddedLifecycle
+
+            self._acp = AcpAuthorizer(EmbeddedLifecycle(self.elicitations, self.bus, self.metrics))
+        return self._acp
 
     async def start(self) -> None:
         """Refuse to run on a database this code cannot run on; then hear the other replicas, join them, start
@@ -111,7 +121,8 @@ class Runtime:
         await self.feed.close()
         if self.webhook_worker is not None:
             await self.webhook_worker.close()
-        await self.acp.close()
+        if self._acp is not None:
+            await self._acp.close()
         await self.replica.close()
         await self.bus.close()
         await self.providers.aclose()
@@ -317,7 +328,6 @@ def build_runtime(settings: Settings) -> Runtime:
         verifier=verifier,
         identity=IdentityStep(browser, verifier),
         tokens=TokenAccess(store, vault, providers, bus, clock, metrics),
-        acp=AcpAuthorizer(EmbeddedLifecycle(elicitations, bus, metrics)),
         metrics=metrics,
         feed=feed,
         replica=replica,

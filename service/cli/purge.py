@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from ..app import retention_policy
 from ..core.retention import PurgeKind, count_due, purge_due
 from .framework import Commands, Invocation
 
@@ -41,6 +40,8 @@ def register(commands: Commands) -> None:
 
 
 def run(invocation: Invocation) -> int:
+    from ..app import retention_policy  # the composition root imports every part: only when purging
+
     policy = retention_policy(invocation.settings())
     dry_run = bool(invocation.args.dry_run)
 
