@@ -413,6 +413,19 @@ def build_metrics_app(runtime: Runtime) -> Starlette | None:
     return metrics_app(runtime.metrics, runtime.settings) if config.enabled and config.port is not None else None
 
 
+async def serve_runtime(runtime: Runtime) -> None:
+    """Serve the web routes on the configured host and port (and the metrics on theirs) until cancelled."""
+    from .web.server import serve
+
+    settings = runtime.settings
+    listeners = [serve(build_web_app(runtime), settings.server.host, settings.server.port)]
+    metrics = build_metrics_app(runtime)
+    if metrics is not None:
+        assert settings.metrics.port is not None
+        listeners.append(serve(metrics, settings.metrics.host, settings.metrics.port))
+    await asyncio.gather(*listeners)
+
+
 def demo_user(runtime: Runtime) -> Identity | None:
     """Whom the demo acts for: the local verifier's one user (demo mode needs that verifier)."""
     user = getattr(runtime.verifier, "user", None)

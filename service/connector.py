@@ -7,7 +7,6 @@ thin facade: the work is done by the parts `service.app` wires (`runtime`).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -91,15 +90,9 @@ class Connector(AgentCalls):
 
     async def serve(self) -> None:
         """Serve the web routes on the configured host and port (and the metrics on theirs) until cancelled."""
-        from .web.server import serve
+        from .app import serve_runtime
 
-        server = self.settings.server
-        listeners = [serve(self.asgi_app(), server.host, server.port)]
-        metrics = self.metrics_asgi_app()
-        if metrics is not None:
-            assert self.settings.metrics.port is not None
-            listeners.append(serve(metrics, self.settings.metrics.host, self.settings.metrics.port))
-        await asyncio.gather(*listeners)
+        await serve_runtime(self.runtime)
 
     # -- the agent's API (attach, request_authorization: `AgentCalls`) ----------------------------------------
     @property

@@ -53,15 +53,16 @@ def run(invocation: Invocation) -> int:
 
 
 async def _serve(invocation: Invocation, settings: Settings) -> int:
-    from ..connector import Connector
+    # The runtime, not the `Connector` facade: a server that holds no ACP connection never imports the ACP SDK.
+    from ..app import build_runtime, serve_runtime
 
-    connector = Connector.from_settings(settings)
+    runtime = build_runtime(settings)
     try:
-        await connector.start()
+        await runtime.start()
         invocation.note(f"serving on {settings.public_base_url} (connect pages at /connect/<id>)")
-        await connector.serve()
+        await serve_runtime(runtime)
     finally:
-        await connector.close()
+        await runtime.close()
     return 0
 
 
