@@ -27,6 +27,7 @@ from service import verify_webhook
 from service.cli.program import main
 from service.client import WebhookVerificationError
 from service.client import verify_webhook as client_verify_webhook
+from service.core.webhooks import NO_ENDPOINT_RECHECK
 from service.events import HttpWebhookSender
 from service.store import Store, migrate, tables
 from service.testing import MockOAuthProvider
@@ -384,6 +385,32 @@ def run_cli(env: dict[str, str], *argv: str) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     code = main(list(argv), env=env, stdout=out, stderr=err)
     return code, out.getvalue(), err.getvalue()
+
+
+async def test_no_endpoint_costs_no_query_and_one_registered_elsewhere_misses_no_event(
+    deploy_with: Deploy, connector_env: dict[str, str]
+) -> None:
+    async with deploy_with(**FAST) as deployment, receiving() as receiver:
+        runtime = deployment.connector.runtime
+        assert runtime.webhook_worker is not None
+        dispatcher = runtime.webhook_worker.dispatcher
+        store = runtime.store
+        key = await make_key(store, "bot")
+        assert await dispatcher.step() == 0  # no endpoint anywhere: believed for a while, read no more
+        # Another process (the CLI) registers one; this replica does not know yet.
+        code, secret, _ = await asyncio.to_thread(
+            run_cli, {**connector_env, **FAST}, "webhooks", "create", "--tenant", "bot", "--url", receiver.url
+        )
+        assert code == 0, secret
+        async with api_client(deployment.base_url, key) as api:
+            created = (await api.post("/v1/elicitations", json=create_body(ALICE))).json()
+            await api.post(f"/v1/elicitations/{created['elicitationId']}/cancel")
+        assert await dispatcher.step() == 0
+        assert await count_rows(store, tables.webhook_deliveries) == 0  # the event waits in the log
+        deployment.connector.clock.advance(NO_ENDPOINT_RECHECK)  # this replica reads the endpoints again
+        await receiver.wait_until(lambda r: len(r.requests) >= 1)
+    (received,) = receiver.requests
+    assert verify_webhook(secret.strip(), received.headers, received.body)["elicitationId"] == created["elicitationId"]
 
 
 def test_webhooks_cli_creates_lists_and_deletes(connector_env: dict[str, str]) -> None:

@@ -55,6 +55,8 @@ MAX_ENDPOINTS_PER_TENANT = 10
 MAX_URL_LENGTH = 2048
 FAN_OUT_BATCH = 500
 CLAIM_BATCH = 20
+# How long a replica believes a read that found no endpoint at all (one registered in this process ends it at once).
+NO_ENDPOINT_RECHECK = timedelta(seconds=30)
 ERROR_TEXT_LIMIT = 120
 
 
@@ -261,6 +263,7 @@ class WebhookEndpoints:
         self.vault = vault
         self.policy = policy
         self.now = clock
+        self.registered_here = 0  # endpoints this process registered: a dispatcher here notices them at once
 
     async def create(self, tenant: str, url: str, description: str | None) -> tuple[WebhookEndpointRecord, str]:
         """A new endpoint and its secret (returned this once, stored only encrypted). Raises ValueError with a
@@ -284,6 +287,7 @@ class WebhookEndpoints:
             created_at=self.now(),
         )
         await self.repo.insert_endpoint(record)
+        self.registered_here += 1
         return record, secret
 
     def secret_of(self, endpoint: WebhookEndpointRecord) -> str:
@@ -315,12 +319,26 @@ class WebhookDispatcher:
         self.now = endpoints.now
         self.rand = rand
         self.metrics = metrics
+        # When a read found no endpoint at all: (endpoints registered here by then, when to read again). Until then
+        # a step reads nothing, so a deployment without webhooks pays no query per event or interval.
+        self._none_seen: tuple[int, datetime] | None = None
 
     async def step(self) -> int:
-        """Fan out what the log holds, then make the attempts that are due; how many attempts were made."""
+        """Fan out what the log holds, then make the attempts that are due; how many attempts were made.
+
+        Where no endpoint exists, that is believed for `NO_ENDPOINT_RECHECK` (or until one is registered in this
+        process). Nothing is lost meanwhile: the log's cursor moves only in a fan-out, and a fan-out reads the
+        endpoints it delivers to, so events wait in the log until a replica sees the new endpoint."""
+        now = self.now()
+        if self._none_seen is not None:
+            registered, until = self._none_seen
+            if registered == self.endpoints.registered_here and now < until:
+                return 0
         endpoints = await self.repo.endpoints()
         if not endpoints:
+            self._none_seen = (self.endpoints.registered_here, now + NO_ENDPOINT_RECHECK)
             return 0  # nothing to deliver to (the cursor catches up when an endpoint appears)
+        self._none_seen = None
         while await self.fan_out(endpoints) == FAN_OUT_BATCH:
             pass
         made = 0
