@@ -297,9 +297,12 @@ async def main(quick: bool) -> list[str]:
             await asyncio.sleep(seconds)
             quiet = counter.take()
             rows.append(
-                f"| database statements/s with {many:,} awaited pendings and nothing happening "
-                f"| {quiet.reads / seconds:.1f} reads/s, {quiet.writes / seconds:.1f} writes/s | | one shared poll "
-                f"(1/s), not one per waiter | {'met' if quiet.statements / seconds <= 2 else 'NOT met'} |"
+                # Reads are what waiting costs (the goal); the writes are the replica heartbeat and the sweeper,
+                # a fixed cost per process whatever waits.
+                f"| database reads/s with {many:,} awaited pendings and nothing happening (writes: the replica "
+                f"heartbeat and the sweeper, per process) | {quiet.reads / seconds:.1f} reads/s "
+                f"({quiet.writes / seconds:.1f} writes/s) | | one shared poll (1/s), not one per waiter "
+                f"| {'met' if quiet.reads / seconds <= 2 else 'NOT met'} |"
             )
     return rows
 
