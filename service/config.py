@@ -67,6 +67,7 @@ __all__ = [
     "WebhookSettings",
     "load_settings",
     "nearest",
+    "optional_secret",
     "optional_str",
     "setting_env_var",
     "setting_field",
@@ -115,6 +116,13 @@ def optional_str(value: Any) -> Any:
     if isinstance(value, str) and not value.strip():
         return None
     return value
+
+
+def optional_secret(value: Any) -> Any:
+    """`optional_str` for a secret field, which may arrive already wrapped (a `SecretStr` default or model)."""
+    if isinstance(value, SecretStr):
+        value = value.get_secret_value()
+    return optional_str(value)
 
 
 class _Section(BaseModel):
@@ -394,9 +402,7 @@ class MetricsSettings(_Section):
     @field_validator("bearer_token", "port", mode="before")
     @classmethod
     def _empty_is_none(cls, value: Any) -> Any:
-        if isinstance(value, SecretStr):
-            value = value.get_secret_value() or None
-        return optional_str(value)
+        return optional_secret(value)
 
     @field_validator("bearer_token")
     @classmethod

@@ -23,7 +23,7 @@ from pydantic_settings import NoDecode
 from starlette.requests import Request
 from starlette.responses import Response
 
-from service.config import optional_str
+from service.config import optional_secret
 from service.core.errors import ConnectorError, FlowRefused, ProviderError, VaultError
 from service.core.handles import handle_hash, verification_aad
 from service.core.identity import Identity
@@ -76,9 +76,7 @@ class OidcSettings(VerifierSettings):
     @field_validator("client_secret", mode="before")
     @classmethod
     def _empty_secret_is_none(cls, value: Any) -> Any:
-        if isinstance(value, SecretStr):
-            value = value.get_secret_value()
-        return optional_str(value)
+        return optional_secret(value)
 
     @field_validator("scopes", mode="before")
     @classmethod
