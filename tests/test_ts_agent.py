@@ -1,29 +1,38 @@
 """The TypeScript example agent (`examples/ts_agent`, on the official `@agentclientprotocol/sdk` from npm) against a
 real sidecar process: the official Python SDK client <-> the TS agent over stdio <-> the sidecar's /v1 API <-> the mock
-provider over HTTP <-> a scripted browser. The agent receives exactly one completion and never a token."""
+provider over HTTP <-> a scripted browser. The agent decides as `AcpAuthorizer` does (stored grants first, then URL
+mode), sends exactly one completion for an authorized or narrowed elicitation, and never sees a token."""
 
 from __future__ import annotations
 
 import asyncio
-import json
+import dataclasses
 import os
 import shutil
 import subprocess
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 from acp import text_block
 
 from service.testing import MockOAuthProvider, ScriptedBrowser, ScriptedClient, spawn_agent
-from service.testing.acp_client import NO_ELICITATION
+from service.testing.acp_client import NO_ELICITATION, SpawnedAgent
 
+from .api_support import api_client, make_key
 from .sidecar_support import Sidecar, running_sidecar
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ts_agent"
 REPOS = [{"id": 1, "full_name": "octocat/hello-world", "private": False}]
 
 
-def build_example() -> Path:
+@pytest.fixture(scope="module")
+def agent_script() -> Path:
     """`npm ci` and `tsc`, once per change of the lock file or the sources; the compiled agent's path."""
     if shutil.which("npm") is None or shutil.which("node") is None:
         pytest.skip("the TypeScript example needs Node.js 20+ and npm")
@@ -37,66 +46,152 @@ def build_example() -> Path:
     return EXAMPLE / "dist" / "agent.js"
 
 
-def agent_env(sidecar: Sidecar) -> dict[str, str]:
-    return {
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def shared(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[Sidecar, MockOAuthProvider]]:
+    """One sidecar process and mock provider for the module (starting a sidecar takes seconds)."""
+    provider = MockOAuthProvider(repos=REPOS)
+    async with running_sidecar(tmp_path_factory.mktemp("ts-agent"), provider) as sidecar:
+        yield sidecar, provider
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def sidecar(shared: tuple[Sidecar, MockOAuthProvider]) -> Sidecar:
+    """The shared sidecar as a tenant of this test's own, its user without grants, its provider reset."""
+    running, provider = shared
+    provider.narrow_scopes = set()
+    provider.api_calls.clear()
+    for grant in await running.store.grants.find(running.local_user, "github"):
+        await running.store.grants.delete(grant.id)
+    key = await make_key(running.store, tenant=f"ts-{uuid.uuid4().hex[:12]}")
+    return dataclasses.replace(running, api_key=key)
+
+
+@pytest.fixture
+def provider(shared: tuple[Sidecar, MockOAuthProvider]) -> MockOAuthProvider:
+    return shared[1]
+
+
+@dataclasses.dataclass
+class TsAgent:
+    """The compiled example agent in a Node process, initialized by `client`, with one session."""
+
+    client: ScriptedClient
+    process: SpawnedAgent
+    session_id: str
+
+    async def prompt(self, *, browser_authorizes: bool = False) -> str:
+        """One turn ("list my repositories"), the browser authorizing when the client consents; its stop reason."""
+        ask = [text_block("list my repositories")]
+        turn = asyncio.create_task(self.process.conn.prompt(session_id=self.session_id, prompt=ask))
+        if browser_authorizes:
+            elicitation = await self.client.next_consented(within=30)
+            async with ScriptedBrowser() as browser:
+                final = await browser.authorize(elicitation.url)
+                assert final.status_code == 200, final.text
+        return str((await asyncio.wait_for(turn, 30)).stop_reason)
+
+    def stderr(self) -> str:
+        return self.process.stderr()
+
+
+@asynccontextmanager
+async def ts_agent(script: Path, sidecar: Sidecar, client: ScriptedClient) -> AsyncIterator[TsAgent]:
+    env = {
         "SIDECAR_URL": sidecar.base_url,
         "SIDECAR_API_KEY": sidecar.api_key,
         "AGENT_USER_ISSUER": sidecar.local_user.issuer,
         "AGENT_USER_SUBJECT": sidecar.local_user.subject,
         "PATH": os.environ.get("PATH", ""),
     }
+    async with spawn_agent(client, "node", str(script), env=env, cwd=EXAMPLE) as agent:
+        await asyncio.wait_for(client.initialize(agent.conn), 30)
+        session = (await asyncio.wait_for(agent.conn.new_session(cwd=str(EXAMPLE)), 10)).session_id
+        yield TsAgent(client, agent, session)
+
+
+async def sidecar_state(sidecar: Sidecar, elicitation_id: str) -> dict[str, object]:
+    async with api_client(sidecar.base_url, sidecar.api_key) as api:
+        answer = await api.get(f"/v1/elicitations/{elicitation_id}")
+        assert answer.status_code == 200, answer.text
+        return answer.json()  # type: ignore[no-any-return]
 
 
 @pytest.mark.duration(8)
-async def test_ts_agent_completes_a_flow_through_the_sidecar(tmp_path: Path) -> None:
-    script = build_example()
-    provider = MockOAuthProvider(repos=REPOS)
-    async with running_sidecar(tmp_path, provider) as sidecar:
-        client = ScriptedClient("accept")
-        async with spawn_agent(client, "node", str(script), env=agent_env(sidecar), cwd=EXAMPLE) as agent:
-            await asyncio.wait_for(client.initialize(agent.conn), 30)
-            session = (await asyncio.wait_for(agent.conn.new_session(cwd=str(EXAMPLE)), 10)).session_id
-            prompt = asyncio.create_task(
-                agent.conn.prompt(session_id=session, prompt=[text_block("list my repositories")])
-            )
-            elicitation = await client.next_consented(within=30)
-            async with ScriptedBrowser() as browser:
-                final = await browser.authorize(elicitation.url)
-                assert final.status_code == 200, final.text
-            result = await asyncio.wait_for(prompt, 30)
-            stderr = agent.stderr()
-            assert result.stop_reason == "end_turn", stderr
-        creates = client.received("elicitation/create")
-        assert len(creates) == 1, stderr
-        params = creates[0]["params"]
-        eid = params["elicitationId"]
-        assert params["mode"] == "url" and params["sessionId"] == session and params["toolCallId"] == "call_1"
-        assert params["url"] == f"{sidecar.base_url}/connect/{eid}"
-        # Exactly one completion, with the original id, on this connection.
+async def test_ts_agent_completes_a_flow_through_the_sidecar(
+    agent_script: Path, sidecar: Sidecar, provider: MockOAuthProvider
+) -> None:
+    client = ScriptedClient("accept")
+    async with ts_agent(agent_script, sidecar, client) as agent:
+        assert await agent.prompt(browser_authorizes=True) == "end_turn", agent.stderr()
+        stderr = agent.stderr()
+    creates = client.received("elicitation/create")
+    assert len(creates) == 1, stderr
+    params = creates[0]["params"]
+    eid = params["elicitationId"]
+    assert params["mode"] == "url" and params["sessionId"] == agent.session_id and params["toolCallId"] == "call_1"
+    assert params["url"] == f"{sidecar.base_url}/connect/{eid}"
+    # Exactly one completion, with the original id, on this connection.
+    assert [c["params"] for c in client.received("elicitation/complete")] == [{"elicitationId": eid}]
+    assert client.completions == [eid] and client.violations == [] and client.ignored == []
+    text = client.agent_text(agent.session_id)
+    assert "octocat/hello-world" in text and "did not grant" not in text
+    assert provider.api_calls.count("/api/user/repos") == 1  # through the proxy, with the token
+    assert (await sidecar_state(sidecar, eid))["outcome"] == "authorized"
+    for secret in provider.secrets_issued():
+        assert secret not in client.wire_text() and secret not in stderr
+        assert secret not in sidecar.log_text()
+
+
+@pytest.mark.duration(8)
+async def test_ts_agent_completes_a_narrowed_flow_once_and_does_not_ask_again(
+    agent_script: Path, sidecar: Sidecar, provider: MockOAuthProvider
+) -> None:
+    provider.narrow_scopes = {"repo"}  # the user's consent leaves `repo` out
+    client = ScriptedClient("accept")
+    async with ts_agent(agent_script, sidecar, client) as agent:
+        assert await agent.prompt(browser_authorizes=True) == "end_turn", agent.stderr()
+        [create] = client.received("elicitation/create")
+        eid = create["params"]["elicitationId"]
+        state = await sidecar_state(sidecar, eid)
+        assert state["outcome"] == "narrowed" and state["refusedScopes"] == ["repo"]
+        # A narrowed elicitation completed: the client is told, once.
         assert [c["params"] for c in client.received("elicitation/complete")] == [{"elicitationId": eid}]
-        assert client.completions == [eid] and client.violations == [] and client.ignored == []
-        text = json.dumps([m["params"] for m in client.received("session/update")])
-        assert "octocat/hello-world" in text
-        assert provider.api_calls.count("/api/user/repos") == 1  # through the proxy, with the token
-        record = await sidecar.store.elicitations.get(eid)
-        assert record is not None and record.status == "completed"
-        for secret in provider.secrets_issued():
-            assert secret not in client.wire_text() and secret not in stderr
-            assert secret not in sidecar.log_text()
+        assert "GitHub did not grant repo" in client.agent_text(agent.session_id)
+
+        # The same scopes again: the stored narrowed grant answers, nobody is asked again (no prompt loop).
+        assert await agent.prompt() == "end_turn", agent.stderr()
+        stderr = agent.stderr()
+    assert len(client.received("elicitation/create")) == 1, stderr
+    assert client.completions == [eid] and client.violations == [] and client.ignored == []
+    assert client.agent_text(agent.session_id).count("GitHub did not grant repo") == 2
+    assert provider.api_calls.count("/api/user/repos") == 2  # the agent went on with what was granted
 
 
-async def test_ts_agent_without_url_mode_sends_nothing(tmp_path: Path) -> None:
-    script = build_example()
-    provider = MockOAuthProvider(repos=REPOS)
-    async with running_sidecar(tmp_path, provider) as sidecar:
-        client = ScriptedClient("accept", capabilities={"elicitation": NO_ELICITATION})
-        async with spawn_agent(client, "node", str(script), env=agent_env(sidecar), cwd=EXAMPLE) as agent:
-            await asyncio.wait_for(client.initialize(agent.conn), 30)
-            session = (await asyncio.wait_for(agent.conn.new_session(cwd=str(EXAMPLE)), 10)).session_id
-            result = await asyncio.wait_for(
-                agent.conn.prompt(session_id=session, prompt=[text_block("list my repositories")]), 30
-            )
-            assert result.stop_reason == "end_turn"
-        assert client.received("elicitation/create") == []
-        assert "URL-mode" in json.dumps([m["params"] for m in client.received("session/update")])
-        assert provider.api_calls == []
+async def test_ts_agent_without_url_mode_sends_nothing(
+    agent_script: Path, sidecar: Sidecar, provider: MockOAuthProvider
+) -> None:
+    client = ScriptedClient("accept", capabilities={"elicitation": NO_ELICITATION})
+    async with ts_agent(agent_script, sidecar, client) as agent:
+        assert await agent.prompt() == "end_turn", agent.stderr()
+    assert client.received("elicitation/create") == [] and client.received("elicitation/complete") == []
+    assert "URL-mode" in client.agent_text(agent.session_id)
+    assert provider.api_calls == []
+
+
+async def test_ts_agent_without_url_mode_uses_a_narrowed_grant(
+    agent_script: Path, sidecar: Sidecar, provider: MockOAuthProvider
+) -> None:
+    provider.narrow_scopes = {"repo"}
+    holder = ScriptedClient("accept")
+    async with ts_agent(agent_script, sidecar, holder) as agent:  # the user's narrowed grant, made on another client
+        assert await agent.prompt(browser_authorizes=True) == "end_turn", agent.stderr()
+    assert len(holder.completions) == 1
+
+    client = ScriptedClient("accept", capabilities={"elicitation": NO_ELICITATION})
+    async with ts_agent(agent_script, sidecar, client) as agent:
+        assert await agent.prompt() == "end_turn", agent.stderr()
+    # The grant settles it before URL mode matters: `narrowed`, and nothing is sent to this client.
+    assert client.received("elicitation/create") == [] and client.received("elicitation/complete") == []
+    text = client.agent_text(agent.session_id)
+    assert "GitHub did not grant repo" in text and "octocat/hello-world" in text and "URL-mode" not in text
+    assert client.violations == [] and client.ignored == []

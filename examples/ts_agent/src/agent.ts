@@ -7,11 +7,12 @@ import { Readable, Writable } from "node:stream";
 import { agent, methods, ndJsonStream, RequestError, PROTOCOL_VERSION } from "@agentclientprotocol/sdk";
 import type { AgentContext, ClientCapabilities } from "@agentclientprotocol/sdk";
 
-import { Sidecar, type Answer, type User } from "./sidecar.js";
+import { Sidecar, type Answer, type State, type User } from "./sidecar.js";
 
 const sidecar = new Sidecar(required("SIDECAR_URL"), required("SIDECAR_API_KEY"));
 const user: User = { issuer: required("AGENT_USER_ISSUER"), subject: required("AGENT_USER_SUBJECT") };
 const connectionId = crypto.randomUUID(); // events and states name this connection
+const SCOPES = ["repo"];
 
 let capabilities: ClientCapabilities | undefined;
 let toolCalls = 0;
@@ -39,43 +40,58 @@ async function say(client: AgentContext, sessionId: string, text: string): Promi
   });
 }
 
-/** Make sure the user has authorized GitHub: null when a grant exists now, else a sentence saying why not. */
-async function authorize(client: AgentContext, sessionId: string, toolCallId: string, signal: AbortSignal): Promise<string | null> {
+/** What the user let the agent do: the scopes asked for that the provider refused, or why nothing was granted. */
+type Access = { refusedScopes: string[] } | { notGranted: string };
+
+/** Get the user's GitHub authorization, as the connector's Python client does (`AcpAuthorizer`). */
+async function authorize(client: AgentContext, sessionId: string, toolCallId: string, signal: AbortSignal): Promise<Access> {
+  const ask = { user, provider: "github", scopes: SCOPES, scope: { sessionId, toolCallId } };
+  // Stored grants first, whatever the client can do: a narrowed grant answers at once (no prompt loop).
+  const settled = await sidecar.settled(ask);
+  if (settled.status !== "needs_user") return { refusedScopes: settled.refusedScopes };
   if (!urlModeAdvertised()) {
-    // Nothing is sent to such a client (never a form instead); a grant the user already gave still works.
-    const grants = await sidecar.grants(user, "github");
-    if (grants.some((grant) => grant.scopes.includes("repo"))) return null;
-    return "This client cannot open authorization links (no URL-mode elicitation), so GitHub access cannot be requested here.";
+    // Nothing is sent to such a client (never a form instead).
+    return { notGranted: "This client cannot open authorization links (no URL-mode elicitation), so GitHub access cannot be requested here." };
   }
-  const created = await sidecar.createElicitation({
-    user,
-    provider: "github",
-    scopes: ["repo"],
-    scope: { sessionId, toolCallId },
-    connectionId,
-  });
-  if (created.status === "already_authorized") return null;
-  let answer: Answer;
+  const created = await sidecar.createElicitation(ask, connectionId);
+  if (created.status !== "created") return { refusedScopes: created.refusedScopes }; // a grant settled it meanwhile
+  let state: State;
+  try {
+    const answer = await askClient(client, sessionId, toolCallId, created, signal);
+    state = await sidecar.answer(created.elicitationId, answer);
+    if (answer.action === "accept") state = await sidecar.ended(created.elicitationId, signal);
+  } catch (error) {
+    // A cancelled turn ends the elicitation; nothing resumes it and no elicitation/complete is sent for it.
+    if (signal.aborted) await sidecar.cancel(created.elicitationId).catch(() => undefined);
+    throw error;
+  }
+  if (state.outcome !== "authorized" && state.outcome !== "narrowed") {
+    return { notGranted: `GitHub access was not granted (${state.outcome}).` };
+  }
+  // Exactly once, on this connection, with the original id: a narrowed grant completed the elicitation too.
+  await client.notify(methods.client.elicitation.complete, { elicitationId: created.elicitationId });
+  return { refusedScopes: state.refusedScopes };
+}
+
+/** Send `elicitation/create` with what the sidecar created; the client's answer, as the sidecar records it. */
+async function askClient(
+  client: AgentContext,
+  sessionId: string,
+  toolCallId: string,
+  created: { elicitationId: string; url: string; message: string },
+  signal: AbortSignal,
+): Promise<Answer> {
   try {
     const response = await client.request(
       methods.client.elicitation.create,
       { sessionId, toolCallId, mode: "url", elicitationId: created.elicitationId, url: created.url, message: created.message },
       { cancellationSignal: signal }, // a cancelled turn sends $/cancel_request for this request
     );
-    answer = { action: response.action as "accept" | "decline" | "cancel" };
+    return { action: response.action as "accept" | "decline" | "cancel" };
   } catch (error) {
-    if (signal.aborted) {
-      await sidecar.cancel(created.elicitationId).catch(() => undefined);
-      throw error;
-    }
-    answer = { action: "client_error", code: error instanceof RequestError ? error.code : -32603 };
+    if (signal.aborted) throw error;
+    return { action: "client_error", code: error instanceof RequestError ? error.code : -32603 };
   }
-  const answered = await sidecar.answer(created.elicitationId, answer);
-  const state = answer.action === "accept" ? await sidecar.ended(created.elicitationId, signal) : answered;
-  if (state.outcome !== "authorized") return `GitHub access was not granted (${state.outcome}).`;
-  // Exactly once, on this connection, with the original id.
-  await client.notify(methods.client.elicitation.complete, { elicitationId: created.elicitationId });
-  return null;
 }
 
 async function listRepositories(client: AgentContext, sessionId: string, signal: AbortSignal): Promise<void> {
@@ -85,10 +101,14 @@ async function listRepositories(client: AgentContext, sessionId: string, signal:
     update: { sessionUpdate: "tool_call", toolCallId, title: "List GitHub repositories", kind: "fetch", status: "pending" },
   });
   try {
-    const refused = await authorize(client, sessionId, toolCallId, signal);
-    if (refused !== null) {
-      await say(client, sessionId, refused);
+    const access = await authorize(client, sessionId, toolCallId, signal);
+    if ("notGranted" in access) {
+      await say(client, sessionId, access.notGranted);
       return;
+    }
+    if (access.refusedScopes.length > 0) {
+      // Narrowed: decide whether what was granted is enough. Without `repo`, GitHub lists public repositories only.
+      await say(client, sessionId, `GitHub did not grant ${access.refusedScopes.join(", ")}: only public repositories are listed.`);
     }
     const response = await sidecar.proxy("github", "user/repos", user);
     const repos = (await response.json()) as Array<{ full_name: string }>;

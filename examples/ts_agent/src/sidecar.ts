@@ -3,15 +3,19 @@
 export type User = { issuer: string; subject: string };
 export type Scope = { sessionId: string; toolCallId?: string } | { requestId: string | number };
 export type Grant = { grantId: string; provider: string; accountId: string; scopes: string[] };
+export type Ask = { user: User; provider: string; scopes?: string[]; scope: Scope };
+// `narrowed`: a grant lacks only scopes the provider refused when it was made (asking again would ask the same).
+export type Settled = { status: "already_authorized" | "narrowed"; grant: Grant; refusedScopes: string[] };
 export type Created =
   | { status: "created"; elicitationId: string; url: string; message: string; expiresAt: string }
-  | { status: "already_authorized"; grant: Grant };
+  | Settled;
 export type State = {
   elicitationId: string;
   status: string;
   outcome: string | null;
   reason: string | null;
   grant: Grant | null;
+  refusedScopes: string[];
 };
 export type Answer =
   | { action: "accept" | "decline" | "cancel" | "disconnected" }
@@ -33,15 +37,15 @@ export class Sidecar {
     private readonly apiKey: string,
   ) {}
 
-  createElicitation(body: {
-    user: User;
-    provider: string;
-    scopes?: string[];
-    scope: Scope;
-    connectionId?: string;
-  }): Promise<Created> {
+  /** What stored grants alone answer (`needs_user`: none settles it); nothing is created or written. */
+  settled(ask: Ask): Promise<Settled | { status: "needs_user" }> {
+    return this.call("POST", "/v1/elicitations", { ...ask, grantsOnly: true });
+  }
+
+  /** A new elicitation for the agent's connection, or what a grant answers when one settled it meanwhile. */
+  createElicitation(ask: Ask, connectionId: string): Promise<Created> {
     // The idempotency key makes a retried POST (after a timeout) answer with the same elicitation.
-    return this.call("POST", "/v1/elicitations", body, { "Idempotency-Key": crypto.randomUUID() });
+    return this.call("POST", "/v1/elicitations", { ...ask, connectionId }, { "Idempotency-Key": crypto.randomUUID() });
   }
 
   answer(elicitationId: string, answer: Answer): Promise<State> {
@@ -55,12 +59,6 @@ export class Sidecar {
       const state: State = await this.call("GET", `/v1/elicitations/${elicitationId}?wait=20`, undefined, {}, signal);
       if (state.outcome !== null) return state;
     }
-  }
-
-  async grants(user: User, provider: string): Promise<Grant[]> {
-    const query = new URLSearchParams({ issuer: user.issuer, subject: user.subject, provider });
-    const body: { grants: Grant[] } = await this.call("GET", `/v1/grants?${query}`);
-    return body.grants;
   }
 
   cancel(elicitationId: string): Promise<State> {
