@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import fcntl
 import os
 import shutil
 import subprocess
@@ -38,11 +39,15 @@ def agent_script() -> Path:
         pytest.skip("the TypeScript example needs Node.js 20+ and npm")
     stamp = EXAMPLE / ".installed"
     inputs = [EXAMPLE / "package-lock.json", EXAMPLE / "tsconfig.json", *sorted((EXAMPLE / "src").glob("*.ts"))]
-    newest = max(path.stat().st_mtime for path in inputs)
-    if not stamp.exists() or stamp.stat().st_mtime < newest or not (EXAMPLE / "dist" / "agent.js").exists():
-        for command in (["npm", "ci", "--no-audit", "--no-fund"], ["npx", "tsc", "-p", "."]):
-            subprocess.run(command, cwd=EXAMPLE, check=True, capture_output=True, timeout=300)
-        stamp.touch()
+    # One build at a time: pytest-xdist may run this module's tests on two workers, and `npm ci` in one would
+    # delete node_modules under the agent the other runs.
+    with (EXAMPLE / ".build.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        newest = max(path.stat().st_mtime for path in inputs)
+        if not stamp.exists() or stamp.stat().st_mtime < newest or not (EXAMPLE / "dist" / "agent.js").exists():
+            for command in (["npm", "ci", "--no-audit", "--no-fund"], ["npx", "tsc", "-p", "."]):
+                subprocess.run(command, cwd=EXAMPLE, check=True, capture_output=True, timeout=300)
+            stamp.touch()
     return EXAMPLE / "dist" / "agent.js"
 
 
