@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import re
 import sys
-import time
 from collections.abc import Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from typing import Any, Literal, TextIO
@@ -72,112 +71,22 @@ def _shared_processors() -> list[Processor]:
     ]
 
 
-def _structlog_formatter(log_format: LogFormat) -> structlog.stdlib.ProcessorFormatter:
+def formatter(log_format: LogFormat) -> logging.Formatter:
+    """The formatter of every log line in `log_format`."""
     renderer: list[Processor]
     if log_format == "json":
         renderer = [
             structlog.processors.format_exc_info,  # the traceback as a string field, so the record stays one line
             structlog.processors.EventRenamer("message"),
-            _JSON,
+            structlog.processors.JSONRenderer(sort_keys=False),
         ]
     else:
-        renderer = [escape_control_characters, _CONSOLE]
+        renderer = [escape_control_characters, structlog.dev.ConsoleRenderer(colors=False, timestamp_key="time")]
     return structlog.stdlib.ProcessorFormatter(
         foreign_pre_chain=_shared_processors(),
         pass_foreign_args=True,
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *renderer],
     )
-
-
-_JSON = structlog.processors.JSONRenderer(sort_keys=False)
-_CONSOLE = structlog.dev.ConsoleRenderer(colors=False, timestamp_key="time")
-# What every LogRecord has; anything else on a record came as `extra` (as structlog's ExtraAdder decides).
-_RECORD_KEYS = frozenset(logging.LogRecord("name", 0, "pathname", 0, "msg", (), None).__dict__) | {"message", "asctime"}
-_QUOTED_IF = frozenset(" \t=\"\r\n'")  # a text value holding one of these is written as a Python literal
-_LEVEL_WIDTH = 9  # the longest level name ("exception"), as ConsoleRenderer pads it
-_EVENT_WIDTH = 30
-
-
-class LineFormatter(logging.Formatter):
-    """One line per record with the fields and layout of the structlog chain (`_structlog_formatter`), built
-    directly for a plain record: most lines (uvicorn's access log first) skip the record copy, the processor chain
-    and the console renderer's column objects, and the time's date and seconds are formatted once per second. A
-    record with a traceback or stack goes through structlog."""
-
-    def __init__(self, log_format: LogFormat) -> None:
-        super().__init__()
-        self.json = log_format == "json"
-        self._structlog = _structlog_formatter(log_format)
-        self._second: tuple[int, str] = (-1, "")
-
-    def format(self, record: logging.LogRecord) -> str:
-        if record.exc_info or record.exc_text or record.stack_info or not isinstance(record.msg, str):
-            return self._structlog.format(record)
-        fields = self.fields(record)
-        if self.json:
-            fields["message"] = fields.pop("event")
-            return str(_JSON(None, "", fields))
-        return _text_line(fields)
-
-    def fields(self, record: logging.LogRecord) -> dict[str, Any]:
-        """What `_shared_processors` make of `record`, in the same order."""
-        fields: dict[str, Any] = {"event": record.getMessage()}
-        for key, value in structlog.contextvars.get_contextvars().items():
-            fields.setdefault(key, value)
-        fields["logger"] = record.name
-        fields["level"] = record.levelname.lower()
-        for key, value in record.__dict__.items():
-            if key not in _RECORD_KEYS and key != "color_message":
-                fields[key] = value
-        args = record.args
-        if record.name == "uvicorn.access" and isinstance(args, tuple) and len(args) == 5:
-            client, method, path, http_version, status = args
-            fields.update(client=client, method=method, path=path, http_version=http_version, status=status)
-        fields["time"] = self._iso_time(record.created)
-        return fields
-
-    def _iso_time(self, created: float) -> str:
-        second = int(created)
-        cached, prefix = self._second
-        if cached != second:
-            prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
-            self._second = (second, prefix)
-        return f"{prefix}.{int((created - second) * 1_000_000):06d}Z"
-
-
-_MISSING = object()
-
-
-def _console_value(value: Any) -> str:
-    value = escape_control_characters_in(value)
-    if isinstance(value, str) and not _QUOTED_IF.intersection(value):
-        return value
-    return repr(value)
-
-
-def _text_line(fields: dict[str, Any]) -> str:
-    """ConsoleRenderer(colors=False)'s line for `fields` (time, [level], event, [logger], sorted key=value), every
-    unsafe character escaped first (as `escape_control_characters` does)."""
-    parts: list[str] = []
-    for key, layout in _COLUMNS:
-        if (value := fields.pop(key, _MISSING)) is not _MISSING:
-            parts.append(layout.format(str(escape_control_characters_in(value))))
-    parts.extend(f"{key}={_console_value(fields[key])}" for key in sorted(fields))
-    return " ".join(part for part in parts if part).rstrip(" ")
-
-
-_COLUMNS = (
-    ("time", "{}"),
-    ("level", f"[{{:<{_LEVEL_WIDTH}}}]"),
-    ("event", f"{{:<{_EVENT_WIDTH}}}"),
-    ("logger", "[{}]"),
-    ("logger_name", "[{}]"),
-)
-
-
-def formatter(log_format: LogFormat) -> logging.Formatter:
-    """The formatter of every log line in `log_format`."""
-    return LineFormatter(log_format)
 
 
 def configure(
