@@ -105,16 +105,7 @@ async def rotate_grants(
         found = await store.grants.not_under(key_id, after=after, limit=limit)
         return [Sealed(g.id, g.token_key_id, g.token_ciphertext, aad_of(g)) for g in found]
 
-    async def swap(row: Sealed, key_id: str, blob: bytes, tx: Tx) -> bool:
-        return await store.grants.swap_ciphertext(
-            row.id,
-            old_key_id=row.key_id,
-            old_ciphertext=row.ciphertext,
-            new_key_id=key_id,
-            new_ciphertext=blob,
-            conn=tx,
-        )
-
+    swap = _swapping(store.grants.swap_ciphertext)
     return await _rotate(store, vault, pick, swap, batch_size=batch_size, pause=pause, progress=progress)
 
 
@@ -133,8 +124,15 @@ async def rotate_webhook_secrets(
         found = await store.webhooks.secrets_not_under(key_id, after=after, limit=limit)
         return [Sealed(e.id, e.secret_key_id, e.secret_ciphertext, secret_aad(e.id, e.tenant)) for e in found]
 
+    swap = _swapping(store.webhooks.swap_secret)
+    return await _rotate(store, vault, pick, swap, batch_size=batch_size, pause=pause, progress=progress)
+
+
+def _swapping(replace: Callable[..., Awaitable[bool]]) -> Swap:
+    """A `Swap` over a store's conditional replace of one row's ciphertext (grants and webhook secrets alike)."""
+
     async def swap(row: Sealed, key_id: str, blob: bytes, tx: Tx) -> bool:
-        return await store.webhooks.swap_secret(
+        return await replace(
             row.id,
             old_key_id=row.key_id,
             old_ciphertext=row.ciphertext,
@@ -143,7 +141,7 @@ async def rotate_webhook_secrets(
             conn=tx,
         )
 
-    return await _rotate(store, vault, pick, swap, batch_size=batch_size, pause=pause, progress=progress)
+    return swap
 
 
 async def _rotate(
