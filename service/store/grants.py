@@ -18,6 +18,7 @@ from service.core.identity import Identity
 from service.core.records import GrantRecord
 
 from .engine import Database, dump_json, load_json
+from .sealed import swap_sealed
 from .tables import grants
 
 # How long a replica waits for another one's refresh of the same grant (longer than a provider call may take).
@@ -195,18 +196,15 @@ class GrantRepository:
     ) -> bool:
         """Put the same tokens under another key, if the row still holds `old_*` (a refresh elsewhere may have
         stored new tokens meanwhile: then nothing changes and the answer is False). `updated_at` is kept."""
-        statement = (
-            update(grants)
-            .where(
-                grants.c.id == id,
-                grants.c.token_key_id == old_key_id,
-                grants.c.token_ciphertext == old_ciphertext,
-            )
-            .values(token_key_id=new_key_id, token_ciphertext=new_ciphertext)
+        return await swap_sealed(
+            self._db,
+            grants.c.token_key_id,
+            grants.c.token_ciphertext,
+            id,
+            old=(old_key_id, old_ciphertext),
+            new=(new_key_id, new_ciphertext),
+            conn=conn,
         )
-        async with self._db.write(conn) as c:
-            result = await c.execute(statement)
-        return result.rowcount == 1
 
     async def delete(self, id: str, conn: AsyncConnection | None = None) -> bool:
         """Delete the grant; True when it existed."""

@@ -20,6 +20,7 @@ from service.core.records import AttemptRecord, WebhookDeliveryRecord, WebhookEn
 from service.core.states import DeliveryStatus
 
 from .engine import Database
+from .sealed import swap_sealed
 from .tables import webhook_attempts, webhook_cursor, webhook_deliveries, webhook_endpoints
 
 CURSOR_ROW = 1
@@ -98,17 +99,15 @@ class WebhookRepository:
         conn: AsyncConnection | None = None,
     ) -> bool:
         """Replace an endpoint's encrypted secret if it still holds what was read (key rotation)."""
-        statement = (
-            update(webhook_endpoints)
-            .where(
-                webhook_endpoints.c.id == id,
-                webhook_endpoints.c.secret_key_id == old_key_id,
-                webhook_endpoints.c.secret_ciphertext == old_ciphertext,
-            )
-            .values(secret_key_id=new_key_id, secret_ciphertext=new_ciphertext)
+        return await swap_sealed(
+            self._db,
+            webhook_endpoints.c.secret_key_id,
+            webhook_endpoints.c.secret_ciphertext,
+            id,
+            old=(old_key_id, old_ciphertext),
+            new=(new_key_id, new_ciphertext),
+            conn=conn,
         )
-        async with self._db.write(conn) as c:
-            return (await c.execute(statement)).rowcount > 0
 
     # -- fan-out --------------------------------------------------------------------------------------------
     async def cursor(self, conn: AsyncConnection | None = None) -> int:
