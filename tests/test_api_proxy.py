@@ -131,6 +131,26 @@ async def test_headers_the_provider_must_not_see_are_stripped(
     assert key not in json.dumps(dict(sent.headers))
 
 
+async def test_a_cookie_the_provider_sets_is_not_sent_on_later_requests(
+    deployment: Deployment, respx_router: respx.MockRouter
+) -> None:
+    """The provider's client is shared by every user: a cookie set in answer to one user's call must not ride on
+    the next call, whoever makes it (nor on a token request)."""
+    cookies: list[str | None] = []
+
+    def session(request: httpx.Request) -> httpx.Response:
+        cookies.append(request.headers.get("cookie"))
+        return httpx.Response(200, json={"ok": True}, headers={"Set-Cookie": "provider_session=user-a; Path=/"})
+
+    respx_router.route(host="github.mock-provider.test", path="/api/session").mock(side_effect=session)
+    key = await authorized_key(deployment)
+    async with api_client(deployment.base_url, key) as api:
+        for _ in range(3):
+            response = await api.get("/v1/proxy/github/session", headers=user_headers(deployment.local_user))
+            assert response.status_code == 200 and "set-cookie" not in response.headers
+    assert cookies == [None, None, None]
+
+
 async def test_refusals_before_anything_is_sent(deployment: Deployment) -> None:
     store = deployment.connector.runtime.store
     key = await make_key(store)

@@ -54,7 +54,7 @@ class Received:
 @dataclass
 class Receiver:
     """A webhook receiver on real uvicorn: records every request; `script(n)` chooses the n-th answer per id
-    ("ok", "fail" = 500, "hang" = never answers, "redirect" = 307 elsewhere)."""
+    ("ok", "fail" = 500, "hang" = never answers, "redirect" = 307 elsewhere, "cookie" = ok with a Set-Cookie)."""
 
     script: Callable[[int], str] = lambda n: "ok"
     requests: list[Received] = field(default_factory=list)
@@ -87,6 +87,8 @@ class Receiver:
                 return Response("no", 500)
             if action == "redirect":
                 return Response(status_code=307, headers={"location": "/elsewhere"})
+            if action == "cookie":
+                return Response("ok", 200, headers={"set-cookie": "tenant_a_session=1; Path=/"})
             return Response("secret-looking answer body that is never stored", 200)
 
         async def elsewhere(request: Request) -> Response:
@@ -255,6 +257,19 @@ async def test_sender_refuses_private_addresses_after_resolution_and_follows_no_
             await lenient.aclose()
         assert (result.status_code, result.error, result.delivered) == (307, "redirect_not_followed", False)
         assert len(receiver.requests) == 1  # and /elsewhere was never asked for
+
+
+async def test_sender_keeps_no_cookie_from_one_endpoint_for_the_next_delivery() -> None:
+    """One sender serves every tenant's endpoints: a cookie one endpoint sets must not ride on later deliveries
+    (another tenant's endpoint may live on the same host)."""
+    async with receiving(lambda n: "cookie") as receiver:
+        sender = HttpWebhookSender(timeout=2, allow_private=True)
+        try:
+            for webhook_id in ("1", "2"):
+                assert (await sender.send(receiver.url, {"Webhook-Id": webhook_id}, b"{}")).delivered
+        finally:
+            await sender.aclose()
+    assert [each.headers.get("cookie") for each in receiver.requests] == [None, None]
 
 
 BAD_REGISTRATIONS: list[tuple[dict[str, Any] | bytes, str]] = [

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Mapping
 
 import httpx
 
+from service.core.cookies import refusing_cookie_jar
 from service.core.events import ElicitationEvent, Event
 from service.core.records import AttemptResult
 from service.core.webhooks import WebhookDispatcher, address_allowed, url_problem
@@ -50,6 +51,7 @@ class HttpWebhookSender:
             follow_redirects=False,
             trust_env=False,
             limits=httpx.Limits(max_connections=50, max_keepalive_connections=10),
+            cookies=refusing_cookie_jar(),  # shared by every tenant's endpoints
         )
 
     async def aclose(self) -> None:

@@ -13,6 +13,8 @@ from typing import Any
 
 import httpx
 
+from ..core.cookies import refusing_cookie_jar
+
 # Options that configure a connection pool: the provider's pool is configured once, from `[providers]`.
 _POOL_OPTIONS = frozenset({"verify", "cert", "http1", "http2", "limits", "proxy", "mounts", "trust_env"})
 
@@ -64,7 +66,8 @@ class ProviderHttp:
         client = self._clients.get(name)
         if client is None:
             pool = httpx.AsyncHTTPTransport(limits=self.settings.limits)
-            client = httpx.AsyncClient(transport=pool, timeout=self.settings.timeout)
+            # Shared by every user of the provider: it keeps no cookies (`refusing_cookie_jar`).
+            client = httpx.AsyncClient(transport=pool, timeout=self.settings.timeout, cookies=refusing_cookie_jar())
             self._pools[name] = pool
             self._clients[name] = client
             self.clients_created += 1
