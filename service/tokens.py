@@ -8,6 +8,7 @@ this process or, with a bus that crosses processes, from any other sharing the d
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import OrderedDict
 from collections.abc import AsyncGenerator, Callable, Sequence
@@ -240,6 +241,13 @@ class TokenAccess:
         return deleted
 
 
+@functools.lru_cache(maxsize=64)
+def api_origin(api_base_url: str) -> httpx.URL:
+    """A provider's API base URL, parsed once (httpx.URL is immutable): every request that carries a token is
+    checked against it."""
+    return httpx.URL(api_base_url)
+
+
 class GrantAuth(httpx.Auth):
     """httpx auth that adds the grant's bearer token, only for the provider's API host, and retries once on 401."""
 
@@ -252,7 +260,7 @@ class GrantAuth(httpx.Auth):
                 f"{provider.display_name} has no api_base_url (provider '{provider.name}')",
                 code="provider_misconfigured",
             )
-        self._origin = httpx.URL(provider.api_base_url)
+        self._origin = api_origin(provider.api_base_url)
 
     def _check_destination(self, url: httpx.URL) -> None:
         if (url.scheme, url.host, url.port) != (self._origin.scheme, self._origin.host, self._origin.port):

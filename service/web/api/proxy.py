@@ -26,7 +26,7 @@ from service.core.agent_api import AgentApi
 from service.core.errors import ConnectorError, FlowRefused, NotAuthorized
 from service.core.identity import Identity
 from service.oauth import ProviderGateway
-from service.tokens import GrantAuth, TokenAccess
+from service.tokens import GrantAuth, TokenAccess, api_origin
 
 from ..inputs import invalid, read_body
 from .io import caller
@@ -61,8 +61,8 @@ SMALL_RESPONSE_BYTES = 64 * 1024
 
 @functools.lru_cache(maxsize=64)
 def _api_base(base: str) -> tuple[httpx.URL, str]:
-    """The provider's API base parsed once (httpx.URL is immutable), and its path as a prefix ending in "/"."""
-    origin = httpx.URL(base)
+    """The provider's API base parsed once, and its path as a prefix ending in "/"."""
+    origin = api_origin(base)
     return origin, origin.raw_path.decode("ascii").rstrip("/") + "/"
 
 
