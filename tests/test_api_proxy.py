@@ -100,7 +100,13 @@ async def test_headers_the_provider_must_not_see_are_stripped(
         return httpx.Response(
             200,
             json={"ok": True},
-            headers={"Set-Cookie": "provider=1", "Connection": "close, X-Hop", "X-Hop": "1", "X-Kept": "yes"},
+            headers={
+                "Set-Cookie": "provider=1",
+                "Connection": "close, X-Hop",
+                "X-Hop": "1",
+                "X-Kept": "yes",
+                "Date": "Mon, 01 Jan 2024 00:00:00 GMT",
+            },
         )
 
     respx_router.route(host="github.mock-provider.test", path="/api/echo").mock(side_effect=echo)
@@ -121,6 +127,8 @@ async def test_headers_the_provider_must_not_see_are_stripped(
         )
     assert response.status_code == 200 and response.headers["x-kept"] == "yes"
     assert "set-cookie" not in response.headers and "x-hop" not in response.headers
+    (date,) = response.headers.get_list("date")  # the sidecar's own: one Date field, not two
+    assert not date.startswith("Mon, 01 Jan 2024")
     (sent,) = seen
     assert sent.url.host == "github.mock-provider.test" and sent.url.raw_path == b"/api/echo?x=1&y=%2F"
     assert sent.content == b'{"hello": "world"}'

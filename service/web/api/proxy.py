@@ -52,7 +52,8 @@ HOP_BY_HOP = frozenset(
     }
 )
 NOT_FORWARDED = HOP_BY_HOP | {"authorization", "cookie", "content-length", "expect"}
-NOT_RETURNED = HOP_BY_HOP | {"set-cookie", "www-authenticate"}
+# The server writes its own Date on every response; a second one would make the field invalid (RFC 9110 5.3, 6.6.1).
+NOT_RETURNED = HOP_BY_HOP | {"set-cookie", "www-authenticate", "date"}
 _UNSAFE_PATH = re.compile(r"(^|/)\.\.?(/|$)|\\|[\x00-\x1f\x7f]")
 # A response that declares at most this many bytes is read whole and sent as one body: streaming it would cost a
 # task (and a task group) per response, more than the whole of a small API answer.
