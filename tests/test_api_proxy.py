@@ -159,6 +159,32 @@ async def test_a_cookie_the_provider_sets_is_not_sent_on_later_requests(
     assert cookies == [None, None, None]
 
 
+async def test_the_agent_request_is_relayed_without_client_defaults(
+    deployment: Deployment, respx_router: respx.MockRouter
+) -> None:
+    """What the provider gets is the agent's request: an agent that asked for no compression (curl) gets none, as
+    the sidecar's HTTP client would otherwise ask for gzip on its behalf; a request without User-Agent gets the
+    sidecar's (GitHub refuses requests without one)."""
+    seen: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json={"ok": True})
+
+    respx_router.route(host="github.mock-provider.test", path="/api/plain").mock(side_effect=answer)
+    key = await authorized_key(deployment)
+    async with api_client(deployment.base_url, key) as api:
+        for name in ("accept-encoding", "accept", "user-agent"):
+            del api.headers[name]
+        assert (await api.get("/v1/proxy/github/plain", headers=user_headers(deployment.local_user))).is_success
+        gzip_ok = {**user_headers(deployment.local_user), "Accept-Encoding": "gzip", "User-Agent": "my-agent/1"}
+        assert (await api.get("/v1/proxy/github/plain", headers=gzip_ok)).is_success
+    bare, asked = seen
+    assert "accept-encoding" not in bare.headers and "accept" not in bare.headers
+    assert bare.headers["user-agent"].startswith("acp-connector/")
+    assert (asked.headers["accept-encoding"], asked.headers["user-agent"]) == ("gzip", "my-agent/1")
+
+
 async def test_refusals_before_anything_is_sent(deployment: Deployment) -> None:
     store = deployment.connector.runtime.store
     key = await make_key(store)

@@ -91,6 +91,30 @@ class ProviderHttp:
         kwargs.setdefault("timeout", self.settings.timeout)
         return httpx.AsyncClient(base_url=base_url, auth=auth, transport=transport, **kwargs)
 
+    async def send_bare(self, name: str, request: httpx.Request, auth: httpx.Auth) -> httpx.Response:
+        """`request` as it is, on the provider's pool through `auth`'s flow, without the client layer (the token
+        proxy relays the agent's request): no client default headers, no cookie jar, no redirect followed. The
+        response streams: read or close it."""
+        self.client(name)
+        pool = self._pools[name]
+        flow = auth.async_auth_flow(request)
+        try:
+            request = await flow.__anext__()
+            while True:
+                response = await pool.handle_async_request(request)
+                response.request = request
+                try:
+                    try:
+                        request = await flow.asend(response)
+                    except StopAsyncIteration:
+                        return response
+                    await response.aread()  # the answer the flow will not return (a 401 before a retry)
+                except BaseException:
+                    await response.aclose()
+                    raise
+        finally:
+            await flow.aclose()
+
     async def aclose(self) -> None:
         clients, self._clients, self._pools = list(self._clients.values()), {}, {}
         for client in clients:

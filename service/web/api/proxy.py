@@ -27,6 +27,7 @@ from service.core.errors import ConnectorError, FlowRefused, NotAuthorized
 from service.core.identity import Identity
 from service.oauth import ProviderGateway
 from service.tokens import GrantAuth, TokenAccess, api_origin
+from service.version import __version__
 
 from ..inputs import invalid, read_body
 from .io import caller
@@ -36,6 +37,7 @@ log = logging.getLogger("service.web")
 PREFIX = "/v1/proxy/"
 USER_ISSUER = "connector-user-issuer"
 USER_SUBJECT = "connector-user-subject"
+USER_AGENT = f"acp-connector/{__version__}"
 # RFC 9110 section 7.6.1, and what only this hop may see.
 HOP_BY_HOP = frozenset(
     {
@@ -93,6 +95,7 @@ class ProxyRoute:
         self.tokens = tokens
         self.providers = providers
         self.settings = settings
+        self._timeout = httpx.Timeout(settings.proxy_timeout_seconds).as_dict()
 
     async def handle(self, request: Request) -> Response:
         key = await caller(request, self.api)
@@ -120,18 +123,18 @@ class ProxyRoute:
             for name, value in request.headers.items()
             if name not in NOT_FORWARDED and not name.startswith("connector-") and name not in listed
         ]
+        if "user-agent" not in request.headers:
+            headers.append(("user-agent", USER_AGENT))  # some APIs (GitHub's) refuse a request without one
         content = await self._body(request)
-        # The provider's long-lived pool (redirects are not followed: the agent gets the provider's own answer).
-        http = self.providers.http.client(provider.name)
-        upstream = http.build_request(
-            request.method,
-            url,
-            headers=headers,
-            content=content,
-            timeout=httpx.Timeout(self.settings.proxy_timeout_seconds),
+        # The agent's request as it is (no client defaults such as Accept-Encoding are added), on the provider's
+        # long-lived pool; redirects are not followed: the agent gets the provider's own answer.
+        upstream = httpx.Request(
+            request.method, url, headers=headers, content=content, extensions={"timeout": self._timeout}
         )
         try:
-            response = await http.send(upstream, auth=GrantAuth(self.tokens, grant.id, provider), stream=True)
+            response = await self.providers.http.send_bare(
+                provider.name, upstream, GrantAuth(self.tokens, grant.id, provider)
+            )
         except NotAuthorized:
             raise FlowRefused("grant_unusable") from None
         except httpx.TimeoutException:
