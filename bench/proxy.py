@@ -6,7 +6,10 @@ and the measuring client (this process, httpx with keep-alive). Side by side in 
               in blocks; the goal is an added p50 under 2 ms
   throughput  large downloads (default 3 x 200 MiB): MiB/s direct and through the proxy; the goal is >= 0.5x
 
-    .venv/bin/python bench/proxy.py [--calls 1000] [--mib 200] [--rounds 3]
+The sidecar logs in JSON, as the Dockerfile and docker-compose.yml configure it (`--log-format text` for the text
+lines `make run` writes; each request writes an access-log line either way).
+
+    .venv/bin/python bench/proxy.py [--calls 1000] [--mib 200] [--rounds 3] [--log-format json|text]
 """
 
 from __future__ import annotations
@@ -153,7 +156,7 @@ async def throughput(client: httpx.AsyncClient, url: str, mib: int, rounds: int,
     return best
 
 
-async def main(calls: int, mib: int, rounds: int) -> None:
+async def main(calls: int, mib: int, rounds: int, log_format: str) -> None:
     from service.vault import generate_key
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -175,7 +178,7 @@ async def main(calls: int, mib: int, rounds: int) -> None:
             "CONNECTOR_PROVIDERS__CATALOG": str(catalog),
             "CONNECTOR_PROVIDER_BENCH_CLIENT_ID": "bench",
             "CONNECTOR_PROVIDER_BENCH_CLIENT_SECRET": "bench-secret",
-            "CONNECTOR_LOG_FORMAT": "text",
+            "CONNECTOR_LOG_FORMAT": log_format,
         }
         api_key = await seed(db_url, vault_key)
         log = open(Path(tmp) / "processes.log", "wb")  # noqa: ASYNC230 - closed below
@@ -222,6 +225,7 @@ async def main(calls: int, mib: int, rounds: int) -> None:
     print(f"machine: {platform.machine()} {platform.system()} {os.cpu_count()} CPU, Python {platform.python_version()}")
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"date: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; load average at the end {load}")
+    print(f"sidecar log format: {log_format}")
     print(f"latency, {calls} sequential small GETs per route, interleaved in blocks of {BLOCK} (ms): p50 / p99")
     print(f"  direct   {statistics.median(direct):7.2f} / {percentile(direct, 0.99):7.2f}")
     print(f"  proxy    {statistics.median(proxied):7.2f} / {percentile(proxied, 0.99):7.2f}")
@@ -248,9 +252,10 @@ if __name__ == "__main__":
     parser.add_argument("--calls", type=int, default=1000)
     parser.add_argument("--mib", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--log-format", choices=("json", "text"), default="json")
     parser.add_argument("--upstream", type=int, help=argparse.SUPPRESS)
     options = parser.parse_args()
     if options.upstream:
         serve_upstream(options.upstream)
     else:
-        asyncio.run(main(options.calls, options.mib, options.rounds))
+        asyncio.run(main(options.calls, options.mib, options.rounds, options.log_format))
