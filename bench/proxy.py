@@ -6,10 +6,14 @@ and the measuring client (this process, httpx with keep-alive). Side by side in 
               in blocks; the goal is an added p50 under 2 ms
   throughput  large downloads (default 3 x 200 MiB): MiB/s direct and through the proxy; the goal is >= 0.5x
 
+`--compare-with CHECKOUT` adds the sidecar of another checkout of this repository (say, a worktree of main) as a
+third route, interleaved with the other two: a before/after comparison in one run, on one machine state.
+
 The sidecar logs in JSON, as the Dockerfile and docker-compose.yml configure it (`--log-format text` for the text
 lines `make run` writes; each request writes an access-log line either way).
 
     .venv/bin/python bench/proxy.py [--calls 1000] [--mib 200] [--rounds 3] [--log-format json|text]
+        [--compare-with CHECKOUT]
 """
 
 from __future__ import annotations
@@ -156,11 +160,14 @@ async def throughput(client: httpx.AsyncClient, url: str, mib: int, rounds: int,
     return best
 
 
-async def main(calls: int, mib: int, rounds: int, log_format: str) -> None:
+async def main(calls: int, mib: int, rounds: int, log_format: str, compare_with: Path | None) -> None:
     from service.vault import generate_key
 
+    # The sidecars: this checkout's, and another checkout's when comparing (both on the same database and API).
+    checkouts = {"proxy": ROOT, **({"other": compare_with} if compare_with else {})}
     with tempfile.TemporaryDirectory() as tmp:
-        up_port, sidecar_port = free_port(), free_port()
+        up_port = free_port()
+        ports = {name: free_port() for name in checkouts}
         upstream = f"http://127.0.0.1:{up_port}"
         catalog = Path(tmp) / "providers.toml"
         catalog.write_text(
@@ -169,74 +176,76 @@ async def main(calls: int, mib: int, rounds: int, log_format: str) -> None:
         )
         vault_key = generate_key("k1")
         db_url = f"sqlite+aiosqlite:///{tmp}/bench.db"
-        env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith("CONNECTOR_")},
-            "CONNECTOR_PUBLIC_BASE_URL": f"http://127.0.0.1:{sidecar_port}",
-            "CONNECTOR_SERVER__PORT": str(sidecar_port),
-            "CONNECTOR_DATABASE__URL": db_url,
-            "CONNECTOR_VAULT__KEYS": vault_key,
-            "CONNECTOR_PROVIDERS__CATALOG": str(catalog),
-            "CONNECTOR_PROVIDER_BENCH_CLIENT_ID": "bench",
-            "CONNECTOR_PROVIDER_BENCH_CLIENT_SECRET": "bench-secret",
-            "CONNECTOR_LOG_FORMAT": log_format,
-        }
         api_key = await seed(db_url, vault_key)
         log = open(Path(tmp) / "processes.log", "wb")  # noqa: ASYNC230 - closed below
-        processes = [
-            await asyncio.create_subprocess_exec(
+        processes = {
+            "upstream": await asyncio.create_subprocess_exec(
                 sys.executable, __file__, "--upstream", str(up_port), stdout=log, stderr=log
-            ),
-            await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "service.cli", "serve", env=env, cwd=ROOT, stdout=log, stderr=log
-            ),
-        ]
+            )
+        }
+        for name, checkout in checkouts.items():
+            env = {
+                **{k: v for k, v in os.environ.items() if not k.startswith("CONNECTOR_")},
+                "CONNECTOR_PUBLIC_BASE_URL": f"http://127.0.0.1:{ports[name]}",
+                "CONNECTOR_SERVER__PORT": str(ports[name]),
+                "CONNECTOR_DATABASE__URL": db_url,
+                "CONNECTOR_VAULT__KEYS": vault_key,
+                "CONNECTOR_PROVIDERS__CATALOG": str(catalog),
+                "CONNECTOR_PROVIDER_BENCH_CLIENT_ID": "bench",
+                "CONNECTOR_PROVIDER_BENCH_CLIENT_SECRET": "bench-secret",
+                "CONNECTOR_LOG_FORMAT": log_format,
+            }
+            # `-m service.cli` from the checkout's directory runs that checkout's code.
+            processes[name] = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "service.cli", "serve", env=env, cwd=checkout, stdout=log, stderr=log
+            )
         try:
             await wait_up(f"{upstream}/api/small")
-            await wait_up(f"http://127.0.0.1:{sidecar_port}/healthz")
+            for port in ports.values():
+                await wait_up(f"http://127.0.0.1:{port}/healthz")
             direct_headers = {"Authorization": f"Bearer {TOKEN}"}
             proxy_headers = {
                 "Authorization": f"Bearer {api_key}",
                 "Connector-User-Issuer": "https://login.example.com",
                 "Connector-User-Subject": "bench-user",
             }
-            direct_base, proxy_base = f"{upstream}/api", f"http://127.0.0.1:{sidecar_port}/v1/proxy/bench"
-            pids = {"client": os.getpid(), "sidecar": processes[1].pid, "upstream": processes[0].pid}
+            bases = {"direct": f"{upstream}/api"}
+            bases.update({name: f"http://127.0.0.1:{port}/v1/proxy/bench" for name, port in ports.items()})
+            headers = {name: direct_headers if name == "direct" else proxy_headers for name in bases}
+            pids = {"client": os.getpid(), **{name: process.pid for name, process in processes.items()}}
             async with httpx.AsyncClient(timeout=120) as client:
-                measured = await latencies(
-                    client,
-                    {
-                        "direct": (f"{direct_base}/small", direct_headers),
-                        "proxy": (f"{proxy_base}/small", proxy_headers),
-                    },
-                    calls,
-                    pids,
-                )
-                (direct, direct_cpu), (proxied, proxy_cpu) = measured["direct"], measured["proxy"]
-                direct_rate = await throughput(client, f"{direct_base}/big", mib, rounds, direct_headers)
-                proxy_rate = await throughput(client, f"{proxy_base}/big", mib, rounds, proxy_headers)
+                routes = {name: (f"{base}/small", headers[name]) for name, base in bases.items()}
+                measured = await latencies(client, routes, calls, pids)
+                rates = {
+                    name: await throughput(client, f"{base}/big", mib, rounds, headers[name])
+                    for name, base in bases.items()
+                }
         finally:
-            for process in processes:
+            for process in processes.values():
                 process.terminate()
                 await process.wait()
             log.close()
 
-    added_p50 = statistics.median(proxied) - statistics.median(direct)
-    ratio = proxy_rate / direct_rate
+    direct_p50 = statistics.median(measured["direct"][0])
     print(f"machine: {platform.machine()} {platform.system()} {os.cpu_count()} CPU, Python {platform.python_version()}")
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"date: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC; load average at the end {load}")
-    print(f"sidecar log format: {log_format}")
+    print(f"sidecar log format: {log_format}" + (f"; other = the sidecar of {compare_with}" if compare_with else ""))
     print(f"latency, {calls} sequential small GETs per route, interleaved in blocks of {BLOCK} (ms): p50 / p99")
-    print(f"  direct   {statistics.median(direct):7.2f} / {percentile(direct, 0.99):7.2f}")
-    print(f"  proxy    {statistics.median(proxied):7.2f} / {percentile(proxied, 0.99):7.2f}")
-    print(f"  added p50: {added_p50:.2f} ms (goal < 2 ms): {'met' if added_p50 < 2 else 'NOT met'}")
+    for name, (samples, _) in measured.items():
+        print(f"  {name:8s} {statistics.median(samples):7.2f} / {percentile(samples, 0.99):7.2f}")
+    for name in checkouts:
+        added = statistics.median(measured[name][0]) - direct_p50
+        print(f"  {name} added p50: {added:.2f} ms (goal < 2 ms): {'met' if added < 2 else 'NOT met'}")
     print("CPU per small GET (ms, /proc/<pid>/stat; steadier than wall time on a shared machine)")
-    for name, cpu in (("direct", direct_cpu), ("proxy", proxy_cpu)):
+    for name, (_, cpu) in measured.items():
         print(f"  {name:8s} " + ", ".join(f"{process} {ms:.2f}" for process, ms in cpu.items()))
     print(f"throughput, best of {rounds} x {mib} MiB (MiB/s)")
-    print(f"  direct   {direct_rate:8.1f}")
-    print(f"  proxy    {proxy_rate:8.1f}")
-    print(f"  ratio: {ratio:.2f}x (goal >= 0.5x): {'met' if ratio >= 0.5 else 'NOT met'}")
+    for name, rate in rates.items():
+        print(f"  {name:8s} {rate:8.1f}")
+    for name in checkouts:
+        ratio = rates[name] / rates["direct"]
+        print(f"  {name} ratio: {ratio:.2f}x (goal >= 0.5x): {'met' if ratio >= 0.5 else 'NOT met'}")
 
 
 def serve_upstream(port: int) -> None:
@@ -253,9 +262,12 @@ if __name__ == "__main__":
     parser.add_argument("--mib", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--log-format", choices=("json", "text"), default="json")
+    parser.add_argument(
+        "--compare-with", type=Path, metavar="CHECKOUT", help="also run another checkout's sidecar, interleaved"
+    )
     parser.add_argument("--upstream", type=int, help=argparse.SUPPRESS)
     options = parser.parse_args()
     if options.upstream:
         serve_upstream(options.upstream)
     else:
-        asyncio.run(main(options.calls, options.mib, options.rounds, options.log_format))
+        asyncio.run(main(options.calls, options.mib, options.rounds, options.log_format, options.compare_with))
