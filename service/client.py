@@ -25,7 +25,7 @@ from .acp.lifecycle import CompletionListener
 from .core.errors import ConnectorError
 from .core.identity import Identity
 from .core.lifecycle import AnswerKind, ClientAnswer, covers
-from .core.outcomes import NARROWED_BEFORE, AuthorizationOutcome, AuthorizationStatus, GrantInfo
+from .core.outcomes import NARROWED_BEFORE, AuthorizationOutcome, AuthorizationStatus, GrantInfo, StopCause
 from .core.scopes import SessionScope
 from .core.webhooks import WebhookVerificationError, verify_webhook
 
@@ -140,10 +140,13 @@ class SidecarLifecycle:
         return _outcome(end, None)
 
     async def cancel(
-        self, handle: SidecarElicitation, *, event: str, reason: str, detail: Mapping[str, object]
+        self, handle: SidecarElicitation, cause: StopCause, *, request_cancelled: bool | None = None
     ) -> bool:
+        body: dict[str, Any] = {"cause": cause.value}
+        if request_cancelled is not None:
+            body["requestCancelled"] = request_cancelled
         try:
-            await self._call("POST", f"/v1/elicitations/{handle.id}/cancel")
+            await self._call("POST", f"/v1/elicitations/{handle.id}/cancel", json=body)
         except SidecarError as exc:
             if exc.code != "already_ended":
                 raise

@@ -317,6 +317,7 @@ async def test_session_cancel_sends_cancel_request_for_the_pending_create_only(d
         assert [c["params"] for c in cancels] == [{"requestId": session_request_id}]
         record = await deployment.elicitation(session_params["elicitationId"])
         assert record is not None and record.status is ElicitationStatus.CANCELLED
+        assert record.failure_reason == "the client cancelled the session's work"  # the cause, on both faces
         # The client answered the cancelled request with -32800, which changed nothing.
         assert any(
             m.get("id") == session_request_id and m.get("error", {}).get("code") == -32800 for m in client.sent()
@@ -333,6 +334,33 @@ async def test_session_cancel_sends_cancel_request_for_the_pending_create_only(d
         assert agent.outcomes == []  # the cancelled work never resumed
         unrelated.cancel()
         await asyncio.gather(unrelated, return_exceptions=True)
+
+
+async def test_a_client_gone_while_the_user_is_in_the_browser_is_stored_as_a_disconnect(
+    deployment: Deployment,
+) -> None:
+    """The client accepted, then went away before the browser finished: both faces store a disconnect (the
+    `disconnected` outcome, its own audit event), not the agent cancelling; the sidecar client says why."""
+    client = RawClient({"action": "accept"})
+    async with raw(deployment, client):
+        session = await client.new_session()
+        prompt = asyncio.create_task(client.prompt(session))
+        params = await client.next_create()
+        await eventually(
+            lambda: status_is(deployment, params["elicitationId"], ElicitationStatus.CONSENTED),
+            "the client's accept is recorded",
+        )
+        await client.close()
+        await eventually(
+            lambda: status_is(deployment, params["elicitationId"], ElicitationStatus.CANCELLED),
+            "the elicitation ends when its client goes away",
+        )
+        prompt.cancel()
+        await asyncio.gather(prompt, return_exceptions=True)
+    record = await deployment.elicitation(params["elicitationId"])
+    assert record is not None and record.failure_reason == "client_disconnected"
+    events = await deployment.store.audit.list(elicitation_id=record.id)
+    assert (events[-1].event, events[-1].detail.get("cause")) == ("client_disconnected", "client_disconnected")
 
 
 async def test_answer_first_then_cancel(deployment: Deployment) -> None:

@@ -27,16 +27,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from enum import StrEnum
 from typing import Any, Generic
 
 from service.core.identity import Identity
 from service.core.lifecycle import ClientAnswer
-from service.core.outcomes import (
-    CLIENT_DISCONNECTED,
-    AuthorizationOutcome,
-    AuthorizationStatus,
-)
+from service.core.outcomes import CLIENT_DISCONNECTED, AuthorizationOutcome, AuthorizationStatus, StopCause
 from service.core.scopes import ElicitationScope, SessionScope
 
 from .adapter import AgentConnection, SdkConnection
@@ -52,20 +47,6 @@ from .wire import serving
 INITIALIZE_WAIT_SECONDS = 10.0
 
 
-class StopCause(StrEnum):
-    """Why the work waiting on an elicitation stopped before it had an outcome."""
-
-    AGENT = "agent"  # the agent's own code: a timeout, a task cancellation
-    SESSION_CANCEL = "session_cancel"  # the client's session/cancel for the elicitation's session
-    CLIENT_CANCEL_REQUEST = "client_cancel_request"  # the client's $/cancel_request for the request being served
-    CLIENT_DISCONNECTED = CLIENT_DISCONNECTED
-
-    @property
-    def ends_the_work(self) -> bool:
-        """The client stopped the work: it ends without resuming (`idle`). After the agent's own stop it goes on."""
-        return self in (StopCause.SESSION_CANCEL, StopCause.CLIENT_CANCEL_REQUEST, StopCause.CLIENT_DISCONNECTED)
-
-
 def stop_cause(link: AcpLink, scope: ElicitationScope) -> StopCause:
     """Why the work waiting on an elicitation in `scope` on `link` was cancelled (ask inside the cancelled task)."""
     if link.closed:
@@ -76,14 +57,6 @@ def stop_cause(link: AcpLink, scope: ElicitationScope) -> StopCause:
     if isinstance(scope, SessionScope) and link.session_cancelled(scope.session_id):
         return StopCause.SESSION_CANCEL
     return StopCause.AGENT
-
-
-_STOP_REASONS = {
-    StopCause.AGENT: "the agent's work was cancelled",
-    StopCause.SESSION_CANCEL: "the client cancelled the session's work",
-    StopCause.CLIENT_CANCEL_REQUEST: "the client cancelled the request being served",
-    StopCause.CLIENT_DISCONNECTED: CLIENT_DISCONNECTED,
-}
 
 
 class AcpAuthorizer(Generic[H, E]):
@@ -218,12 +191,7 @@ class AcpAuthorizer(Generic[H, E]):
         work and no `elicitation/complete` is sent for it: the client was told to drop it.
         """
         withdrawn = await link.withdraw(handle.id)
-        await self.lifecycle.cancel(
-            handle,
-            event=CLIENT_DISCONNECTED if cause is StopCause.CLIENT_DISCONNECTED else "cancelled",
-            reason=_STOP_REASONS[cause],
-            detail={"cause": cause.value, "request_cancelled": withdrawn},
-        )
+        await self.lifecycle.cancel(handle, cause, request_cancelled=withdrawn)
 
     async def _browser_done(
         self, handle: H, ended: asyncio.Future[E | None], provider: str, display_name: str | None
@@ -234,8 +202,7 @@ class AcpAuthorizer(Generic[H, E]):
             return await self._delivered(await self.lifecycle.outcome_of_end(handle, end), handle)
         # The connection ended: nobody waits for the elicitation any more. A flow the user already took to the
         # provider still stores its grant; nothing is sent.
-        cause = {"cause": StopCause.CLIENT_DISCONNECTED.value}
-        if await self.lifecycle.cancel(handle, event=CLIENT_DISCONNECTED, reason=CLIENT_DISCONNECTED, detail=cause):
+        if await self.lifecycle.cancel(handle, StopCause.CLIENT_DISCONNECTED):
             return AuthorizationOutcome(
                 AuthorizationStatus.DISCONNECTED,
                 provider,

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
 
 from service.core.events import ElicitationEvent, Event
 from service.core.lifecycle import ClientAnswer, Elicitations
-from service.core.outcomes import AuthorizationOutcome
+from service.core.outcomes import AuthorizationOutcome, StopCause
 from service.core.ports import EventSource
 from service.core.records import ElicitationRecord
 from service.core.states import CompletionDelivery, ElicitationStatus
@@ -71,10 +71,10 @@ class EmbeddedLifecycle:
     async def outcome_of_end(self, handle: ElicitationRecord, end: ElicitationEvent) -> AuthorizationOutcome:
         return await self.elicitations.outcome_of_event(handle, end)
 
-    async def cancel(self, handle: ElicitationRecord, *, event: str, reason: str, detail: Mapping[str, object]) -> bool:
-        return await self.elicitations.finish(
-            handle, ElicitationStatus.CANCELLED, event, reason=reason, detail=detail, close_flows=False
-        )
+    async def cancel(
+        self, handle: ElicitationRecord, cause: StopCause, *, request_cancelled: bool | None = None
+    ) -> bool:
+        return await self.elicitations.cancel(handle, cause, request_cancelled=request_cancelled)
 
     async def current_outcome(self, handle: ElicitationRecord) -> AuthorizationOutcome:
         return await self.elicitations.outcome(await self.elicitations.get(handle.id) or handle)

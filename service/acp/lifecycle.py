@@ -13,14 +13,14 @@ needs to tell the outcome), or with None when the ACP side wakes the waiter beca
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from service.core.identity import Identity
 from service.core.lifecycle import ClientAnswer
-from service.core.outcomes import AuthorizationOutcome
+from service.core.outcomes import AuthorizationOutcome, StopCause
 from service.core.scopes import ElicitationScope
 
 
@@ -91,9 +91,10 @@ class Lifecycle(Protocol[H, E]):
         """The outcome an ended elicitation's end tells."""
         ...
 
-    async def cancel(self, handle: H, *, event: str, reason: str, detail: Mapping[str, object]) -> bool:
-        """End an open elicitation as cancelled (a flow the user already took to the provider still stores its
-        grant); False when something else ended it first."""
+    async def cancel(self, handle: H, cause: StopCause, *, request_cancelled: bool | None = None) -> bool:
+        """End an open elicitation as cancelled for `cause` (`request_cancelled`: whether our outstanding
+        `elicitation/create` was withdrawn); a flow the user already took to the provider still stores its grant.
+        False when something else ended it first."""
         ...
 
     async def current_outcome(self, handle: H) -> AuthorizationOutcome:

@@ -21,11 +21,10 @@ from .errors import ConnectorError, FlowRefused
 from .handles import api_key_hash, new_id
 from .identity import Identity
 from .lifecycle import ClientAnswer, Elicitations
-from .outcomes import AuthorizationOutcome
+from .outcomes import AuthorizationOutcome, StopCause
 from .ports import ApiStore, EventSource, Tx
 from .records import ApiElicitationRecord, ApiKeyRecord, ElicitationRecord, GrantRecord
 from .scopes import ElicitationScope, RequestScope, SessionScope
-from .states import ElicitationStatus
 
 API_KEY_PREFIX = "acpk_"
 TENANT_PATTERN = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
@@ -243,20 +242,23 @@ class AgentApi:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(asyncio.shield(ended), timeout=max(0.0, min(left, until_expiry)))
 
-    async def cancel(self, caller: ApiKeyRecord, elicitation_id: str) -> tuple[ElicitationRecord, ApiElicitationRecord]:
-        """End an open elicitation as cancelled (the agent's work no longer needs it); `already_ended` else.
+    async def cancel(
+        self,
+        caller: ApiKeyRecord,
+        elicitation_id: str,
+        cause: StopCause = StopCause.AGENT,
+        *,
+        request_cancelled: bool | None = None,
+    ) -> tuple[ElicitationRecord, ApiElicitationRecord]:
+        """End an open elicitation as cancelled for `cause` (stored as on the embedded path: a client that
+        disconnected reads `disconnected`); `already_ended` else.
 
         As on the embedded path, a flow the user already started at the provider stays usable: a grant the user
         completes afterwards is stored, but the elicitation stays cancelled.
         """
         record, _owner = await self.find(caller, elicitation_id)
-        ended = record.status.terminal or not await self.elicitations.finish(
-            record,
-            ElicitationStatus.CANCELLED,
-            "cancelled",
-            reason="cancelled by the agent",
-            detail={"via": "api"},
-            close_flows=False,
+        ended = record.status.terminal or not await self.elicitations.cancel(
+            record, cause, request_cancelled=request_cancelled, via="api"
         )
         if ended:
             raise FlowRefused("already_ended")

@@ -25,6 +25,7 @@ from .outcomes import (
     AuthorizationOutcome,
     AuthorizationStatus,
     GrantInfo,
+    StopCause,
     refusal_message,
     refusal_reason,
     terminal_status,
@@ -333,6 +334,27 @@ class Elicitations:
             )
         self.ended(record, logged[0])
         return True
+
+    async def cancel(
+        self,
+        record: ElicitationRecord,
+        cause: StopCause,
+        *,
+        request_cancelled: bool | None = None,
+        via: str | None = None,
+    ) -> bool:
+        """End an open elicitation as cancelled for `cause` (stored as its reason, so a disconnect reads as one on
+        every face); `request_cancelled`: whether the agent withdrew its outstanding `elicitation/create`. A flow the
+        user already took to the provider still stores its grant; the elicitation stays cancelled. False when
+        something else ended it first."""
+        detail: dict[str, object] = {"cause": cause.value}
+        if request_cancelled is not None:
+            detail["request_cancelled"] = request_cancelled
+        if via is not None:
+            detail["via"] = via
+        return await self.finish(
+            record, ElicitationStatus.CANCELLED, cause.event, reason=cause.reason, detail=detail, close_flows=False
+        )
 
     async def expire_due(self, *, limit: int) -> int:
         """Expire up to `limit` open elicitations whose time is up (audited, logged, waiters told); how many."""

@@ -53,6 +53,39 @@ CLIENT_REFUSED = "client_refused"  # stored as "client_refused: <the client's me
 NARROWED_NOW = "refused at the provider"
 NARROWED_BEFORE = "refused at the provider when the grant was made; not asked again (ask_again=True asks again)"
 
+
+class StopCause(StrEnum):
+    """Why the work waiting on an elicitation stopped before it had an outcome: how its cancellation is stored
+    (`reason`, `event`), on the embedded path and through `/v1` alike."""
+
+    AGENT = "agent"  # the agent's own code: a timeout, a task cancellation
+    SESSION_CANCEL = "session_cancel"  # the client's session/cancel for the elicitation's session
+    CLIENT_CANCEL_REQUEST = "client_cancel_request"  # the client's $/cancel_request for the request being served
+    CLIENT_DISCONNECTED = CLIENT_DISCONNECTED
+
+    @property
+    def ends_the_work(self) -> bool:
+        """The client stopped the work: it ends without resuming (`idle`). After the agent's own stop it goes on."""
+        return self in (StopCause.SESSION_CANCEL, StopCause.CLIENT_CANCEL_REQUEST, StopCause.CLIENT_DISCONNECTED)
+
+    @property
+    def reason(self) -> str:
+        """The cancelled elicitation's `failure_reason` (`client_disconnected` tells the `disconnected` outcome)."""
+        return _STOP_REASONS[self]
+
+    @property
+    def event(self) -> str:
+        """The audit event of the cancellation."""
+        return CLIENT_DISCONNECTED if self is StopCause.CLIENT_DISCONNECTED else "cancelled"
+
+
+_STOP_REASONS = {
+    StopCause.AGENT: "the agent's work was cancelled",
+    StopCause.SESSION_CANCEL: "the client cancelled the session's work",
+    StopCause.CLIENT_CANCEL_REQUEST: "the client cancelled the request being served",
+    StopCause.CLIENT_DISCONNECTED: CLIENT_DISCONNECTED,
+}
+
 TERMINAL_OUTCOMES: dict[ElicitationStatus, AuthorizationStatus] = {
     ElicitationStatus.COMPLETED: AuthorizationStatus.AUTHORIZED,
     ElicitationStatus.DECLINED: AuthorizationStatus.DECLINED,

@@ -214,13 +214,16 @@ async def read_form(
     return check_fields(fields, rules, "form field")
 
 
-async def read_json_object(request: Request, limit: int = MAX_JSON_BODY) -> dict[str, Any]:
-    """The body as a JSON object of at most `limit` bytes, every string in it printable text.
+async def read_json_object(request: Request, limit: int = MAX_JSON_BODY, *, empty_ok: bool = False) -> dict[str, Any]:
+    """The body as a JSON object of at most `limit` bytes, every string in it printable text (`empty_ok`: no body
+    at all reads as `{}`).
 
     FlowRefused `body_too_large` over the limit, `bad_request` when it is not a JSON object, `invalid_input`
     when a string in it carries a control character or the nesting is deeper than MAX_JSON_DEPTH.
     """
     raw = await read_body(request, limit)
+    if empty_ok and not raw:
+        return {}
     try:
         body = json.loads(raw)
     except (ValueError, RecursionError):

@@ -22,11 +22,11 @@ async def caller(request: Request, api: AgentApi) -> ApiKeyRecord:
     return await api.authenticate(key.strip() if scheme.lower() == "bearer" else None)
 
 
-async def read_model(request: Request, model: type[M], limit: int) -> M:
+async def read_model(request: Request, model: type[M], limit: int, *, optional: bool = False) -> M:
     """The body as `model`: read and checked by the input layer (`bad_request` when it is not a JSON object,
     `invalid_input` for control characters or deep nesting), then `invalid_input` naming the first problem
     (an unknown field, a missing one, a wrong type) when it does not fit the model."""
-    data = await read_json_object(request, limit)
+    data = await read_json_object(request, limit, empty_ok=optional)
     try:
         return model.model_validate(data)
     except ValidationError as exc:

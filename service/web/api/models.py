@@ -96,6 +96,21 @@ class Answer(_Request):
         return self
 
 
+class Cancel(_Request):
+    """Why the agent cancels (optional: without a body, `agent`). Stored as on the embedded path, so that a client
+    that disconnected reads `disconnected` in the elicitation's outcome, events and audit."""
+
+    cause: Literal["agent", "session_cancel", "client_cancel_request", "client_disconnected"] = Field(
+        default="agent",
+        description="`agent`: the agent's own work stopped (a timeout, a task cancelled); `session_cancel`: the "
+        "client sent session/cancel; `client_cancel_request`: the client sent $/cancel_request for the request "
+        "being served; `client_disconnected`: the client's ACP connection closed.",
+    )
+    request_cancelled: bool | None = Field(
+        default=None, description="Whether the agent withdrew its outstanding elicitation/create ($/cancel_request)."
+    )
+
+
 class Grant(_Model):
     """What an agent may know about a grant: never a token."""
 

@@ -75,7 +75,7 @@ def _operation(op: Operation) -> dict[str, Any]:
         ]
     if op.body is not None:
         doc["requestBody"] = {
-            "required": True,
+            "required": op.body_required,
             "content": {"application/json": {"schema": {"$ref": REF.format(model=op.body.__name__)}}},
         }
     for status, model in sorted(op.responses.items()):

@@ -14,7 +14,7 @@ from service.core.agent_api import AgentApi, Created
 from service.core.errors import FlowRefused
 from service.core.identity import Identity
 from service.core.lifecycle import AnswerKind, ClientAnswer
-from service.core.outcomes import AuthorizationOutcome
+from service.core.outcomes import AuthorizationOutcome, StopCause
 from service.core.records import ApiElicitationRecord, ApiKeyRecord, ElicitationRecord, GrantRecord
 from service.core.scopes import ElicitationScope, RequestScope, SessionScope
 from service.tokens import TokenAccess
@@ -52,6 +52,7 @@ class Operation:
     endpoint: Endpoint
     summary: str
     body: type[BaseModel] | None = None
+    body_required: bool = True  # False: the body may be left out (its model's defaults apply)
     responses: dict[int, type[BaseModel] | None] = field(default_factory=dict)
     errors: Sequence[str] = ()
     params: Sequence[Param] = ()
@@ -190,8 +191,10 @@ class ElicitationRoutes:
     async def cancel(self, request: Request) -> Response:
         key = await caller(request, self.api)
         elicitation_id = request.path_params["elicitation_id"]
-        await _no_body(request)
-        record, owner = await self.api.cancel(key, elicitation_id)
+        body = await read_model(request, models.Cancel, self.max_body, optional=True)
+        record, owner = await self.api.cancel(
+            key, elicitation_id, StopCause(body.cause), request_cancelled=body.request_cancelled
+        )
         return answer(await self.state(record, owner))
 
     async def grants(self, request: Request) -> Response:
@@ -282,9 +285,11 @@ class ElicitationRoutes:
                 "POST",
                 "/v1/elicitations/{elicitation_id}/cancel",
                 self.cancel,
-                "Cancel an open elicitation (the agent's work no longer needs it)",
+                "Cancel an open elicitation (the agent's work no longer needs it), saying why (optional)",
+                body=models.Cancel,
+                body_required=False,
                 responses={200: models.ElicitationState},
-                errors=(*auth_errors, "unknown_elicitation", "already_ended", "body_too_large"),
+                errors=(*auth_errors, *body_errors, "unknown_elicitation", "already_ended"),
                 params=(eid,),
             ),
             Operation(
@@ -310,10 +315,3 @@ class ElicitationRoutes:
                 params=(Param("grant_id", "path", "The grant's id.", required=True),),
             ),
         ]
-
-
-async def _no_body(request: Request) -> None:
-    """Endpoints without a body read none, but refuse one that is sent (it would be ignored silently)."""
-    async for chunk in request.stream():
-        if chunk:
-            raise FlowRefused("body_too_large", detail={"limit": "0"})
