@@ -61,8 +61,7 @@ State = dict[str, Any]  # an elicitation's state as `GET /v1/elicitations/{id}` 
 class SidecarLifecycle:
     """`Lifecycle[SidecarElicitation, State]` over the `/v1` API: the sidecar keeps the elicitations and grants.
 
-    The waiting call is the only one here that learns of a completion, so it tells it itself (once); the sidecar
-    records no `unsupported_client` row (no route takes one).
+    The waiting call is the only one here that learns of a completion, so it tells it itself (once).
     """
 
     def __init__(self, call: Call) -> None:
@@ -77,7 +76,9 @@ class SidecarLifecycle:
         return self._settled(ask.provider, answer)
 
     async def unsupported(self, ask: AuthorizationAsk) -> None:
-        return None
+        """Have the sidecar record it (`urlMode: false` creates nothing): its audit log then reads as the embedded
+        connector's."""
+        await self._call("POST", "/v1/elicitations", json={**_create_body(ask, None), "urlMode": False})
 
     async def create(self, ask: AuthorizationAsk, connection_key: str) -> SidecarElicitation | AuthorizationOutcome:
         created = await self._call(

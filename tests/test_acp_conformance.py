@@ -128,6 +128,7 @@ async def test_capabilities_as_sent_on_the_wire(
     deployment: Deployment, version: int, elicitation: Any, advertised: bool
 ) -> None:
     client = RawClient({"action": "decline"})
+    audited_before = len(await deployment.store.audit.list(event="unsupported_client"))
     async with raw(deployment, client, version, elicitation) as agent:
         session = await client.new_session()
         await asyncio.wait_for(client.prompt(session), 10)
@@ -138,6 +139,9 @@ async def test_capabilities_as_sent_on_the_wire(
         else:
             assert creates == []  # nothing sent, and never a form-mode fallback
             assert agent.outcomes[0].status is AuthorizationStatus.UNSUPPORTED
+            # Audited alike on both faces (the sidecar client tells the sidecar).
+            audited = await deployment.store.audit.list(event="unsupported_client")
+            assert len(audited) == audited_before + 1 and audited[-1].provider == "github"
         assert all(m.get("params", {}).get("mode") != "form" for m in creates)
 
 

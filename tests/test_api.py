@@ -97,6 +97,27 @@ async def test_grants_only_answers_from_stored_grants_and_creates_nothing(deploy
     assert await store.audit.list(event="created") == []
 
 
+async def test_url_mode_false_answers_from_grants_else_unsupported_and_audits_it(deployment: Deployment) -> None:
+    """An agent whose client cannot take a URL-mode elicitation says so: stored grants still answer; without one
+    the answer is `unsupported`, nothing is created, and the audit log says so as on the embedded path."""
+    store = deployment.connector.runtime.store
+    key = await make_key(store, "agent-u")
+    user = deployment.local_user
+    async with api_client(deployment.base_url, key) as api:
+        body = create_body(user, scopes=["repo"], urlMode=False)
+        unsupported = await api.post("/v1/elicitations", json=body)
+        assert unsupported.status_code == 200, unsupported.text
+        assert (unsupported.json()["status"], unsupported.json()["elicitationId"]) == ("unsupported", None)
+        now = datetime.now(UTC)
+        await store.grants.upsert(
+            GrantRecord(new_id(16), user, "github", "acct", ("repo",), "k1", b"-", None, now, now)
+        )
+        assert (await api.post("/v1/elicitations", json=body)).json()["status"] == "already_authorized"
+    (audited,) = await store.audit.list(event="unsupported_client")
+    assert (audited.provider, audited.detail["tenant"]) == ("github", "agent-u")
+    assert await store.audit.list(event="created") == []
+
+
 async def test_idempotency_key_gives_the_same_elicitation_once(deployment: Deployment) -> None:
     store = deployment.connector.runtime.store
     key = await make_key(store)

@@ -72,6 +72,7 @@ class Created:
     grant: GrantRecord | None = None
     replayed: bool = False
     refused_scopes: tuple[str, ...] = ()
+    unsupported: bool = False  # nothing settles it and the client cannot be asked (recorded as on the embedded path)
 
 
 class _Replayed(Exception):
@@ -127,15 +128,18 @@ class AgentApi:
         connection_id: str | None,
         ask_again: bool = False,
         grants_only: bool = False,
+        url_mode: bool = True,
     ) -> Created:
         """A grant that already covers the scopes (or, unless `ask_again`, lacks only scopes the provider refused
         when it was made: asking would ask the user the same again), else a new pending elicitation bound to `user`.
 
         A repeated idempotency key answers with the elicitation it created first, if the request is the same,
         and `idempotency_conflict` if it is not. `grants_only` creates nothing: without a grant that settles the
-        request, the answer is empty.
+        request, the answer is empty. Without `url_mode` (the client cannot take a URL-mode elicitation) nothing is
+        created either, and an unsettled request is audited `unsupported_client`, as on the embedded path.
         """
         self.check_provider(caller, provider)
+        grants_only = grants_only or not url_mode
         if idempotency_key is not None and not grants_only:
             earlier = await self.store.api_elicitations.by_idempotency_key(caller.tenant, idempotency_key)
             if earlier is not None:
@@ -149,6 +153,12 @@ class AgentApi:
         grant = await self.store.grants.get(settled.grant.id) if settled and settled.grant else None
         if settled is not None and grant is not None:
             return Created(grant=grant, refused_scopes=settled.refused_scopes)
+        if not url_mode:
+            detail = {"tenant": caller.tenant, "via": "api"}
+            await self.store.audit.record(
+                "unsupported_client", identity=user, provider=provider, detail=detail, now=self.now()
+            )
+            return Created(unsupported=True)
         if grants_only:
             return Created()
         now = self.now()

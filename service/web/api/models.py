@@ -77,6 +77,12 @@ class CreateElicitation(_Request):
         description="Answer from stored grants only (`already_authorized`, `narrowed`, else `needs_user`) and "
         "create nothing: for a client that cannot be asked, or to look before asking.",
     )
+    url_mode: bool = Field(
+        default=True,
+        description="False: the agent's ACP client did not advertise URL-mode elicitation. Nothing is created: "
+        "stored grants alone answer (as with `grantsOnly`), else `unsupported`, recorded in the audit log as "
+        "the embedded connector records it.",
+    )
 
 
 class Answer(_Request):
@@ -157,9 +163,10 @@ class Created(_Model):
     """`created`: send `elicitation/create` with these values. `already_authorized`: a grant covers the scopes.
     `narrowed`: a grant lacks only `refusedScopes`, which the provider refused when it was made; nothing is asked
     (send `askAgain: true` to ask the user again). `needs_user` (only with `grantsOnly`): no grant settles the
-    request, and nothing was created."""
+    request, and nothing was created. `unsupported` (only with `urlMode: false`): no grant settles it, and the
+    client cannot be asked; nothing was created."""
 
-    status: Literal["created", "already_authorized", "narrowed", "needs_user"]
+    status: Literal["created", "already_authorized", "narrowed", "needs_user", "unsupported"]
     provider_display_name: str
     elicitation_id: str | None = None
     url: str | None = None

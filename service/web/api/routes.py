@@ -136,6 +136,7 @@ class ElicitationRoutes:
             connection_id=body.connection_id,
             ask_again=body.ask_again,
             grants_only=body.grants_only,
+            url_mode=body.url_mode,
         )
         status = 200 if created.replayed or created.elicitation is None else 201
         return answer(await self._created(created, body.provider), status)
@@ -150,7 +151,8 @@ class ElicitationRoutes:
                 refused_scopes=list(created.refused_scopes),
             )
         if created.elicitation is None or created.owner is None:
-            return models.Created(status="needs_user", provider_display_name=display_name)
+            status = "unsupported" if created.unsupported else "needs_user"
+            return models.Created(status=status, provider_display_name=display_name)
         state = await self.state(created.elicitation, created.owner)
         return models.Created(
             status="created",
