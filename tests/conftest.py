@@ -62,9 +62,10 @@ async def fresh_postgres_database(*, migrated: bool = False) -> AsyncIterator[st
     admin_url = os.environ.get(POSTGRES_ENV)
     if not admin_url:
         pytest.skip(f"PostgreSQL tests need {POSTGRES_ENV} (e.g. postgresql+asyncpg://postgres@127.0.0.1:5432/test)")
-    name = f"connector_test_{uuid.uuid4().hex[:12]}"
+    name = _database_name("test")
     admin = create_async_engine(admin_url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
     try:
+        await _drop_abandoned(admin)
         template = f' TEMPLATE "{await _migrated_template(admin)}"' if migrated else ""
         async with admin.connect() as conn:
             await conn.exec_driver_sql(f'CREATE DATABASE "{name}"{template}')
@@ -78,11 +79,40 @@ async def fresh_postgres_database(*, migrated: bool = False) -> AsyncIterator[st
 
 
 _templates: list[str] = []  # this process's migrated template database (at most one), dropped at the end
+_swept: list[bool] = []  # whether this process dropped the databases of test processes that died (once)
+
+
+def _database_name(kind: str) -> str:
+    """`connector_<kind>_<pid>_<random>`: the pid tells a later run whether the process that made it still lives."""
+    return f"connector_{kind}_{os.getpid()}_{uuid.uuid4().hex[:12]}"
+
+
+async def _drop_abandoned(admin: AsyncEngine) -> None:
+    """Drop the databases of test processes on this machine that no longer run (a run killed before its cleanup)."""
+    if _swept:
+        return
+    _swept.append(True)
+    async with admin.connect() as conn:
+        names = (
+            await conn.exec_driver_sql(
+                r"SELECT datname FROM pg_database WHERE datname ~ '^connector_(test|template)_[0-9]+_[0-9a-f]+$'"
+            )
+        ).scalars()
+        for name in list(names):
+            pid = int(name.split("_")[2])
+            try:
+                os.kill(pid, 0)
+                continue  # still running (or the pid was reused: the database stays, as before)
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                continue
+            await conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 async def _migrated_template(admin: AsyncEngine) -> str:
     if not _templates:
-        name = f"connector_template_{uuid.uuid4().hex[:12]}"
+        name = _database_name("template")
         async with admin.connect() as conn:
             await conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
         _templates.append(name)
