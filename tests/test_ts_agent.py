@@ -13,15 +13,16 @@ import shutil
 import subprocess
 import uuid
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
 from acp import text_block
 
 from service.testing import MockOAuthProvider, ScriptedBrowser, ScriptedClient, spawn_agent
-from service.testing.acp_client import NO_ELICITATION, SpawnedAgent
+from service.testing.acp_client import NO_ELICITATION, REQUEST_CANCELLED, SpawnedAgent
 
 from .api_support import api_client, make_key
 from .sidecar_support import Sidecar, running_sidecar
@@ -200,3 +201,89 @@ async def test_ts_agent_without_url_mode_uses_a_narrowed_grant(
     text = client.agent_text(agent.session_id)
     assert "GitHub did not grant repo" in text and "octocat/hello-world" in text and "URL-mode" not in text
     assert client.violations == [] and client.ignored == []
+
+
+def tool_call_updates(client: ScriptedClient, tool_call_id: str) -> list[dict[str, Any]]:
+    """The `tool_call` / `tool_call_update`s for one tool call, as the client received them (raw JSON)."""
+    updates = [m["params"]["update"] for m in client.received("session/update")]
+    return [u for u in updates if u.get("toolCallId") == tool_call_id]
+
+
+async def ended_state(sidecar: Sidecar, elicitation_id: str, within: float = 10.0) -> dict[str, Any]:
+    """The elicitation's state at the sidecar once it has an outcome."""
+    async with api_client(sidecar.base_url, sidecar.api_key) as api:
+        answer = await api.get(f"/v1/elicitations/{elicitation_id}", params={"wait": str(within)})
+        assert answer.status_code == 200, answer.text
+        return answer.json()  # type: ignore[no-any-return]
+
+
+@pytest.mark.duration(8)
+async def test_ts_agent_withdraws_its_create_when_the_browser_finishes_first(
+    agent_script: Path, sidecar: Sidecar, provider: MockOAuthProvider
+) -> None:
+    client = ScriptedClient("hold")  # the client has not answered the create when the browser finishes
+    async with ts_agent(agent_script, sidecar, client) as agent:
+        turn = asyncio.create_task(
+            agent.process.conn.prompt(session_id=agent.session_id, prompt=[text_block("list my repositories")])
+        )
+        elicitation = await client.next_elicitation(within=30)
+        # The user opened the link elsewhere (not through this client's consent): read it from the request itself.
+        async with ScriptedBrowser() as browser:
+            final = await browser.authorize(elicitation.raw_params["url"])
+            assert final.status_code == 200, final.text
+        assert str((await asyncio.wait_for(turn, 30)).stop_reason) == "end_turn", agent.stderr()
+        stderr = agent.stderr()
+    eid = elicitation.elicitation_id
+    assert eid is not None
+    # The agent withdrew exactly its create, then told the client once that the elicitation completed.
+    cancels = client.received("$/cancel_request")
+    assert [c["params"] for c in cancels] == [{"requestId": elicitation.request_id}], stderr
+    assert elicitation.cancel_requested and elicitation.error_code == REQUEST_CANCELLED
+    wire = [w.message.get("method") for w in client.transcript if w.direction == "in"]
+    assert wire.index("$/cancel_request") < wire.index("elicitation/complete")
+    assert [c["params"] for c in client.received("elicitation/complete")] == [{"elicitationId": eid}]
+    assert client.completions == [eid] and client.violations == [] and client.ignored == []
+    assert (await sidecar_state(sidecar, eid))["outcome"] == "authorized"
+    assert tool_call_updates(client, "call_1")[-1]["status"] == "completed"
+    assert provider.api_calls.count("/api/user/repos") == 1
+
+
+@pytest.mark.duration(6)
+async def test_ts_agent_reports_a_client_that_goes_away_mid_create_as_a_disconnect(
+    agent_script: Path, sidecar: Sidecar
+) -> None:
+    client = ScriptedClient("hold")
+    async with ts_agent(agent_script, sidecar, client) as agent:
+        turn = asyncio.create_task(
+            agent.process.conn.prompt(session_id=agent.session_id, prompt=[text_block("list my repositories")])
+        )
+        elicitation = await client.next_elicitation(within=30)
+    # Leaving the block closed the client's connection and the agent's stdin, the create still unanswered.
+    turn.cancel()
+    with suppress(BaseException):
+        await turn
+    assert elicitation.response is None and elicitation.elicitation_id is not None
+    state = await ended_state(sidecar, elicitation.elicitation_id)
+    assert state["status"] == "cancelled", agent.stderr()
+    assert state["outcome"] == "disconnected" and state["reason"] == "client_disconnected", state
+    assert agent.process.process.returncode == 0, agent.stderr()  # it finished its work and exited on its own
+    assert client.received("elicitation/complete") == []
+
+
+async def test_ts_agent_ends_the_tool_call_failed_when_the_user_declines(
+    agent_script: Path, sidecar: Sidecar, provider: MockOAuthProvider
+) -> None:
+    client = ScriptedClient("decline")
+    async with ts_agent(agent_script, sidecar, client) as agent:
+        assert await agent.prompt() == "end_turn", agent.stderr()
+    [create] = client.received("elicitation/create")
+    assert (await sidecar_state(sidecar, create["params"]["elicitationId"]))["outcome"] == "declined"
+    updates = tool_call_updates(client, "call_1")
+    assert updates[0]["sessionUpdate"] == "tool_call"
+    last = updates[-1]
+    assert last["sessionUpdate"] == "tool_call_update" and last["status"] == "failed", updates
+    assert last["content"] == [
+        {"type": "content", "content": {"type": "text", "text": "The user declined access to GitHub."}}
+    ]
+    assert "declined access to GitHub" in client.agent_text(agent.session_id)
+    assert client.received("elicitation/complete") == [] and provider.api_calls == []

@@ -5,9 +5,9 @@
 import { Readable, Writable } from "node:stream";
 
 import { agent, methods, ndJsonStream, RequestError, PROTOCOL_VERSION } from "@agentclientprotocol/sdk";
-import type { AgentContext, ClientCapabilities } from "@agentclientprotocol/sdk";
+import type { AgentContext, ClientCapabilities, SessionUpdate } from "@agentclientprotocol/sdk";
 
-import { Sidecar, type Answer, type State, type User } from "./sidecar.js";
+import { Sidecar, SidecarError, type Answer, type State, type User } from "./sidecar.js";
 
 const sidecar = new Sidecar(required("SIDECAR_URL"), required("SIDECAR_API_KEY"));
 const user: User = { issuer: required("AGENT_USER_ISSUER"), subject: required("AGENT_USER_SUBJECT") };
@@ -34,14 +34,28 @@ function urlModeAdvertised(): boolean {
 }
 
 async function say(client: AgentContext, sessionId: string, text: string): Promise<void> {
-  await client.notify(methods.client.session.update, {
-    sessionId,
-    update: { sessionUpdate: "agent_message_chunk", content: { type: "text", text } },
-  });
+  await update(client, sessionId, { sessionUpdate: "agent_message_chunk", content: { type: "text", text } });
 }
 
 /** What the user let the agent do: the scopes asked for that the provider refused, or why nothing was granted. */
 type Access = { refusedScopes: string[] } | { notGranted: string };
+
+// A short sentence per outcome without a grant (as `AuthorizationOutcome.describe()`): never a reason the client or
+// the provider wrote, never a secret.
+const NOT_GRANTED: Record<string, string> = {
+  declined: "The user declined access to GitHub.",
+  cancelled: "The request for access to GitHub was dismissed.",
+  refused: "The client refused to show the request for access to GitHub.",
+  client_error: "The client refused the request for access to GitHub.",
+  disconnected: "The client disconnected before access to GitHub was granted.",
+  expired: "The request for access to GitHub expired before it was completed.",
+  failed: "Authorization with GitHub failed.",
+};
+const UNSUPPORTED = "This client cannot open authorization links (no URL-mode elicitation), so GitHub access cannot be requested here.";
+
+function notGranted(outcome: string | null): Access {
+  return { notGranted: NOT_GRANTED[outcome ?? "failed"] ?? NOT_GRANTED.failed };
+}
 
 /** Get the user's GitHub authorization, as the connector's Python client does (`AcpAuthorizer`). */
 async function authorize(client: AgentContext, sessionId: string, toolCallId: string, signal: AbortSignal): Promise<Access> {
@@ -49,28 +63,74 @@ async function authorize(client: AgentContext, sessionId: string, toolCallId: st
   // Stored grants first, whatever the client can do: a narrowed grant answers at once (no prompt loop).
   const settled = await sidecar.settled(ask);
   if (settled.status !== "needs_user") return { refusedScopes: settled.refusedScopes };
-  if (!urlModeAdvertised()) {
-    // Nothing is sent to such a client (never a form instead).
-    return { notGranted: "This client cannot open authorization links (no URL-mode elicitation), so GitHub access cannot be requested here." };
-  }
+  if (!urlModeAdvertised()) return { notGranted: UNSUPPORTED }; // nothing is sent to such a client (never a form)
   const created = await sidecar.createElicitation(ask, connectionId);
   if (created.status !== "created") return { refusedScopes: created.refusedScopes }; // a grant settled it meanwhile
-  let state: State;
+  // Watched before elicitation/create goes out: nothing can end the elicitation unseen. A cancelled turn stops it.
+  const watching = new AbortController();
+  const ended = sidecar.ended(created.elicitationId, AbortSignal.any([signal, watching.signal]));
+  ended.catch(() => undefined); // read below, or abandoned when the client answered otherwise
+  let state: State | null;
   try {
-    const answer = await askClient(client, sessionId, toolCallId, created, signal);
-    state = await sidecar.answer(created.elicitationId, answer);
-    if (answer.action === "accept") state = await sidecar.ended(created.elicitationId, signal);
+    state = await elicit(client, sessionId, toolCallId, created, ended, signal);
   } catch (error) {
     // A cancelled turn ends the elicitation; nothing resumes it and no elicitation/complete is sent for it.
     if (signal.aborted) await sidecar.cancel(created.elicitationId).catch(() => undefined);
     throw error;
+  } finally {
+    watching.abort();
   }
-  if (state.outcome !== "authorized" && state.outcome !== "narrowed") {
-    return { notGranted: `GitHub access was not granted (${state.outcome}).` };
+  if (state === null || (state.outcome !== "authorized" && state.outcome !== "narrowed")) {
+    return notGranted(state === null ? "disconnected" : state.outcome);
   }
   // Exactly once, on this connection, with the original id: a narrowed grant completed the elicitation too.
-  await client.notify(methods.client.elicitation.complete, { elicitationId: created.elicitationId });
+  if (!connection.signal.aborted) {
+    await client.notify(methods.client.elicitation.complete, { elicitationId: created.elicitationId });
+  }
   return { refusedScopes: state.refusedScopes };
+}
+
+/**
+ * Ask the client and follow the elicitation to its end: the ended state, or null when the connection closed while
+ * the browser flow was still open (the elicitation is then cancelled as a disconnect: nobody is left to tell).
+ */
+async function elicit(
+  client: AgentContext,
+  sessionId: string,
+  toolCallId: string,
+  created: { elicitationId: string; url: string; message: string },
+  ended: Promise<State>,
+  signal: AbortSignal,
+): Promise<State | null> {
+  const withdraw = new AbortController(); // aborting it sends $/cancel_request for our elicitation/create
+  let answer: Answer | undefined;
+  const asked = askClient(client, sessionId, toolCallId, created, AbortSignal.any([signal, withdraw.signal])).then(
+    (answered) => (answer = answered),
+  );
+  try {
+    const end = await Promise.race([asked.then(() => null), ended]);
+    if (answer === undefined && end !== null) {
+      // It ended before the client answered (it expired or was cancelled, or the browser was faster): the question
+      // is no longer relevant to the client. The end's outcome is the outcome.
+      return end;
+    }
+  } finally {
+    withdraw.abort(); // sends $/cancel_request only while the create is unanswered (the SDK forgets it once answered)
+    asked.catch(() => undefined);
+  }
+  const state = await sidecar.answer(created.elicitationId, answer!);
+  if (answer!.action !== "accept") return state; // the outcome of the answer (or of an end that came first)
+  // Accepted. Now the browser: wait for the end, or for the connection to end.
+  const closed = connection.closed.then(() => null);
+  const end = await Promise.race([ended, closed]);
+  if (end !== null) return end;
+  try {
+    await sidecar.cancel(created.elicitationId); // a flow the user already took to GitHub still stores its grant
+    return null;
+  } catch (error) {
+    if (error instanceof SidecarError && error.code === "already_ended") return sidecar.state(created.elicitationId);
+    throw error;
+  }
 }
 
 /** Send `elicitation/create` with what the sidecar created; the client's answer, as the sidecar records it. */
@@ -79,31 +139,43 @@ async function askClient(
   sessionId: string,
   toolCallId: string,
   created: { elicitationId: string; url: string; message: string },
-  signal: AbortSignal,
+  cancel: AbortSignal,
 ): Promise<Answer> {
   try {
     const response = await client.request(
       methods.client.elicitation.create,
       { sessionId, toolCallId, mode: "url", elicitationId: created.elicitationId, url: created.url, message: created.message },
-      { cancellationSignal: signal }, // a cancelled turn sends $/cancel_request for this request
+      // Aborting `cancel` sends $/cancel_request for this request and stops waiting for its answer.
+      { cancellationSignal: cancel, stopWaitingOnCancel: true },
     );
     return { action: response.action as "accept" | "decline" | "cancel" };
   } catch (error) {
-    if (signal.aborted) throw error;
+    if (connection.signal.aborted) return { action: "disconnected" }; // no answer came: the connection closed
+    if (cancel.aborted) throw error;
     return { action: "client_error", code: error instanceof RequestError ? error.code : -32603 };
   }
 }
 
+/** A session update, unless the connection has closed (nobody is left to tell). */
+async function update(client: AgentContext, sessionId: string, change: SessionUpdate): Promise<void> {
+  if (connection.signal.aborted) return;
+  await client.notify(methods.client.session.update, { sessionId, update: change });
+}
+
+/** End the tool call (`completed` or `failed`) with a sentence for the user, and say it. */
+async function finish(client: AgentContext, sessionId: string, toolCallId: string, text: string, ok: boolean): Promise<void> {
+  const content = [{ type: "content" as const, content: { type: "text" as const, text } }];
+  await update(client, sessionId, { sessionUpdate: "tool_call_update", toolCallId, status: ok ? "completed" : "failed", content });
+  await say(client, sessionId, text);
+}
+
 async function listRepositories(client: AgentContext, sessionId: string, signal: AbortSignal): Promise<void> {
   const toolCallId = `call_${++toolCalls}`;
-  await client.notify(methods.client.session.update, {
-    sessionId,
-    update: { sessionUpdate: "tool_call", toolCallId, title: "List GitHub repositories", kind: "fetch", status: "pending" },
-  });
+  await update(client, sessionId, { sessionUpdate: "tool_call", toolCallId, title: "List GitHub repositories", kind: "fetch", status: "pending" });
   try {
     const access = await authorize(client, sessionId, toolCallId, signal);
     if ("notGranted" in access) {
-      await say(client, sessionId, access.notGranted);
+      await finish(client, sessionId, toolCallId, access.notGranted, false);
       return;
     }
     if (access.refusedScopes.length > 0) {
@@ -111,17 +183,14 @@ async function listRepositories(client: AgentContext, sessionId: string, signal:
       await say(client, sessionId, `GitHub did not grant ${access.refusedScopes.join(", ")}: only public repositories are listed.`);
     }
     const response = await sidecar.proxy("github", "user/repos", user);
+    if (!response.ok) {
+      await finish(client, sessionId, toolCallId, `GitHub could not be reached (HTTP ${response.status}).`, false);
+      return;
+    }
     const repos = (await response.json()) as Array<{ full_name: string }>;
-    await say(client, sessionId, `Your repositories: ${repos.map((repo) => repo.full_name).join(", ")}`);
-    await client.notify(methods.client.session.update, {
-      sessionId,
-      update: { sessionUpdate: "tool_call_update", toolCallId, status: "completed" },
-    });
+    await finish(client, sessionId, toolCallId, `Your repositories: ${repos.map((repo) => repo.full_name).join(", ")}`, true);
   } catch (error) {
-    await client.notify(methods.client.session.update, {
-      sessionId,
-      update: { sessionUpdate: "tool_call_update", toolCallId, status: "failed" },
-    });
+    await update(client, sessionId, { sessionUpdate: "tool_call_update", toolCallId, status: "failed" }).catch(() => undefined);
     throw error;
   }
 }

@@ -61,6 +61,11 @@ export class Sidecar {
     }
   }
 
+  /** The elicitation's state now. */
+  state(elicitationId: string): Promise<State> {
+    return this.call("GET", `/v1/elicitations/${elicitationId}`);
+  }
+
   cancel(elicitationId: string): Promise<State> {
     return this.call("POST", `/v1/elicitations/${elicitationId}/cancel`);
   }
