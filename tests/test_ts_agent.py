@@ -1,7 +1,9 @@
 """The TypeScript example agent (`examples/ts_agent`, on the official `@agentclientprotocol/sdk` from npm) against a
 real sidecar process: the official Python SDK client <-> the TS agent over stdio <-> the sidecar's /v1 API <-> the mock
 provider over HTTP <-> a scripted browser. The agent decides as `AcpAuthorizer` does (stored grants first, then URL
-mode), sends exactly one completion for an authorized or narrowed elicitation, and never sees a token."""
+mode), sends exactly one completion for an authorized or narrowed elicitation, withdraws its create when the
+elicitation ends first, reports a client that goes away as a disconnect, ends a tool call without a grant `failed`, and
+never sees a token."""
 
 from __future__ import annotations
 
