@@ -62,15 +62,21 @@ async def shared(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tupl
         yield sidecar, provider
 
 
+@pytest.fixture
+def tenant() -> str:
+    """This test's own tenant at the shared sidecar."""
+    return f"ts-{uuid.uuid4().hex[:12]}"
+
+
 @pytest_asyncio.fixture(loop_scope="module")
-async def sidecar(shared: tuple[Sidecar, MockOAuthProvider]) -> Sidecar:
+async def sidecar(shared: tuple[Sidecar, MockOAuthProvider], tenant: str) -> Sidecar:
     """The shared sidecar as a tenant of this test's own, its user without grants, its provider reset."""
     running, provider = shared
     provider.narrow_scopes = set()
     provider.api_calls.clear()
     for grant in await running.store.grants.find(running.local_user, "github"):
         await running.store.grants.delete(grant.id)
-    key = await make_key(running.store, tenant=f"ts-{uuid.uuid4().hex[:12]}")
+    key = await make_key(running.store, tenant=tenant)
     return dataclasses.replace(running, api_key=key)
 
 
@@ -176,14 +182,18 @@ async def test_ts_agent_completes_a_narrowed_flow_once_and_does_not_ask_again(
 
 
 async def test_ts_agent_without_url_mode_sends_nothing(
-    agent_script: Path, sidecar: Sidecar, provider: MockOAuthProvider
+    agent_script: Path, sidecar: Sidecar, provider: MockOAuthProvider, tenant: str
 ) -> None:
     client = ScriptedClient("accept", capabilities={"elicitation": NO_ELICITATION})
     async with ts_agent(agent_script, sidecar, client) as agent:
         assert await agent.prompt() == "end_turn", agent.stderr()
     assert client.received("elicitation/create") == [] and client.received("elicitation/complete") == []
     assert "URL-mode" in client.agent_text(agent.session_id)
+    assert tool_call_updates(client, "call_1")[-1]["status"] == "failed"
     assert provider.api_calls == []
+    # Recorded at the sidecar as the embedded connector records it (`urlMode: false`), nothing created.
+    audited = await sidecar.store.audit.list(event="unsupported_client")
+    assert [a.detail for a in audited if a.detail.get("tenant") == tenant] == [{"tenant": tenant, "via": "api"}]
 
 
 async def test_ts_agent_without_url_mode_uses_a_narrowed_grant(
@@ -289,3 +299,54 @@ async def test_ts_agent_ends_the_tool_call_failed_when_the_user_declines(
     ]
     assert "declined access to GitHub" in client.agent_text(agent.session_id)
     assert client.received("elicitation/complete") == [] and provider.api_calls == []
+
+
+@pytest.mark.duration(6)
+async def test_ts_agent_session_cancel_withdraws_its_create_and_says_why(
+    agent_script: Path, sidecar: Sidecar, tenant: str
+) -> None:
+    client = ScriptedClient("hold")
+    async with ts_agent(agent_script, sidecar, client) as agent:
+        turn = asyncio.create_task(
+            agent.process.conn.prompt(session_id=agent.session_id, prompt=[text_block("list my repositories")])
+        )
+        elicitation = await client.next_elicitation(within=30)
+        await agent.process.conn.cancel(session_id=agent.session_id)
+        assert str((await asyncio.wait_for(turn, 30)).stop_reason) == "cancelled", agent.stderr()
+    eid = elicitation.elicitation_id
+    assert eid is not None
+    assert [c["params"] for c in client.received("$/cancel_request")] == [{"requestId": elicitation.request_id}]
+    state = await ended_state(sidecar, eid)
+    assert state["outcome"] == "cancelled" and state["reason"] == "the client cancelled the session's work", state
+    [audited] = await sidecar.store.audit.list(elicitation_id=eid, event="cancelled")
+    assert {k: audited.detail.get(k) for k in ("cause", "request_cancelled")} == {
+        "cause": "session_cancel",
+        "request_cancelled": True,
+    }
+    assert tool_call_updates(client, "call_1")[-1]["status"] == "failed"
+    assert client.received("elicitation/complete") == []
+
+
+@pytest.mark.duration(6)
+async def test_ts_agent_reports_a_client_that_goes_away_in_the_browser_phase_as_a_disconnect(
+    agent_script: Path, sidecar: Sidecar
+) -> None:
+    client = ScriptedClient("accept")  # the user consents but never finishes in the browser
+    async with ts_agent(agent_script, sidecar, client) as agent:
+        turn = asyncio.create_task(
+            agent.process.conn.prompt(session_id=agent.session_id, prompt=[text_block("list my repositories")])
+        )
+        eid = (await client.next_consented(within=30)).elicitation_id
+        assert eid is not None
+        async with api_client(sidecar.base_url, sidecar.api_key) as api:
+            for _ in range(100):  # until the agent has reported the accept
+                if (await api.get(f"/v1/elicitations/{eid}")).json()["status"] == "consented":
+                    break
+                await asyncio.sleep(0.05)
+    turn.cancel()
+    with suppress(BaseException):
+        await turn
+    state = await ended_state(sidecar, eid)
+    assert state["outcome"] == "disconnected" and state["reason"] == "client_disconnected", state
+    assert agent.process.process.returncode == 0, agent.stderr()
+    assert client.received("elicitation/complete") == [] and client.received("$/cancel_request") == []

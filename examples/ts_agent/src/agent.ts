@@ -7,12 +7,13 @@ import { Readable, Writable } from "node:stream";
 import { agent, methods, ndJsonStream, RequestError, PROTOCOL_VERSION } from "@agentclientprotocol/sdk";
 import type { AgentContext, ClientCapabilities, SessionUpdate } from "@agentclientprotocol/sdk";
 
-import { Sidecar, SidecarError, type Answer, type State, type User } from "./sidecar.js";
+import { Sidecar, SidecarError, type Answer, type State, type StopCause, type User } from "./sidecar.js";
 
 const sidecar = new Sidecar(required("SIDECAR_URL"), required("SIDECAR_API_KEY"));
 const user: User = { issuer: required("AGENT_USER_ISSUER"), subject: required("AGENT_USER_SUBJECT") };
 const connectionId = crypto.randomUUID(); // events and states name this connection
 const SCOPES = ["repo"];
+const REQUEST_CANCELLED = -32800; // JSON-RPC: the request was cancelled
 
 let capabilities: ClientCapabilities | undefined;
 let toolCalls = 0;
@@ -63,7 +64,10 @@ async function authorize(client: AgentContext, sessionId: string, toolCallId: st
   // Stored grants first, whatever the client can do: a narrowed grant answers at once (no prompt loop).
   const settled = await sidecar.settled(ask);
   if (settled.status !== "needs_user") return { refusedScopes: settled.refusedScopes };
-  if (!urlModeAdvertised()) return { notGranted: UNSUPPORTED }; // nothing is sent to such a client (never a form)
+  if (!urlModeAdvertised()) {
+    await sidecar.unsupported(ask); // recorded at the sidecar as the embedded connector records it
+    return { notGranted: UNSUPPORTED }; // nothing is sent to such a client (never a form)
+  }
   const created = await sidecar.createElicitation(ask, connectionId);
   if (created.status !== "created") return { refusedScopes: created.refusedScopes }; // a grant settled it meanwhile
   // Watched before elicitation/create goes out: nothing can end the elicitation unseen. A cancelled turn stops it.
@@ -73,10 +77,6 @@ async function authorize(client: AgentContext, sessionId: string, toolCallId: st
   let state: State | null;
   try {
     state = await elicit(client, sessionId, toolCallId, created, ended, signal);
-  } catch (error) {
-    // A cancelled turn ends the elicitation; nothing resumes it and no elicitation/complete is sent for it.
-    if (signal.aborted) await sidecar.cancel(created.elicitationId).catch(() => undefined);
-    throw error;
   } finally {
     watching.abort();
   }
@@ -107,6 +107,7 @@ async function elicit(
   const asked = askClient(client, sessionId, toolCallId, created, AbortSignal.any([signal, withdraw.signal])).then(
     (answered) => (answer = answered),
   );
+  asked.catch(() => undefined); // read below when the turn was cancelled
   try {
     const end = await Promise.race([asked.then(() => null), ended]);
     if (answer === undefined && end !== null) {
@@ -114,23 +115,45 @@ async function elicit(
       // is no longer relevant to the client. The end's outcome is the outcome.
       return end;
     }
+  } catch (error) {
+    if (signal.aborted) {
+      // The SDK stopped waiting for the create at once: it was withdrawn when it failed as cancelled.
+      const withdrawn = await asked.then(
+        () => false,
+        (failure: unknown) => failure instanceof RequestError && failure.code === REQUEST_CANCELLED,
+      );
+      await stopped(created.elicitationId, signal, withdrawn);
+    }
+    throw error;
   } finally {
     withdraw.abort(); // sends $/cancel_request only while the create is unanswered (the SDK forgets it once answered)
-    asked.catch(() => undefined);
   }
-  const state = await sidecar.answer(created.elicitationId, answer!);
-  if (answer!.action !== "accept") return state; // the outcome of the answer (or of an end that came first)
-  // Accepted. Now the browser: wait for the end, or for the connection to end.
-  const closed = connection.closed.then(() => null);
-  const end = await Promise.race([ended, closed]);
+  const answered = answer as Answer; // the race ended with the client's answer
+  let end: State | null;
+  try {
+    const state = await sidecar.answer(created.elicitationId, answered);
+    if (answered.action !== "accept") return state; // the outcome of the answer (or of an end that came first)
+    // Accepted. Now the browser: wait for the end, or for the connection to end.
+    end = await Promise.race([ended, connection.closed.then(() => null)]);
+  } catch (error) {
+    if (signal.aborted) await stopped(created.elicitationId, signal, false);
+    throw error;
+  }
   if (end !== null) return end;
   try {
-    await sidecar.cancel(created.elicitationId); // a flow the user already took to GitHub still stores its grant
+    // Nobody is left to tell. A flow the user already took to GitHub still stores its grant.
+    await sidecar.cancel(created.elicitationId, "client_disconnected");
     return null;
   } catch (error) {
     if (error instanceof SidecarError && error.code === "already_ended") return sidecar.state(created.elicitationId);
     throw error;
   }
+}
+
+/** The turn was cancelled: end the elicitation, saying why. Nothing resumes it; no elicitation/complete follows. */
+async function stopped(elicitationId: string, signal: AbortSignal, withdrawn: boolean): Promise<void> {
+  const cause: StopCause = connection.signal.aborted ? "client_disconnected" : (signal.reason as StopCause);
+  await sidecar.cancel(elicitationId, cause, withdrawn).catch(() => undefined);
 }
 
 /** Send `elicitation/create` with what the sidecar created; the client's answer, as the sidecar records it. */
@@ -201,9 +224,11 @@ const app = agent({ name: "acp-connector-ts-example" })
     return { protocolVersion: PROTOCOL_VERSION, agentCapabilities: {} };
   })
   .onRequest(methods.agent.session.new, () => ({ sessionId: `sess_${crypto.randomUUID()}` }))
-  .onRequest(methods.agent.session.prompt, async ({ params, client }) => {
-    const turn = new AbortController();
+  .onRequest(methods.agent.session.prompt, async ({ params, client, signal }) => {
+    const turn = new AbortController(); // aborted with the StopCause: session/cancel, or $/cancel_request for the prompt
     turns.set(params.sessionId, turn);
+    // The prompt's signal also aborts when the connection closes: that is told apart (as a disconnect) where it matters.
+    signal.addEventListener("abort", () => connection.signal.aborted || turn.abort("client_cancel_request"), { once: true });
     try {
       await listRepositories(client, params.sessionId, turn.signal);
       return { stopReason: "end_turn" };
@@ -215,7 +240,7 @@ const app = agent({ name: "acp-connector-ts-example" })
     }
   })
   .onNotification(methods.agent.session.cancel, ({ params }) => {
-    turns.get(params.sessionId)?.abort();
+    turns.get(params.sessionId)?.abort("session_cancel");
   });
 
 const connection = app.connect(

@@ -17,6 +17,8 @@ export type State = {
   grant: Grant | null;
   refusedScopes: string[];
 };
+/** Why the work waiting on an elicitation stopped (`client_disconnected`: the outcome then reads `disconnected`). */
+export type StopCause = "agent" | "session_cancel" | "client_cancel_request" | "client_disconnected";
 export type Answer =
   | { action: "accept" | "decline" | "cancel" | "disconnected" }
   | { action: "client_error"; code: number; message?: string };
@@ -66,8 +68,14 @@ export class Sidecar {
     return this.call("GET", `/v1/elicitations/${elicitationId}`);
   }
 
-  cancel(elicitationId: string): Promise<State> {
-    return this.call("POST", `/v1/elicitations/${elicitationId}/cancel`);
+  /** Have the sidecar record that the client cannot be asked (nothing is created; a stored grant still answers). */
+  unsupported(ask: Ask): Promise<Settled | { status: "unsupported" }> {
+    return this.call("POST", "/v1/elicitations", { ...ask, urlMode: false });
+  }
+
+  /** End an open elicitation for `cause`; `requestCancelled`: whether our `elicitation/create` was withdrawn. */
+  cancel(elicitationId: string, cause: StopCause, requestCancelled?: boolean): Promise<State> {
+    return this.call("POST", `/v1/elicitations/${elicitationId}/cancel`, { cause, requestCancelled });
   }
 
   /** A provider API call through the token proxy: the token is added by the sidecar, never seen here. */
