@@ -350,3 +350,24 @@ async def test_ts_agent_reports_a_client_that_goes_away_in_the_browser_phase_as_
     assert state["outcome"] == "disconnected" and state["reason"] == "client_disconnected", state
     assert agent.process.process.returncode == 0, agent.stderr()
     assert client.received("elicitation/complete") == [] and client.received("$/cancel_request") == []
+
+
+@pytest.mark.duration(6)
+async def test_ts_agent_stops_when_the_client_cancels_the_prompt_request(agent_script: Path, sidecar: Sidecar) -> None:
+    client = ScriptedClient("hold")
+    async with ts_agent(agent_script, sidecar, client) as agent:
+        turn = asyncio.create_task(
+            agent.process.conn.prompt(session_id=agent.session_id, prompt=[text_block("list my repositories")])
+        )
+        elicitation = await client.next_elicitation(within=30)
+        await client.cancel_request(client.sent("session/prompt")[-1]["id"])
+        with suppress(Exception):  # the prompt answers "cancelled" or with -32800, as the SDK decides
+            await asyncio.wait_for(turn, 30)
+        eid = elicitation.elicitation_id
+        assert eid is not None
+        state = await ended_state(sidecar, eid)
+        stderr = agent.stderr()
+    assert [c["params"] for c in client.received("$/cancel_request")] == [{"requestId": elicitation.request_id}]
+    assert state["outcome"] == "cancelled", stderr
+    assert state["reason"] == "the client cancelled the request being served", state
+    assert client.received("elicitation/complete") == []
