@@ -2,7 +2,8 @@
 
 Every label value comes from a closed set: provider names from the catalog (anything else is "other"),
 elicitation statuses, endpoint and route names this code defines. No label ever carries a user, an id or a
-URL. Gauges that describe shared state (pending elicitations, the database pool) are read when scraped.
+URL. Gauges that describe shared state (pending elicitations, the database pool) are read when scraped; the
+webhook backlog is read by the webhook worker on its own interval instead (a scrape never queries it).
 """
 
 from __future__ import annotations
@@ -147,6 +148,20 @@ class Metrics:
             buckets=WEBHOOK_BUCKETS,
             registry=registry,
         )
+        # Set by the webhook worker every poll interval from one aggregate read (not read at scrape): every replica
+        # that delivers reports the same, database-wide backlog.
+        self.webhook_waiting = Gauge(
+            f"{PREFIX}_webhook_deliveries_waiting",
+            "Webhook deliveries neither delivered nor given up, in the whole database (due, waiting for a retry, or "
+            "in an attempt), as last read by this process's webhook worker.",
+            registry=registry,
+        )
+        self.webhook_oldest_waiting = Gauge(
+            f"{PREFIX}_webhook_oldest_waiting_seconds",
+            "Age of the oldest webhook delivery waiting, in the whole database (0 when none), as last read by this "
+            "process's webhook worker.",
+            registry=registry,
+        )
         self.bus_reconnects = Counter(
             f"{PREFIX}_event_bus_reconnects",
             "Times the cross-process event bus re-established its listening connection.",
@@ -200,6 +215,10 @@ class Metrics:
         result = None if status is None else WEBHOOK_RESULTS.get(status)
         if result is not None:
             self.webhook_deliveries.labels(result.value).inc()
+
+    def webhook_backlog(self, waiting: int, oldest_seconds: float) -> None:
+        self.webhook_waiting.set(waiting)
+        self.webhook_oldest_waiting.set(max(oldest_seconds, 0.0))
 
     def bus_reconnected(self) -> None:
         self.bus_reconnects.inc()

@@ -188,9 +188,11 @@ class FlowMetrics(Protocol):
 
 class WebhookMetrics(Protocol):
     """What webhook delivery reports to the connector's metrics: each attempt made, how long it took, and the status
-    its delivery then took (`None` when another replica took the delivery meanwhile)."""
+    its delivery then took (`None` when another replica took the delivery meanwhile); and the backlog, as last read:
+    the deliveries waiting in the whole database, and the age of the oldest of them in seconds (0 when none)."""
 
     def webhook_attempt(self, status: DeliveryStatus | None, seconds: float) -> None: ...
+    def webhook_backlog(self, waiting: int, oldest_seconds: float) -> None: ...
 
 
 class EventSource(Protocol):
@@ -296,6 +298,7 @@ class WebhookRepo(Protocol):
     ) -> bool: ...
     async def deliveries(self, endpoint_id: str, *, limit: int, conn: Tx = None) -> list[WebhookDeliveryRecord]: ...
     async def attempts(self, delivery_id: str, conn: Tx = None) -> list[AttemptRecord]: ...
+    async def backlog(self, conn: Tx = None) -> tuple[int, datetime | None]: ...
 
 
 class WebhookSender(Protocol):

@@ -353,6 +353,18 @@ class WebhookDispatcher:
             if len(batch) < CLAIM_BATCH:
                 return made
 
+    async def report_backlog(self) -> None:
+        """Set the backlog metrics from one aggregate read of the waiting deliveries. Nothing is read without metrics,
+        or while the last step found no endpoint (then no delivery exists: an endpoint's go with it)."""
+        if self.metrics is None:
+            return
+        if self._none_seen is not None:
+            self.metrics.webhook_backlog(0, 0.0)
+            return
+        waiting, oldest = await self.repo.backlog()
+        age = 0.0 if oldest is None else (self.now() - oldest).total_seconds()
+        self.metrics.webhook_backlog(waiting, max(age, 0.0))
+
     async def fan_out(self, endpoints: Sequence[WebhookEndpointRecord]) -> int:
         """Turn log entries after the cursor into deliveries to `endpoints`, once: the cursor moves by a conditional
         update, so a replica that read the same entries meanwhile writes nothing. How many entries were read."""

@@ -14,6 +14,7 @@ import contextlib
 import ipaddress
 import logging
 import socket
+import time
 from collections.abc import Awaitable, Callable, Mapping
 
 import httpx
@@ -93,7 +94,7 @@ class HttpWebhookSender:
 
 class WebhookWorker:
     """The one task per process that delivers: a step when this process logs an event, and every `interval`
-    (retries that fell due, events other replicas logged)."""
+    (retries that fell due, events other replicas logged); and, at most once per `interval`, the backlog metrics."""
 
     def __init__(self, dispatcher: WebhookDispatcher, bus: LocalBus, sender: HttpWebhookSender, *, interval: float):
         self.dispatcher = dispatcher
@@ -122,6 +123,7 @@ class WebhookWorker:
 
     async def _run(self) -> None:
         failures = 0
+        reported: float | None = None  # when the backlog was last read (monotonic)
         while True:
             delay = self.interval if failures == 0 else min(self.interval * 2 ** min(failures, 10), MAX_BACKOFF_SECONDS)
             with contextlib.suppress(TimeoutError):
@@ -129,6 +131,10 @@ class WebhookWorker:
             self._wake.clear()
             try:
                 await self.dispatcher.step()
+                # Once per interval however often events wake the loop: one aggregate read, not one per event.
+                if reported is None or time.monotonic() - reported >= self.interval:
+                    reported = time.monotonic()
+                    await self.dispatcher.report_backlog()
             except Exception as exc:  # a database outage: logged, tried again with backoff
                 failures += 1
                 log.warning("webhook delivery step failed: %s", type(exc).__name__)

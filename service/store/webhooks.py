@@ -24,6 +24,7 @@ from .sealed import swap_sealed
 from .tables import webhook_attempts, webhook_cursor, webhook_deliveries, webhook_endpoints
 
 CURSOR_ROW = 1
+WAITING = (DeliveryStatus.PENDING.value, DeliveryStatus.DELIVERING.value)  # neither delivered nor given up
 
 
 class _CursorMoved(Exception):
@@ -230,6 +231,15 @@ class WebhookRepository:
             return (await c.execute(statement)).rowcount > 0
 
     # -- reading --------------------------------------------------------------------------------------------
+    async def backlog(self, conn: AsyncConnection | None = None) -> tuple[int, datetime | None]:
+        """How many deliveries wait (pending, due or waiting for a retry, or in an attempt) and when the oldest of
+        them was made (None when none waits): one aggregate read, over the waiting rows only (the status index)."""
+        d = webhook_deliveries.c
+        statement = select(func.count(), func.min(d.created_at)).where(d.status.in_(WAITING))
+        async with self._db.read(conn) as c:
+            count, oldest = (await c.execute(statement)).one()
+        return int(count), oldest
+
     async def deliveries(
         self, endpoint_id: str, *, limit: int, conn: AsyncConnection | None = None
     ) -> list[WebhookDeliveryRecord]:
