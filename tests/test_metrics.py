@@ -1,4 +1,5 @@
-"""`/metrics` on the wire: after a known sequence of flows, each metric holds the value that sequence implies.
+"""`/metrics` on the wire: after a known sequence of flows, each metric holds the value that sequence implies; the
+webhook backlog gauges follow deliveries waiting for retries, read once per poll interval and only where they can be.
 
 Scraped over HTTP from a real loopback server; parsed with prometheus-client's own parser.
 """
@@ -7,14 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import event, func, select
 
 from service import AuthorizationStatus, ElicitationStatus
+from service.store import Store, tables
 from service.testing import ScriptedBrowser
 from service.web.server import make_server
 
@@ -218,3 +223,132 @@ async def test_webhook_attempts_are_counted_by_what_followed(
     # Bounded labels: no tenant, endpoint, URL or event id.
     for unbounded in ("agent-a", webhook["webhookId"], receiver.url, created["elicitationId"]):
         assert unbounded not in text
+
+
+def backlog(found: dict[tuple[str, frozenset[tuple[str, str]]], float]) -> tuple[float, float]:
+    return (
+        value(found, "acp_connector_webhook_deliveries_waiting"),
+        value(found, "acp_connector_webhook_oldest_waiting_seconds"),
+    )
+
+
+async def oldest_waiting_created_at(store: Store) -> datetime | None:
+    d = tables.webhook_deliveries.c
+    async with store.engine.connect() as conn:
+        statement = select(func.min(d.created_at)).where(d.status.in_(("pending", "delivering")))
+        return (await conn.execute(statement)).scalar()
+
+
+@pytest.mark.duration(4)
+async def test_webhook_backlog_gauges_show_deliveries_waiting_for_a_retry_then_none(
+    deploy_with: Deploy, database_url: str
+) -> None:
+    """Two deliveries to a receiver answering 500 wait for retries: the gauges show 2 and the oldest one's age, read
+    from the database; once the receiver recovers and both are delivered, 0 and 0."""
+    answer = {"now": "fail"}
+    async with (
+        deploy_with(**FAST, CONNECTOR_DATABASE__URL=database_url) as deployment,
+        receiving(lambda n: answer["now"]) as receiver,
+    ):
+        store = deployment.connector.runtime.store
+        url = f"{deployment.base_url}/metrics"
+        assert backlog(samples((await scrape(url)).text)) == (0, 0)
+        key = await make_key(store, "agent-a")
+        async with api_client(deployment.base_url, key) as api:
+            webhook = (await api.post("/v1/webhooks", json={"url": receiver.url})).json()
+            for n in range(2):
+                made = (await api.post("/v1/elicitations", json=create_body(ALICE, scopes=[f"s{n}"]))).json()
+                await api.post(f"/v1/elicitations/{made['elicitationId']}/cancel")
+            await receiver.wait_until(lambda r: len(r.by_id()) == 2 and all(len(v) >= 2 for v in r.by_id().values()))
+
+            async def waiting() -> tuple[float, float] | None:
+                found = backlog(samples((await scrape(url)).text))
+                return found if found[0] == 2 and found[1] > 0 else None
+
+            _, age = await webhooks_eventually(waiting)
+            oldest = await oldest_waiting_created_at(store)
+            assert oldest is not None
+            # The oldest delivery's age as the database has it, read at most a poll interval (and a margin) ago.
+            assert 0 < age <= (datetime.now(UTC) - oldest).total_seconds() + 0.01
+            assert age >= (datetime.now(UTC) - oldest).total_seconds() - 2
+            later = await webhooks_eventually(
+                lambda: _backlog_when(url, lambda found: found[1] > age + 0.1)  # it keeps growing while it waits
+            )
+            assert later[0] == 2
+
+            answer["now"] = "ok"
+
+            async def all_delivered() -> bool:
+                found = (await api.get(f"/v1/webhooks/{webhook['webhookId']}/deliveries")).json()["deliveries"]
+                return len(found) == 2 and {d["status"] for d in found} == {"delivered"}
+
+            await webhooks_eventually(all_delivered)
+            assert await webhooks_eventually(lambda: _backlog_when(url, lambda found: found == (0, 0))) == (0, 0)
+
+
+async def _backlog_when(url: str, condition: Callable[[tuple[float, float]], bool]) -> tuple[float, float] | None:
+    found = backlog(samples((await scrape(url)).text))
+    return found if condition(found) else None
+
+
+def backlog_reads(store: Store) -> list[str]:
+    """A list that collects, from now on, every statement of `store` that reads the webhook backlog."""
+    seen: list[str] = []
+
+    def record(conn: Any, cursor: Any, statement: str, *rest: Any) -> None:
+        if "min(webhook_deliveries.created_at)" in statement:
+            seen.append(statement)
+
+    for engine in {store.db.writer, store.db.reader}:
+        event.listen(engine.sync_engine, "before_cursor_execute", record)
+    return seen
+
+
+@pytest.mark.duration(3)
+async def test_webhook_backlog_is_read_once_per_interval_not_per_event_or_scrape(deploy_with: Deploy) -> None:
+    interval = 0.5
+    settings = {**FAST, "CONNECTOR_WEBHOOKS__POLL_INTERVAL_SECONDS": str(interval)}
+    async with deploy_with(**settings) as deployment, receiving() as receiver:
+        store = deployment.connector.runtime.store
+        url = f"{deployment.base_url}/metrics"
+        key = await make_key(store, "agent-a")
+        async with api_client(deployment.base_url, key) as api:
+            assert (await api.post("/v1/webhooks", json={"url": receiver.url})).status_code == 201
+            await asyncio.sleep(interval * 2)  # the worker has seen the endpoint
+            reads = backlog_reads(store)
+            started = time.monotonic()
+            for n in range(10):  # ten events, each waking the worker, and ten scrapes
+                made = (await api.post("/v1/elicitations", json=create_body(ALICE, scopes=[f"s{n}"]))).json()
+                await api.post(f"/v1/elicitations/{made['elicitationId']}/cancel")
+                assert (await scrape(url)).status_code == 200
+            await receiver.wait_until(lambda r: len(r.by_id()) == 10)
+            await asyncio.sleep(interval * 3)  # the worker's own rounds: a read in each
+            elapsed = time.monotonic() - started
+            assert backlog(samples((await scrape(url)).text)) == (0, 0)
+    assert 1 <= len(reads) <= elapsed / interval + 2, (len(reads), elapsed)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        pytest.param({}, id="no-endpoint"),
+        pytest.param({"CONNECTOR_WEBHOOKS__DELIVER": "false"}, id="delivery-off"),
+    ],
+)
+async def test_webhook_backlog_is_not_read_without_an_endpoint_or_delivery(
+    deploy_with: Deploy, settings: dict[str, str]
+) -> None:
+    async with deploy_with(**FAST, **settings) as deployment:
+        store = deployment.connector.runtime.store
+        reads = backlog_reads(store)
+        key = await make_key(store, "agent-a")
+        async with api_client(deployment.base_url, key) as api:
+            if settings:  # delivery is off here: an endpoint and its events change nothing
+                assert (await api.post("/v1/webhooks", json={"url": "http://127.0.0.1:9/hook"})).status_code == 201
+            for n in range(3):
+                made = (await api.post("/v1/elicitations", json=create_body(ALICE, scopes=[f"s{n}"]))).json()
+                await api.post(f"/v1/elicitations/{made['elicitationId']}/cancel")
+        await asyncio.sleep(0.5)  # ten poll intervals
+        found = samples((await scrape(f"{deployment.base_url}/metrics")).text)
+    assert reads == []
+    assert backlog(found) == (0, 0)
