@@ -123,9 +123,11 @@ async def ts_agent(script: Path, sidecar: Sidecar, client: ScriptedClient) -> As
         yield TsAgent(client, agent, session)
 
 
-async def sidecar_state(sidecar: Sidecar, elicitation_id: str) -> dict[str, object]:
+async def sidecar_state(sidecar: Sidecar, elicitation_id: str, wait: float | None = None) -> dict[str, Any]:
+    """The elicitation's state at the sidecar (with `wait`: once it has an outcome, or when the seconds are up)."""
+    params = {"wait": str(wait)} if wait is not None else {}
     async with api_client(sidecar.base_url, sidecar.api_key) as api:
-        answer = await api.get(f"/v1/elicitations/{elicitation_id}")
+        answer = await api.get(f"/v1/elicitations/{elicitation_id}", params=params)
         assert answer.status_code == 200, answer.text
         return answer.json()  # type: ignore[no-any-return]
 
@@ -221,14 +223,6 @@ def tool_call_updates(client: ScriptedClient, tool_call_id: str) -> list[dict[st
     return [u for u in updates if u.get("toolCallId") == tool_call_id]
 
 
-async def ended_state(sidecar: Sidecar, elicitation_id: str, within: float = 10.0) -> dict[str, Any]:
-    """The elicitation's state at the sidecar once it has an outcome."""
-    async with api_client(sidecar.base_url, sidecar.api_key) as api:
-        answer = await api.get(f"/v1/elicitations/{elicitation_id}", params={"wait": str(within)})
-        assert answer.status_code == 200, answer.text
-        return answer.json()  # type: ignore[no-any-return]
-
-
 @pytest.mark.duration(8)
 async def test_ts_agent_withdraws_its_create_when_the_browser_finishes_first(
     agent_script: Path, sidecar: Sidecar, provider: MockOAuthProvider
@@ -275,7 +269,7 @@ async def test_ts_agent_reports_a_client_that_goes_away_mid_create_as_a_disconne
     with suppress(BaseException):
         await turn
     assert elicitation.response is None and elicitation.elicitation_id is not None
-    state = await ended_state(sidecar, elicitation.elicitation_id)
+    state = await sidecar_state(sidecar, elicitation.elicitation_id, wait=10)
     assert state["status"] == "cancelled", agent.stderr()
     assert state["outcome"] == "disconnected" and state["reason"] == "client_disconnected", state
     assert agent.process.process.returncode == 0, agent.stderr()  # it finished its work and exited on its own
@@ -316,7 +310,7 @@ async def test_ts_agent_session_cancel_withdraws_its_create_and_says_why(
     eid = elicitation.elicitation_id
     assert eid is not None
     assert [c["params"] for c in client.received("$/cancel_request")] == [{"requestId": elicitation.request_id}]
-    state = await ended_state(sidecar, eid)
+    state = await sidecar_state(sidecar, eid, wait=10)
     assert state["outcome"] == "cancelled" and state["reason"] == "the client cancelled the session's work", state
     [audited] = await sidecar.store.audit.list(elicitation_id=eid, event="cancelled")
     assert {k: audited.detail.get(k) for k in ("cause", "request_cancelled")} == {
@@ -346,7 +340,7 @@ async def test_ts_agent_reports_a_client_that_goes_away_in_the_browser_phase_as_
     turn.cancel()
     with suppress(BaseException):
         await turn
-    state = await ended_state(sidecar, eid)
+    state = await sidecar_state(sidecar, eid, wait=10)
     assert state["outcome"] == "disconnected" and state["reason"] == "client_disconnected", state
     assert agent.process.process.returncode == 0, agent.stderr()
     assert client.received("elicitation/complete") == [] and client.received("$/cancel_request") == []
@@ -365,7 +359,7 @@ async def test_ts_agent_stops_when_the_client_cancels_the_prompt_request(agent_s
             await asyncio.wait_for(turn, 30)
         eid = elicitation.elicitation_id
         assert eid is not None
-        state = await ended_state(sidecar, eid)
+        state = await sidecar_state(sidecar, eid, wait=10)
         stderr = agent.stderr()
     assert [c["params"] for c in client.received("$/cancel_request")] == [{"requestId": elicitation.request_id}]
     assert state["outcome"] == "cancelled", stderr
