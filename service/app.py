@@ -161,7 +161,9 @@ def build_webhooks(
     sender = HttpWebhookSender(
         timeout=settings.webhooks.timeout_seconds, allow_private=settings.webhooks.allow_private_addresses
     )
-    dispatcher = WebhookDispatcher(endpoints, store.outbox, sender, store.origin, metrics=metrics)
+    # Without metrics exposed, the backlog is not read at all.
+    exposed = metrics if settings.metrics.enabled else None
+    dispatcher = WebhookDispatcher(endpoints, store.outbox, sender, store.origin, metrics=exposed)
     return endpoints, WebhookWorker(dispatcher, bus, sender, interval=settings.webhooks.poll_interval_seconds)
 
 

@@ -333,9 +333,10 @@ async def test_webhook_backlog_is_read_once_per_interval_not_per_event_or_scrape
     [
         pytest.param({}, id="no-endpoint"),
         pytest.param({"CONNECTOR_WEBHOOKS__DELIVER": "false"}, id="delivery-off"),
+        pytest.param({"CONNECTOR_METRICS__ENABLED": "false"}, id="metrics-off"),
     ],
 )
-async def test_webhook_backlog_is_not_read_without_an_endpoint_or_delivery(
+async def test_webhook_backlog_is_not_read_without_an_endpoint_or_delivery_or_metrics(
     deploy_with: Deploy, settings: dict[str, str]
 ) -> None:
     async with deploy_with(**FAST, **settings) as deployment:
@@ -343,12 +344,15 @@ async def test_webhook_backlog_is_not_read_without_an_endpoint_or_delivery(
         reads = backlog_reads(store)
         key = await make_key(store, "agent-a")
         async with api_client(deployment.base_url, key) as api:
-            if settings:  # delivery is off here: an endpoint and its events change nothing
+            if settings:  # delivery or metrics are off here: an endpoint and its events change nothing
                 assert (await api.post("/v1/webhooks", json={"url": "http://127.0.0.1:9/hook"})).status_code == 201
             for n in range(3):
                 made = (await api.post("/v1/elicitations", json=create_body(ALICE, scopes=[f"s{n}"]))).json()
                 await api.post(f"/v1/elicitations/{made['elicitationId']}/cancel")
         await asyncio.sleep(0.5)  # ten poll intervals
-        found = samples((await scrape(f"{deployment.base_url}/metrics")).text)
+        scraped = await scrape(f"{deployment.base_url}/metrics")
     assert reads == []
-    assert backlog(found) == (0, 0)
+    if "CONNECTOR_METRICS__ENABLED" in settings:
+        assert scraped.status_code == 404
+    else:
+        assert backlog(samples(scraped.text)) == (0, 0)
