@@ -93,10 +93,14 @@ class TsAgent:
     process: SpawnedAgent
     session_id: str
 
-    async def prompt(self, *, browser_authorizes: bool = False) -> str:
-        """One turn ("list my repositories"), the browser authorizing when the client consents; its stop reason."""
+    def start_turn(self) -> asyncio.Task[Any]:
+        """One turn ("list my repositories") under way; the task ends with the prompt's response."""
         ask = [text_block("list my repositories")]
-        turn = asyncio.create_task(self.process.conn.prompt(session_id=self.session_id, prompt=ask))
+        return asyncio.create_task(self.process.conn.prompt(session_id=self.session_id, prompt=ask))
+
+    async def prompt(self, *, browser_authorizes: bool = False) -> str:
+        """One turn, the browser authorizing when the client consents; its stop reason."""
+        turn = self.start_turn()
         if browser_authorizes:
             elicitation = await self.client.next_consented(within=30)
             async with ScriptedBrowser() as browser:
@@ -229,9 +233,7 @@ async def test_ts_agent_withdraws_its_create_when_the_browser_finishes_first(
 ) -> None:
     client = ScriptedClient("hold")  # the client has not answered the create when the browser finishes
     async with ts_agent(agent_script, sidecar, client) as agent:
-        turn = asyncio.create_task(
-            agent.process.conn.prompt(session_id=agent.session_id, prompt=[text_block("list my repositories")])
-        )
+        turn = agent.start_turn()
         elicitation = await client.next_elicitation(within=30)
         # The user opened the link elsewhere (not through this client's consent): read it from the request itself.
         async with ScriptedBrowser() as browser:
@@ -260,9 +262,7 @@ async def test_ts_agent_reports_a_client_that_goes_away_mid_create_as_a_disconne
 ) -> None:
     client = ScriptedClient("hold")
     async with ts_agent(agent_script, sidecar, client) as agent:
-        turn = asyncio.create_task(
-            agent.process.conn.prompt(session_id=agent.session_id, prompt=[text_block("list my repositories")])
-        )
+        turn = agent.start_turn()
         elicitation = await client.next_elicitation(within=30)
     # Leaving the block closed the client's connection and the agent's stdin, the create still unanswered.
     turn.cancel()
@@ -301,9 +301,7 @@ async def test_ts_agent_session_cancel_withdraws_its_create_and_says_why(
 ) -> None:
     client = ScriptedClient("hold")
     async with ts_agent(agent_script, sidecar, client) as agent:
-        turn = asyncio.create_task(
-            agent.process.conn.prompt(session_id=agent.session_id, prompt=[text_block("list my repositories")])
-        )
+        turn = agent.start_turn()
         elicitation = await client.next_elicitation(within=30)
         await agent.process.conn.cancel(session_id=agent.session_id)
         assert str((await asyncio.wait_for(turn, 30)).stop_reason) == "cancelled", agent.stderr()
@@ -327,9 +325,7 @@ async def test_ts_agent_reports_a_client_that_goes_away_in_the_browser_phase_as_
 ) -> None:
     client = ScriptedClient("accept")  # the user consents but never finishes in the browser
     async with ts_agent(agent_script, sidecar, client) as agent:
-        turn = asyncio.create_task(
-            agent.process.conn.prompt(session_id=agent.session_id, prompt=[text_block("list my repositories")])
-        )
+        turn = agent.start_turn()
         eid = (await client.next_consented(within=30)).elicitation_id
         assert eid is not None
         async with api_client(sidecar.base_url, sidecar.api_key) as api:
@@ -350,9 +346,7 @@ async def test_ts_agent_reports_a_client_that_goes_away_in_the_browser_phase_as_
 async def test_ts_agent_stops_when_the_client_cancels_the_prompt_request(agent_script: Path, sidecar: Sidecar) -> None:
     client = ScriptedClient("hold")
     async with ts_agent(agent_script, sidecar, client) as agent:
-        turn = asyncio.create_task(
-            agent.process.conn.prompt(session_id=agent.session_id, prompt=[text_block("list my repositories")])
-        )
+        turn = agent.start_turn()
         elicitation = await client.next_elicitation(within=30)
         await client.cancel_request(client.sent("session/prompt")[-1]["id"])
         with suppress(Exception):  # the prompt answers "cancelled" or with -32800, as the SDK decides
