@@ -1,5 +1,6 @@
 """Vault key rotation over the store: what each key encrypts, re-encrypting every grant and every webhook endpoint
-secret under the primary key, and whether a key may be retired.
+secret (the current one and, after a secret rotation, the previous one) under the primary key, and whether a key may
+be retired.
 
 `rotate_grants` and `rotate_webhook_secrets` work in batches, each its own transaction, so a crash loses at most the
 batch in flight and a new run carries on where the last one stopped (it picks the rows not yet under the primary
@@ -32,8 +33,8 @@ MAX_PASSES = 10  # a row another replica keeps rewriting under an old key is lef
 
 @dataclass(frozen=True, slots=True)
 class KeyUsage:
-    """What one key id still encrypts: grants, webhook endpoint secrets, and secrets of flows still in progress (at
-    most minutes old)."""
+    """What one key id still encrypts: grants, webhook endpoint secrets (current and previous ones), and secrets of
+    flows still in progress (at most minutes old)."""
 
     grants: int = 0
     open_flows: int = 0
@@ -118,14 +119,36 @@ async def rotate_webhook_secrets(
     progress: Callable[[RotationReport], None] | None = None,
 ) -> RotationReport:
     """Re-encrypt every webhook endpoint's signing secret that is not under the primary key, as `rotate_grants`
-    does for grants. The secret itself (what receivers verify with) does not change."""
+    does for grants, then every previous secret (one a secret rotation keeps signing for an overlap; expired or
+    not, it is still encrypted under its key). The secrets themselves (what receivers verify with) do not change."""
 
     async def pick(key_id: str, after: str, limit: int) -> list[Sealed]:
         found = await store.webhooks.secrets_not_under(key_id, after=after, limit=limit)
         return [Sealed(e.id, e.secret_key_id, e.secret_ciphertext, secret_aad(e.id, e.tenant)) for e in found]
 
-    swap = _swapping(store.webhooks.swap_secret)
-    return await _rotate(store, vault, pick, swap, batch_size=batch_size, pause=pause, progress=progress)
+    async def pick_previous(key_id: str, after: str, limit: int) -> list[Sealed]:
+        found = await store.webhooks.previous_secrets_not_under(key_id, after=after, limit=limit)
+        return [
+            Sealed(e.id, e.previous_secret_key_id, e.previous_secret_ciphertext, secret_aad(e.id, e.tenant))
+            for e in found
+            if e.previous_secret_key_id is not None and e.previous_secret_ciphertext is not None
+        ]
+
+    report = await _rotate(
+        store, vault, pick, _swapping(store.webhooks.swap_secret), batch_size=batch_size, pause=pause, progress=progress
+    )
+    # A secret rotation meanwhile may have moved a current secret read under the old key into the previous
+    # columns (as it was): this second sweep finds it there.
+    return await _rotate(
+        store,
+        vault,
+        pick_previous,
+        _swapping(store.webhooks.swap_previous_secret),
+        batch_size=batch_size,
+        pause=pause,
+        progress=progress,
+        report=report,
+    )
 
 
 def _swapping(replace: Callable[..., Awaitable[bool]]) -> Swap:
@@ -153,11 +176,13 @@ async def _rotate(
     batch_size: int,
     pause: float,
     progress: Callable[[RotationReport], None] | None,
+    report: RotationReport | None = None,
 ) -> RotationReport:
+    """Run passes of `pick` and `swap`, adding to `report` (a new one without it)."""
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
     primary = vault.primary_key_id
-    report = RotationReport()
+    report = RotationReport() if report is None else report
     for _ in range(MAX_PASSES):
         changed_before = report.changed_meanwhile
         after = ""

@@ -79,6 +79,10 @@ _EVENTS: dict[str, str] = {
     "api_key_revoked": "An API key for the /v1 API was revoked (`acp-connector api-keys revoke`).",
     "webhook_created": "A webhook endpoint was registered for a tenant (detail: its id, the tenant, how: api or cli).",
     "webhook_deleted": "A webhook endpoint was removed with its deliveries (detail: its id, the tenant, how).",
+    "webhook_secret_rotated": (
+        "A webhook endpoint's signing secret was replaced; the previous one signs too until the overlap ends "
+        "(detail: its id, the tenant, how, the overlap in seconds)."
+    ),
 }
 
 AUDIT_EVENTS: Mapping[str, str] = MappingProxyType(_EVENTS)

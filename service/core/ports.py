@@ -280,6 +280,17 @@ class WebhookRepo(Protocol):
     async def endpoints(self, tenant: str | None = None, conn: Tx = None) -> list[WebhookEndpointRecord]: ...
     async def endpoint(self, id: str, conn: Tx = None) -> WebhookEndpointRecord | None: ...
     async def delete_endpoint(self, id: str, conn: Tx = None) -> bool: ...
+    async def replace_secret(
+        self,
+        id: str,
+        *,
+        old_key_id: str,
+        old_ciphertext: bytes,
+        new_key_id: str,
+        new_ciphertext: bytes,
+        previous_expires_at: datetime | None,
+        conn: Tx = None,
+    ) -> bool: ...
     async def cursor(self, conn: Tx = None) -> int: ...
     async def enqueue(
         self, deliveries: Sequence[WebhookDeliveryRecord], *, from_cursor: int, to_cursor: int, conn: Tx = None

@@ -220,6 +220,19 @@ class WebhookEndpointRecord:
     secret_ciphertext: bytes
     after_event_id: int  # events up to this one (the log's newest when it was made) are not sent to it
     created_at: datetime
+    # The secret a rotation replaced (encrypted like the current one), which signs too until it expires.
+    previous_secret_key_id: str | None = None
+    previous_secret_ciphertext: bytes | None = None
+    previous_secret_expires_at: datetime | None = None
+
+    def previous_secret_live(self, now: datetime) -> bool:
+        """Whether the previous secret still signs at `now` (it does until its expiry, exclusive)."""
+        return (
+            self.previous_secret_key_id is not None
+            and self.previous_secret_ciphertext is not None
+            and self.previous_secret_expires_at is not None
+            and now < self.previous_secret_expires_at
+        )
 
     def __repr__(self) -> str:
         return f"WebhookEndpointRecord(id={self.id!r}, tenant={self.tenant!r}, url={self.url!r})"

@@ -9,10 +9,14 @@ as JSON, with three headers (the Standard Webhooks layout):
     Webhook-Signature: v1=<hex HMAC-SHA256, keyed by the endpoint's secret, of "<id>.<timestamp>.<body>">
 
 Each endpoint belongs to a tenant (an API key's agent) and has its own secret (`whsec_...`), shown once when it is
-made and kept encrypted by the vault. Delivery is driven from the event log, so it survives restarts and works
-across replicas: a fan-out step turns new log entries into delivery rows (the cursor moves by a conditional update,
-so one replica does it once), and each attempt is taken by one replica by a conditional update (a lease; an
-attempt whose replica vanished is taken again when the lease ends). Failed attempts are retried with exponential
+made and kept encrypted by the vault. A secret rotation (`rotate_secret`) makes a new one, shown once too, and keeps
+the one it replaces signing for an overlap: meanwhile `Webhook-Signature` holds both signatures, the new one first
+(`v1=<new> v1=<old>`), so a receiver verifies with either secret and switches when it likes.
+
+Delivery is driven from the event log, so it survives restarts and works across replicas: a fan-out step turns new
+log entries into delivery rows (the cursor moves by a conditional update, so one replica does it once), and each
+attempt is taken by one replica by a conditional update (a lease; an attempt whose replica vanished is taken again
+when the lease ends). Failed attempts are retried with exponential
 backoff and jitter until the delivery is `max_age` old. At least once: a receiver may see an event twice (a lost
 answer), never a wrong one.
 """
@@ -53,6 +57,10 @@ SIGNATURE_HEADER = "Webhook-Signature"
 DEFAULT_TOLERANCE_SECONDS = 300
 MAX_ENDPOINTS_PER_TENANT = 10
 MAX_URL_LENGTH = 2048
+# How long a rotated-out secret keeps signing alongside the new one, unless the rotation says otherwise.
+DEFAULT_SECRET_OVERLAP = timedelta(hours=24)
+MAX_SECRET_OVERLAP = timedelta(days=7)
+ROTATION_ATTEMPTS = 5  # a secret rotation racing a key rotation (or another rotation) reads the row again
 FAN_OUT_BATCH = 500
 CLAIM_BATCH = 20
 # How long a replica believes a read that found no endpoint at all (one registered in this process ends it at once).
@@ -91,11 +99,14 @@ def signature(secret: str, message_id: str, timestamp: int, body: bytes) -> str:
     return f"{SIGNATURE_VERSION}=" + hmac.new(secret_key(secret), signed, hashlib.sha256).hexdigest()
 
 
-def signed_headers(secret: str, message_id: str, timestamp: int, body: bytes) -> dict[str, str]:
+def signed_headers(secret: str | Sequence[str], message_id: str, timestamp: int, body: bytes) -> dict[str, str]:
+    """The three headers; with several secrets (during a secret rotation's overlap: the new one first), one
+    signature each, space-separated in the one `Webhook-Signature` header."""
+    secrets_ = [secret] if isinstance(secret, str) else list(secret)
     return {
         ID_HEADER: message_id,
         TIMESTAMP_HEADER: str(timestamp),
-        SIGNATURE_HEADER: signature(secret, message_id, timestamp, body),
+        SIGNATURE_HEADER: " ".join(signature(each, message_id, timestamp, body) for each in secrets_),
     }
 
 
@@ -290,9 +301,54 @@ class WebhookEndpoints:
         self.registered_here += 1
         return record, secret
 
+    async def rotate_secret(
+        self, endpoint: WebhookEndpointRecord, overlap: timedelta = DEFAULT_SECRET_OVERLAP
+    ) -> tuple[WebhookEndpointRecord, str]:
+        """Give an endpoint a new secret (returned this once, stored only encrypted) and keep the current one
+        signing alongside it for `overlap` (none with zero): receivers switch secrets without a rejected delivery.
+        A previous secret still in its overlap is dropped (only one previous secret is kept). Raises ValueError
+        for an overlap out of range, LookupError when the endpoint is gone."""
+        if not timedelta(0) <= overlap <= MAX_SECRET_OVERLAP:
+            raise ValueError(f"the overlap is between 0 and {int(MAX_SECRET_OVERLAP.total_seconds())} seconds")
+        secret = new_secret()
+        aad = secret_aad(endpoint.id, endpoint.tenant)
+        key_id, blob = self.vault.encrypt(secret.encode(), aad=aad)
+        current: WebhookEndpointRecord | None = endpoint
+        for _ in range(ROTATION_ATTEMPTS):
+            if current is None:
+                break
+            now = self.now()
+            expires = now + overlap if overlap > timedelta(0) else None
+            # The current ciphertext moves as it is: the same associated data binds both secrets to the endpoint.
+            if await self.repo.replace_secret(
+                current.id,
+                old_key_id=current.secret_key_id,
+                old_ciphertext=current.secret_ciphertext,
+                new_key_id=key_id,
+                new_ciphertext=blob,
+                previous_expires_at=expires,
+            ):
+                rotated = await self.repo.endpoint(current.id)
+                if rotated is None:
+                    break
+                return rotated, secret
+            current = await self.repo.endpoint(current.id)  # changed meanwhile: read it again
+        raise LookupError("the webhook endpoint is gone, or its secret keeps changing")
+
     def secret_of(self, endpoint: WebhookEndpointRecord) -> str:
         aad = secret_aad(endpoint.id, endpoint.tenant)
         return self.vault.decrypt(endpoint.secret_key_id, endpoint.secret_ciphertext, aad=aad).decode()
+
+    def signing_secrets(self, endpoint: WebhookEndpointRecord, now: datetime) -> list[str]:
+        """The secrets a delivery at `now` is signed with: the current one, then the previous one while its
+        overlap lasts (checked here, at signing time: an expired one left in the row signs nothing)."""
+        found = [self.secret_of(endpoint)]
+        if endpoint.previous_secret_live(now):
+            assert endpoint.previous_secret_key_id is not None and endpoint.previous_secret_ciphertext is not None
+            aad = secret_aad(endpoint.id, endpoint.tenant)
+            previous = self.vault.decrypt(endpoint.previous_secret_key_id, endpoint.previous_secret_ciphertext, aad=aad)
+            found.append(previous.decode())
+        return found
 
 
 # -- delivering ----------------------------------------------------------------------------------------------
@@ -408,9 +464,13 @@ class WebhookDispatcher:
         if endpoint is None:
             return  # removed meanwhile: its deliveries went with it
         body = delivery.body.encode()
+        signed_at = self.now()
         try:
             headers = signed_headers(
-                self.endpoints.secret_of(endpoint), str(delivery.event_id), int(self.now().timestamp()), body
+                self.endpoints.signing_secrets(endpoint, signed_at),
+                str(delivery.event_id),
+                int(signed_at.timestamp()),
+                body,
             )
         except Exception as exc:  # a secret this vault cannot read (a retired key): retried, and logged
             log.warning("a webhook secret cannot be read: %s", type(exc).__name__, extra={"webhook_id": endpoint.id})

@@ -272,6 +272,11 @@ webhook_endpoints = Table(
     Column("secret_ciphertext", LargeBinary, nullable=False),
     Column("after_event_id", BigInteger, nullable=False),
     Column("created_at", UTCDateTime, nullable=False),
+    # After a secret rotation: the secret before it (same vault, same associated data), signing alongside the
+    # current one until `previous_secret_expires_at`. All three are set together or are all NULL.
+    Column("previous_secret_key_id", String(64), nullable=True),
+    Column("previous_secret_ciphertext", LargeBinary, nullable=True),
+    Column("previous_secret_expires_at", UTCDateTime, nullable=True),
     Index(None, "tenant"),
 )
 

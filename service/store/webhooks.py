@@ -74,11 +74,53 @@ class WebhookRepository:
             result = await c.execute(delete(webhook_endpoints).where(webhook_endpoints.c.id == id))
         return result.rowcount > 0
 
+    async def replace_secret(
+        self,
+        id: str,
+        *,
+        old_key_id: str,
+        old_ciphertext: bytes,
+        new_key_id: str,
+        new_ciphertext: bytes,
+        previous_expires_at: datetime | None,
+        conn: AsyncConnection | None = None,
+    ) -> bool:
+        """A secret rotation: the current secret becomes the previous one (its ciphertext as it is, until
+        `previous_expires_at`; with None no previous secret is kept) and the new one current, in one conditional
+        UPDATE, if the row still holds `old_*` as its current secret (a rotation or a key rotation meanwhile makes
+        this False, and nothing changes). Whatever previous secret the row held is replaced."""
+        e = webhook_endpoints.c
+        keep = previous_expires_at is not None
+        statement = (
+            update(webhook_endpoints)
+            .where(e.id == id, e.secret_key_id == old_key_id, e.secret_ciphertext == old_ciphertext)
+            .values(
+                secret_key_id=new_key_id,
+                secret_ciphertext=new_ciphertext,
+                previous_secret_key_id=old_key_id if keep else None,
+                previous_secret_ciphertext=old_ciphertext if keep else None,
+                previous_secret_expires_at=previous_expires_at,
+            )
+        )
+        async with self._db.write(conn) as c:
+            return (await c.execute(statement)).rowcount == 1
+
     async def count_by_key(self, conn: AsyncConnection | None = None) -> dict[str, int]:
-        """How many endpoint secrets each vault key id encrypts."""
-        statement = select(webhook_endpoints.c.secret_key_id, func.count()).group_by(webhook_endpoints.c.secret_key_id)
+        """How many endpoint secrets each vault key id encrypts: current secrets and previous ones (expired or
+        not: a previous secret still in its row is still encrypted under its key)."""
+        e = webhook_endpoints.c
+        current = select(e.secret_key_id, func.count()).group_by(e.secret_key_id)
+        previous = (
+            select(e.previous_secret_key_id, func.count())
+            .where(e.previous_secret_key_id.is_not(None))
+            .group_by(e.previous_secret_key_id)
+        )
+        counts: dict[str, int] = {}
         async with self._db.read(conn) as c:
-            return {key_id: int(count) for key_id, count in (await c.execute(statement)).all()}
+            for statement in (current, previous):
+                for key_id, count in (await c.execute(statement)).all():
+                    counts[key_id] = counts.get(key_id, 0) + int(count)
+        return counts
 
     async def secrets_not_under(
         self, key_id: str, *, after: str = "", limit: int, conn: AsyncConnection | None = None
@@ -86,6 +128,20 @@ class WebhookRepository:
         """Up to `limit` endpoints whose secret is under another key than `key_id`, by id, ids after `after`."""
         e = webhook_endpoints.c
         statement = select(webhook_endpoints).where(e.secret_key_id != key_id, e.id > after).order_by(e.id).limit(limit)
+        async with self._db.read(conn) as c:
+            return [_endpoint(row) for row in (await c.execute(statement)).mappings().all()]
+
+    async def previous_secrets_not_under(
+        self, key_id: str, *, after: str = "", limit: int, conn: AsyncConnection | None = None
+    ) -> list[WebhookEndpointRecord]:
+        """Up to `limit` endpoints holding a previous secret under another key than `key_id`, by id, after `after`."""
+        e = webhook_endpoints.c
+        statement = (
+            select(webhook_endpoints)
+            .where(e.previous_secret_key_id.is_not(None), e.previous_secret_key_id != key_id, e.id > after)
+            .order_by(e.id)
+            .limit(limit)
+        )
         async with self._db.read(conn) as c:
             return [_endpoint(row) for row in (await c.execute(statement)).mappings().all()]
 
@@ -104,6 +160,27 @@ class WebhookRepository:
             self._db,
             webhook_endpoints.c.secret_key_id,
             webhook_endpoints.c.secret_ciphertext,
+            id,
+            old=(old_key_id, old_ciphertext),
+            new=(new_key_id, new_ciphertext),
+            conn=conn,
+        )
+
+    async def swap_previous_secret(
+        self,
+        id: str,
+        *,
+        old_key_id: str,
+        old_ciphertext: bytes,
+        new_key_id: str,
+        new_ciphertext: bytes,
+        conn: AsyncConnection | None = None,
+    ) -> bool:
+        """Replace an endpoint's encrypted previous secret if it still holds what was read (key rotation)."""
+        return await swap_sealed(
+            self._db,
+            webhook_endpoints.c.previous_secret_key_id,
+            webhook_endpoints.c.previous_secret_ciphertext,
             id,
             old=(old_key_id, old_ciphertext),
             new=(new_key_id, new_ciphertext),
@@ -292,6 +369,9 @@ def _endpoint(row: RowMapping) -> WebhookEndpointRecord:
         secret_ciphertext=row["secret_ciphertext"],
         after_event_id=int(row["after_event_id"]),
         created_at=row["created_at"],
+        previous_secret_key_id=row["previous_secret_key_id"],
+        previous_secret_ciphertext=row["previous_secret_ciphertext"],
+        previous_secret_expires_at=row["previous_secret_expires_at"],
     )
 
 

@@ -215,6 +215,25 @@ class WebhookCreated(Webhook):
     secret: str = Field(description="`whsec_` + base64; the HMAC-SHA256 key is the base64-decoded part.")
 
 
+class RotateWebhookSecret(_Request):
+    """A new signing secret for the endpoint; the current one keeps signing (a second signature) for the overlap."""
+
+    overlap_seconds: Annotated[int, Field(ge=0, le=7 * 24 * 3600)] = Field(
+        default=24 * 3600,
+        description="How long the current secret keeps signing alongside the new one (0: not at all; at most "
+        "7 days; default 24 hours). A previous secret still in its overlap is dropped.",
+    )
+
+
+class WebhookSecretRotated(WebhookCreated):
+    """The endpoint with its new signing secret: shown this once. Until `previousSecretExpiresAt` each delivery's
+    `Webhook-Signature` holds two signatures, `v1=<new> v1=<previous>`: either secret verifies it."""
+
+    previous_secret_expires_at: datetime | None = Field(
+        description="When the previous secret stops signing (null with an overlap of 0)."
+    )
+
+
 class WebhookList(_Model):
     webhooks: list[Webhook]
 

@@ -1,7 +1,10 @@
-"""`/v1/webhooks`: an API key's agent registers, lists and removes its signed-webhook endpoints, and reads how
-deliveries stand. The secret is in the answer that creates an endpoint, and nowhere else."""
+"""`/v1/webhooks`: an API key's agent registers, lists and removes its signed-webhook endpoints, rotates their
+signing secrets, and reads how deliveries stand. A secret is in the answer that creates it (registering, rotating),
+and nowhere else."""
 
 from __future__ import annotations
+
+from datetime import timedelta
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -60,6 +63,22 @@ class WebhookRoutes:
         created = models.WebhookCreated(**webhook_model(endpoint).model_dump(), secret=secret)
         return answer(created, 201)
 
+    async def rotate_secret(self, request: Request) -> Response:
+        key = await caller(request, self.api)
+        body = await read_model(request, models.RotateWebhookSecret, self.max_body, optional=True)
+        endpoint = await self._own(key, request.path_params["webhook_id"])
+        try:
+            rotated, secret = await self.webhooks.rotate_secret(endpoint, timedelta(seconds=body.overlap_seconds))
+        except LookupError:
+            raise FlowRefused("unknown_webhook") from None  # deleted meanwhile
+        await self._audit("webhook_secret_rotated", rotated, key, overlap_seconds=body.overlap_seconds)
+        made = models.WebhookSecretRotated(
+            **webhook_model(rotated).model_dump(),
+            secret=secret,
+            previous_secret_expires_at=rotated.previous_secret_expires_at,
+        )
+        return answer(made)
+
     async def listed(self, request: Request) -> Response:
         key = await caller(request, self.api)
         endpoints = await self.webhooks.repo.endpoints(key.tenant)
@@ -87,8 +106,8 @@ class WebhookRoutes:
             raise FlowRefused("unknown_webhook")
         return endpoint
 
-    async def _audit(self, event: str, endpoint: WebhookEndpointRecord, key: ApiKeyRecord) -> None:
-        detail = {"webhook_id": endpoint.id, "tenant": endpoint.tenant, "via": "api", "key_id": key.id}
+    async def _audit(self, event: str, endpoint: WebhookEndpointRecord, key: ApiKeyRecord, **more: int) -> None:
+        detail = {"webhook_id": endpoint.id, "tenant": endpoint.tenant, "via": "api", "key_id": key.id, **more}
         await self.api.store.audit.record(event, detail=detail, now=self.api.now())
 
     def operations(self) -> list[Operation]:
@@ -120,6 +139,18 @@ class WebhookRoutes:
                 "Remove a webhook endpoint, with its deliveries (nothing more is sent to it)",
                 responses={204: None},
                 errors=(*auth, "unknown_webhook"),
+                params=(wid,),
+            ),
+            Operation(
+                "POST",
+                "/v1/webhooks/{webhook_id}/secret",
+                self.rotate_secret,
+                "Rotate an endpoint's signing secret (the answer holds the new one, shown once); the previous one "
+                "keeps signing alongside it for the overlap (optional body)",
+                body=models.RotateWebhookSecret,
+                body_required=False,
+                responses={200: models.WebhookSecretRotated},
+                errors=(*auth, *body_errors, "unknown_webhook"),
                 params=(wid,),
             ),
             Operation(
