@@ -13,6 +13,7 @@ import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -394,6 +395,147 @@ async def test_two_replicas_on_postgresql_make_each_attempt_once(tmp_path: Path)
     assert sorted(attempt for _, attempt in attempts) == [1] * 8 + [2] * 8
     assert len(set(attempts)) == 16
     assert "Traceback" not in (tmp_path / "a.log").read_text() + (tmp_path / "b.log").read_text()
+
+
+def verifies(secret: str, received: Received) -> bool:
+    try:
+        client_verify_webhook(secret, received.headers, received.body)
+    except WebhookVerificationError:
+        return False
+    return True
+
+
+async def end_one_elicitation(api: Any) -> str:
+    created = (await api.post("/v1/elicitations", json=create_body(ALICE))).json()
+    await api.post(f"/v1/elicitations/{created['elicitationId']}/cancel")
+    return str(created["elicitationId"])
+
+
+async def test_a_rotated_secret_signs_with_the_previous_one_for_the_overlap_then_alone(
+    deploy_with: Deploy, database_url: str, captured_logs: pytest.LogCaptureFixture
+) -> None:
+    async with (
+        deploy_with(CONNECTOR_DATABASE__URL=database_url, **FAST) as deployment,
+        receiving() as receiver,
+    ):
+        store = deployment.connector.runtime.store
+        key = await make_key(store, "agent-a")
+        async with api_client(deployment.base_url, key) as api:
+            made = (await api.post("/v1/webhooks", json={"url": receiver.url, "description": "bot"})).json()
+            webhook_id, first = made["webhookId"], made["secret"]
+
+            # Without a body: the default overlap, 24 hours.
+            before = datetime.now(UTC)
+            rotated = await api.post(f"/v1/webhooks/{webhook_id}/secret")
+            assert rotated.status_code == 200, rotated.text
+            second = rotated.json()["secret"]
+            assert second.startswith("whsec_") and second != first
+            assert {k: v for k, v in rotated.json().items() if k not in ("secret", "previousSecretExpiresAt")} == {
+                k: v for k, v in made.items() if k != "secret"
+            }
+            expires = datetime.fromisoformat(rotated.json()["previousSecretExpiresAt"])
+            assert before + timedelta(hours=24) <= expires <= datetime.now(UTC) + timedelta(hours=24)
+            assert first not in rotated.text and first.removeprefix("whsec_") not in rotated.text
+            assert second not in (await api.get("/v1/webhooks")).text
+
+            # The next delivery carries both signatures, the new one first: either secret alone verifies it.
+            one = await end_one_elicitation(api)
+            await receiver.wait_until(lambda r: len(r.requests) >= 1)
+            overlapping = receiver.requests[-1]
+            assert json.loads(overlapping.body)["elicitationId"] == one
+            assert (
+                overlapping.headers["webhook-signature"]
+                == f"{recompute(second, overlapping)} {recompute(first, overlapping)}"
+            )
+            assert verifies(first, overlapping) and verifies(second, overlapping)
+
+            # A second rotation in the overlap keeps only the secret current at that moment as the previous one.
+            third = (await api.post(f"/v1/webhooks/{webhook_id}/secret", json={"overlapSeconds": 60})).json()["secret"]
+            await end_one_elicitation(api)
+            await receiver.wait_until(lambda r: len(r.requests) >= 2)
+            replaced = receiver.requests[-1]
+            assert (
+                replaced.headers["webhook-signature"] == f"{recompute(third, replaced)} {recompute(second, replaced)}"
+            )
+            assert verifies(third, replaced) and verifies(second, replaced) and not verifies(first, replaced)
+
+            # After the overlap (the connector's clock moved on), only the new secret signs.
+            deployment.connector.clock.advance(timedelta(seconds=61))
+            await end_one_elicitation(api)
+            await receiver.wait_until(lambda r: len(r.requests) >= 3)
+            after = receiver.requests[-1]
+            assert after.headers["webhook-signature"] == recompute(third, after)
+            assert verifies(third, after) and not verifies(second, after)
+
+            # An overlap of 0: the old secret stops signing at once.
+            zero = await api.post(f"/v1/webhooks/{webhook_id}/secret", json={"overlapSeconds": 0})
+            assert zero.status_code == 200 and zero.json()["previousSecretExpiresAt"] is None
+            fourth = zero.json()["secret"]
+            await end_one_elicitation(api)
+            await receiver.wait_until(lambda r: len(r.requests) >= 4)
+            last = receiver.requests[-1]
+            assert last.headers["webhook-signature"] == recompute(fourth, last)
+            assert verifies(fourth, last) and not verifies(third, last)
+
+        assert len(receiver.requests) == 4  # each delivered at its first attempt
+        audit = await store.audit.list(event="webhook_secret_rotated")
+        assert sorted(a.detail["overlap_seconds"] for a in audit) == [0, 60, 24 * 3600]
+        assert {(a.detail["webhook_id"], a.detail["tenant"], a.detail["via"]) for a in audit} == {
+            (webhook_id, "agent-a", "api")
+        }
+        async with store.engine.connect() as conn:
+            dump = repr((await conn.execute(select(tables.webhook_endpoints))).all())
+            dump += repr((await conn.execute(select(tables.audit_events))).all())
+        for secret in (first, second, third, fourth):
+            for where in (dump, captured_logs.text):
+                assert secret.removeprefix("whsec_") not in where
+
+
+BAD_ROTATIONS: list[tuple[dict[str, Any] | bytes, str]] = [
+    (b"{not json", "bad_request"),
+    (b"[60]", "bad_request"),
+    ({"overlapSeconds": -1}, "invalid_input"),
+    ({"overlapSeconds": 7 * 24 * 3600 + 1}, "invalid_input"),
+    ({"overlapSeconds": "60"}, "invalid_input"),
+    ({"overlapSeconds": 1.5}, "invalid_input"),
+    ({"overlapSeconds": True}, "invalid_input"),
+    ({"overlapSeconds": None}, "invalid_input"),
+    ({"overlapSeconds": 60, "secret": "whsec_AAAA"}, "invalid_input"),
+    ({"overlap": 60}, "invalid_input"),
+]
+
+
+async def endpoint_rows(store: Store) -> list[Any]:
+    async with store.engine.connect() as conn:
+        return list(
+            (await conn.execute(select(tables.webhook_endpoints).order_by(tables.webhook_endpoints.c.id))).all()
+        )
+
+
+async def test_secret_rotations_refused_change_nothing(deploy_with: Deploy, database_url: str) -> None:
+    async with deploy_with(CONNECTOR_DATABASE__URL=database_url) as deployment:
+        store = deployment.connector.runtime.store
+        key, other = await make_key(store, "agent-a"), await make_key(store, "agent-b")
+        async with api_client(deployment.base_url, key) as api, api_client(deployment.base_url, other) as api_b:
+            mine = (await api.post("/v1/webhooks", json={"url": "https://hooks.example.com/a"})).json()
+            path = f"/v1/webhooks/{mine['webhookId']}/secret"
+            before = await endpoint_rows(store)
+            for body, code in BAD_ROTATIONS:
+                sent = {"content": body} if isinstance(body, bytes) else {"json": body}
+                answer = await api.post(path, **sent)  # type: ignore[arg-type]
+                assert 400 <= answer.status_code < 500, (body, answer.text)
+                assert answer.json()["error"]["code"] == code, (body, answer.text)
+                assert answer.json()["error"]["message"]
+            for client, target in ((api_b, path), (api, "/v1/webhooks/wh_nosuch/secret")):
+                answer = await client.post(target, json={"overlapSeconds": 60})  # another tenant's, or none
+                assert (answer.status_code, answer.json()["error"]["code"]) == (404, "unknown_webhook")
+                assert "whsec_" not in answer.text
+        async with api_client(deployment.base_url, None) as anonymous:
+            answer = await anonymous.post(path)
+            assert (answer.status_code, answer.json()["error"]["code"]) == (401, "unauthorized")
+        assert await endpoint_rows(store) == before
+        assert before[0].previous_secret_ciphertext is None
+        assert await store.audit.list(event="webhook_secret_rotated") == []
 
 
 def run_cli(env: dict[str, str], *argv: str) -> tuple[int, str, str]:
