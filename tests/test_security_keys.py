@@ -16,7 +16,7 @@ import stat
 import sys
 import threading
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from service.core.records import GrantRecord
 from service.core.states import ElicitationStatus
 from service.core.webhooks import WebhookDispatcher, WebhookEndpoints, WebhookPolicy
 from service.events import HttpWebhookSender
-from service.rotation import rotate_grants
+from service.rotation import key_usage, rotate_grants, rotate_webhook_secrets
 from service.store import Store, migrate
 from service.vault import KeyRing, Vault, generate_key, remove_from_key_file
 
@@ -39,8 +39,9 @@ from .test_api_webhooks import receiving
 
 GRANTS = 1000
 TENANTS = ("agent-a", "agent-b")
-ENDPOINTS_PER_TENANT = 6  # twelve secrets: two batches of ten
-WEBHOOK_SECRETS = len(TENANTS) * ENDPOINTS_PER_TENANT
+ENDPOINTS_PER_TENANT = 6  # twelve endpoints: two batches of ten
+ROTATED_PER_TENANT = 3  # of which six had their secret rotated: they hold a previous secret, signing for a week
+WEBHOOK_SECRETS = len(TENANTS) * (ENDPOINTS_PER_TENANT + ROTATED_PER_TENANT)  # eighteen, current and previous
 KEY_A = generate_key("key-a")
 KEY_B = generate_key("key-b")
 ISSUER = "https://login.example.com"
@@ -95,10 +96,19 @@ def webhooks(store: Store, under: Vault) -> WebhookEndpoints:
     )
 
 
-async def seed_webhooks(store: Store, under: Vault, url: str) -> dict[str, str]:
-    """`ENDPOINTS_PER_TENANT` endpoints for each of `TENANTS`, secrets under `under`'s key: {endpoint id: secret}."""
-    made = [await webhooks(store, under).create(t, url, None) for t in TENANTS for _ in range(ENDPOINTS_PER_TENANT)]
-    return {endpoint.id: secret for endpoint, secret in made}
+async def seed_webhooks(store: Store, under: Vault, url: str) -> dict[str, set[str]]:
+    """`ENDPOINTS_PER_TENANT` endpoints for each of `TENANTS`, secrets under `under`'s key, the first
+    `ROTATED_PER_TENANT` of each tenant's with a rotated secret: {endpoint id: the secrets that sign for it}."""
+    endpoints = webhooks(store, under)
+    found: dict[str, set[str]] = {}
+    for tenant in TENANTS:
+        for number in range(ENDPOINTS_PER_TENANT):
+            endpoint, secret = await endpoints.create(tenant, url, None)
+            found[endpoint.id] = {secret}
+            if number < ROTATED_PER_TENANT:
+                _, new = await endpoints.rotate_secret(endpoint, timedelta(days=7))
+                found[endpoint.id].add(new)
+    return found
 
 
 async def all_grants(store: Store) -> list[GrantRecord]:
@@ -111,10 +121,12 @@ async def tokens_of(store: Store, ring: Vault) -> dict[str, Any]:
 
 def cli_env(database_url: str, keys: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONNECTOR_")}
-    return {**env, "CONNECTOR_DATABASE__URL": database_url, "CONNECTOR_VAULT__KEYS": keys}
+    # This checkout's code, whichever checkout the environment's editable install points at.
+    return {**env, "CONNECTOR_DATABASE__URL": database_url, "CONNECTOR_VAULT__KEYS": keys, "PYTHONPATH": str(REPO)}
 
 
 CLI = (sys.executable, "-m", "service.cli")
+REPO = Path(__file__).resolve().parents[1]
 
 
 async def keys_command(tmp_path: Path, env: dict[str, str], *args: str) -> tuple[int, str, str]:
@@ -198,12 +210,15 @@ async def test_rotation_killed_half_way_resumes_and_the_old_key_retires(
         assert await tokens_of(store, vault(KEY_B)) == before
         # ... and a delivery signed now verifies with the secret its receiver was given before the rotation.
         await deliver_one_event_per_tenant(store, vault(KEY_B))
-    assert len(receiver.requests) == WEBHOOK_SECRETS
+    assert len(receiver.requests) == len(secrets)
+    every_secret = set().union(*secrets.values())
     verified_by = [
-        [secret for secret in secrets.values() if verifies(secret, request.headers, request.body)]
+        {secret for secret in every_secret if verifies(secret, request.headers, request.body)}
         for request in receiver.requests
     ]
-    assert sorted(found for (found,) in verified_by) == sorted(secrets.values())  # each by one, each once
+    # Each endpoint's delivery once; a rotated one's verifies with its previous secret alone and its new one alone.
+    assert sorted(map(sorted, verified_by)) == sorted(map(sorted, secrets.values()))
+    assert sum(len(found) == 2 for found in verified_by) == len(TENANTS) * ROTATED_PER_TENANT
 
 
 def verifies(secret: str, headers: dict[str, str], body: bytes) -> bool:
@@ -221,9 +236,49 @@ async def deliver_one_event_per_tenant(store: Store, under: Vault) -> None:
     sender = HttpWebhookSender(timeout=10, allow_private=True)
     try:
         dispatcher = WebhookDispatcher(webhooks(store, under), store.outbox, sender, "replica-1")
-        assert await dispatcher.step() == WEBHOOK_SECRETS  # every attempt made (and awaited) in this step
+        assert (
+            await dispatcher.step() == len(TENANTS) * ENDPOINTS_PER_TENANT
+        )  # every attempt made (and awaited) in this step
     finally:
         await sender.aclose()
+
+
+class Crashing:
+    """The rotating vault (active key-b), which dies after `survive` re-encryptions (the process killed mid-batch)."""
+
+    def __init__(self, new: Vault, survive: int) -> None:
+        self.new, self.left = new, survive
+        self.primary_key_id = new.primary_key_id
+
+    def reencrypt(self, key_id: str, blob: bytes, *, aad: bytes) -> tuple[str, bytes]:
+        if self.left == 0:
+            raise SystemExit("killed")
+        self.left -= 1
+        return self.new.reencrypt(key_id, blob, aad=aad)
+
+
+async def test_previous_webhook_secrets_are_rotated_resumably_and_sign_under_the_new_key_alone(
+    store: Store, tmp_path: Path
+) -> None:
+    async with receiving() as receiver:
+        secrets = await seed_webhooks(store, vault(KEY_A), receiver.url)
+        endpoints = len(TENANTS) * ENDPOINTS_PER_TENANT
+        # Killed in the previous secrets' first batch of four: the current secrets are done, no previous one is.
+        with pytest.raises(SystemExit):
+            await rotate_webhook_secrets(store, Crashing(vault(KEY_B, KEY_A), endpoints + 3), batch_size=4)  # type: ignore[arg-type]
+        assert await store.webhooks.count_by_key() == {"key-b": endpoints, "key-a": WEBHOOK_SECRETS - endpoints}
+        assert (await key_usage(store, NOW))["key-a"].in_use  # so `keys retire key-a` is refused
+
+        report = await rotate_webhook_secrets(store, vault(KEY_B, KEY_A), batch_size=4)
+        assert (report.rotated, report.complete) == (WEBHOOK_SECRETS - endpoints, True)
+        assert await store.webhooks.count_by_key() == {"key-b": WEBHOOK_SECRETS}
+        assert "key-a" not in await key_usage(store, NOW)
+        await deliver_one_event_per_tenant(store, vault(KEY_B))  # key-a gone from the ring
+    verified_by = [
+        {secret for secret in set().union(*secrets.values()) if verifies(secret, r.headers, r.body)}
+        for r in receiver.requests
+    ]
+    assert sorted(map(sorted, verified_by)) == sorted(map(sorted, secrets.values()))
 
 
 async def test_a_grant_refreshed_on_another_replica_while_rotating_keeps_its_new_tokens(store: Store) -> None:
