@@ -6,17 +6,22 @@ from __future__ import annotations
 import asyncio
 import shutil
 from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
 import pytest
 from alembic import command
 from alembic.config import Config
+from alembic.script import ScriptDirectory
+from sqlalchemy import MetaData, Table, insert, select
 
 from service import AuthorizationStatus
-from service.store import alembic_config, head_revision
-from service.store.schema import OLDEST_SCHEMA_REVISION, script_location
+from service.core.webhooks import WebhookEndpoints, WebhookPolicy
+from service.store import Store, alembic_config, head_revision, migrate, tables
+from service.store.schema import OLDEST_SCHEMA_REVISION, declared_oldest_code_revision, script_location
 from service.testing import ScriptedBrowser
+from service.vault import KeyRing, Vault, generate_key
 
 from .acp_peers import RecordingClient, connect, prompt_text
 from .conftest import Deploy, fresh_postgres_database
@@ -67,6 +72,9 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_column("future_things", "label")
 '''
+
+
+NOW = datetime(2026, 12, 4, 9, 0, tzinfo=UTC)
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
@@ -148,3 +156,52 @@ async def test_a_replica_is_unready_on_a_schema_older_than_the_oldest_it_declare
         assert unready.status_code == 503
         assert unready.json()["code"] == "schema_not_current"
         assert f"(revision 0001, need {OLDEST_SCHEMA_REVISION} or later)" in unready.json()["message"]
+
+
+# What each revision added that the release before it never names: an older replica must keep working beside it.
+PREVIOUS_RELEASE_LACKS = {
+    "0011": {
+        "webhook_endpoints": ("previous_secret_key_id", "previous_secret_ciphertext", "previous_secret_expires_at")
+    }
+}
+
+
+def as_before(revision: str, table: Table) -> Table:
+    """`table` as the release before `revision` declared it (without the columns `revision` added)."""
+    lacking = PREVIOUS_RELEASE_LACKS[revision].get(table.name, ())
+    return Table(table.name, MetaData(), *(c._copy() for c in table.columns if c.name not in lacking))
+
+
+async def test_the_previous_release_works_on_the_webhook_secret_rotation_columns(database_url: str) -> None:
+    """0011 is expand-only: it promises what 0010 promised (older code runs on it), and a replica of the previous
+    release writes and reads webhook endpoints beside this one, which rotates their secrets; downgrading keeps
+    the endpoints and their current secrets."""
+    script = ScriptDirectory.from_config(alembic_config())
+    assert declared_oldest_code_revision(script, "0011") == declared_oldest_code_revision(script, "0010")
+    assert OLDEST_SCHEMA_REVISION == "0011"  # this code reads the new columns: it needs them
+    migrate(database_url)
+    old_table = as_before("0011", tables.webhook_endpoints)
+    vault = Vault(KeyRing.from_strings([generate_key("k1")]))
+    store = Store.from_url(database_url)
+    try:
+        endpoints = WebhookEndpoints(store.webhooks, store.outbox, vault, WebhookPolicy(), lambda: NOW)
+        mine, _ = await endpoints.create("agent-a", "https://hooks.example.com/new", None)
+        await endpoints.rotate_secret(mine)
+        theirs = {**{c.name: getattr(mine, c.name) for c in old_table.columns}, "id": "wh_old_release"}
+        async with store.engine.begin() as conn:
+            await conn.execute(insert(old_table).values(theirs))  # what the previous release inserts
+            rows = (await conn.execute(select(old_table).order_by(old_table.c.id))).mappings().all()
+        assert [row["id"] for row in rows] == sorted([mine.id, "wh_old_release"])  # ...and reads
+        old_row = await store.webhooks.endpoint("wh_old_release")
+        assert old_row is not None and old_row.previous_secret_ciphertext is None
+    finally:
+        await store.close()
+
+    await asyncio.to_thread(command.downgrade, alembic_config(database_url), "0010")
+    store = Store.from_url(database_url)
+    try:
+        async with store.engine.connect() as conn:
+            kept = (await conn.execute(select(old_table).where(old_table.c.id == mine.id))).mappings().one()
+        assert (kept["secret_key_id"], kept["tenant"]) == ("k1", "agent-a")
+    finally:
+        await store.close()
