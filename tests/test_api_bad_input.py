@@ -15,7 +15,14 @@ from service.store import tables
 from .api_support import api_client, create_body, make_key
 from .conftest import Deploy, Deployment, fresh_postgres_database
 
-COUNTED = (tables.elicitations, tables.api_elicitations, tables.grants, tables.oauth_flows, tables.api_keys)
+COUNTED = (
+    tables.elicitations,
+    tables.api_elicitations,
+    tables.grants,
+    tables.oauth_flows,
+    tables.api_keys,
+    tables.webhook_endpoints,
+)
 
 
 async def row_counts(deployment: Deployment) -> dict[str, int]:
@@ -98,6 +105,16 @@ def bad_requests(eid: str, user: dict[str, str]) -> list[tuple[str, str, dict[st
         ("DELETE", "/v1/grants/%00", {}, "invalid_input"),
         ("GET", "/v1/proxy/github/user", {}, "invalid_input"),
         ("GET", "/v1/proxy/NOPE!/user", {}, "unknown_provider"),
+        ("POST", "/v1/webhooks/wh_nosuch/secret", {}, "unknown_webhook"),
+        ("POST", "/v1/webhooks/wh_nosuch/secret", {"json": {"overlapSeconds": 60}}, "unknown_webhook"),
+        ("POST", "/v1/webhooks/wh_nosuch/secret", {"json": {"overlapSeconds": -1}}, "invalid_input"),
+        ("POST", "/v1/webhooks/wh_nosuch/secret", {"json": {"overlapSeconds": 10**9}}, "invalid_input"),
+        ("POST", "/v1/webhooks/wh_nosuch/secret", {"json": {"overlapSeconds": "1"}}, "invalid_input"),
+        ("POST", "/v1/webhooks/wh_nosuch/secret", {"json": {"secret": "whsec_x"}}, "invalid_input"),
+        ("POST", "/v1/webhooks/wh_nosuch/secret", {"content": b"60"}, "bad_request"),
+        ("POST", "/v1/webhooks/wh_nosuch/secret", {"content": json.dumps(big).encode()}, "body_too_large"),
+        ("POST", "/v1/webhooks/%00/secret", {}, "invalid_input"),
+        ("GET", "/v1/webhooks/wh_nosuch/secret", {}, "method_not_allowed"),
         ("GET", "/v1/nothing-here", {}, "not_found"),
     ]
 

@@ -245,7 +245,9 @@ def api_request(rng: random.Random, target: Target) -> Request:
             "connector-user-issuer": nasty(rng, [ALICE.issuer]),
             "connector-user-subject": nasty(rng, ["alice"]),
         }
-    kind = rng.choice(["create", "create", "get", "answer", "cancel", "grants", "delete", "proxy", "events", "openapi"])
+    kind = rng.choice(
+        ["create", "create", "get", "answer", "cancel", "grants", "delete", "proxy", "events", "openapi", "webhook"]
+    )
     kwargs: dict[str, Any] = {"headers": headers}
     if kind == "create":
         method, path = rng.choice(["POST", "POST", "PUT"]), "/v1/elicitations"
@@ -279,6 +281,12 @@ def api_request(rng: random.Random, target: Target) -> Request:
         )
         if method in ("POST", "PUT", "PATCH"):
             kwargs |= {"content": nasty(rng, ["{}"]).encode("utf-8", "surrogatepass")}
+    elif kind == "webhook":  # no endpoint exists: whatever the body, a secret rotation finds nothing to change
+        method = rng.choice(["POST", "POST", "GET", "PUT"])
+        path = f"/v1/webhooks/{quote_some(rng, nasty(rng, ['wh_' + 'A' * 16]))}/secret"
+        if rng.random() < 0.7:
+            kwargs["content"], content_type = json_body(rng, {"overlapSeconds": rng.choice([0, -1, 2**63, "60"])})
+            kwargs["headers"] |= content_type
     elif kind == "events":
         method, path = "GET", "/v1/events?" + query(rng, ["after"], ["1"])
         if rng.random() < 0.5:
@@ -393,6 +401,7 @@ KNOWN_ROUTES = (
     "/v1/identity/confirm",
     "/v1/elicitations",
     "/v1/grants",
+    "/v1/webhooks",
     "/v1/proxy/",
     "/v1/events",
     "/v1/openapi.json",
