@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from openapi_spec_validator import validate
 from sqlalchemy import func, select
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -585,3 +586,21 @@ def test_webhooks_cli_creates_lists_and_deletes(connector_env: dict[str, str]) -
     code, _, err = run_cli(env, "webhooks", "delete", webhook_id)
     assert code == 1 and "no endpoint" in err
     assert webhook_id not in run_cli(env, "webhooks", "list")[1]
+
+
+async def test_the_openapi_document_describes_the_secret_rotation(deployment: Deployment) -> None:
+    async with api_client(deployment.base_url, None) as api:
+        document = (await api.get("/v1/openapi.json")).json()
+    validate(document)
+    operation = document["paths"]["/v1/webhooks/{webhook_id}/secret"]["post"]
+    assert operation["requestBody"]["required"] is False  # an empty body: the default overlap
+    assert {"200", "400", "401", "404", "413"} <= set(operation["responses"])
+    schemas = document["components"]["schemas"]
+    body = schemas["RotateWebhookSecret"]
+    assert body["additionalProperties"] is False
+    assert (body["properties"]["overlapSeconds"]["minimum"], body["properties"]["overlapSeconds"]["maximum"]) == (
+        0,
+        7 * 24 * 3600,
+    )
+    assert {"secret", "previousSecretExpiresAt", "webhookId"} <= set(schemas["WebhookSecretRotated"]["properties"])
+    assert "secret" not in schemas["Webhook"]["properties"]
