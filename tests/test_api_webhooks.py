@@ -29,10 +29,11 @@ from service import verify_webhook
 from service.cli.program import main
 from service.client import WebhookVerificationError
 from service.client import verify_webhook as client_verify_webhook
-from service.core.webhooks import NO_ENDPOINT_RECHECK
+from service.core.webhooks import NO_ENDPOINT_RECHECK, WebhookEndpoints, WebhookPolicy
 from service.events import HttpWebhookSender
 from service.store import Store, migrate, tables
 from service.testing import MockOAuthProvider
+from service.vault import KeyRing, Vault
 
 from .api_support import api_client, create_body, make_key
 from .conftest import ALICE, Deploy, Deployment, fresh_postgres_database
@@ -571,7 +572,20 @@ async def test_no_endpoint_costs_no_query_and_one_registered_elsewhere_misses_no
     assert verify_webhook(secret.strip(), received.headers, received.body)["elicitationId"] == created["elicitationId"]
 
 
-def test_webhooks_cli_creates_lists_and_deletes(connector_env: dict[str, str]) -> None:
+async def signing_secrets(env: dict[str, str], webhook_id: str) -> list[str]:
+    """The secrets a delivery to the endpoint would be signed with now, read as the connector reads them."""
+    store = Store.from_url(env["CONNECTOR_DATABASE__URL"])
+    try:
+        endpoint = await store.webhooks.endpoint(webhook_id)
+        assert endpoint is not None
+        vault = Vault(KeyRing.from_strings([env["CONNECTOR_VAULT__KEYS"]]))
+        endpoints = WebhookEndpoints(store.webhooks, store.outbox, vault, WebhookPolicy(), lambda: datetime.now(UTC))
+        return endpoints.signing_secrets(endpoint, datetime.now(UTC))
+    finally:
+        await store.close()
+
+
+def test_webhooks_cli_creates_rotates_lists_and_deletes(connector_env: dict[str, str]) -> None:
     env = {**connector_env, "CONNECTOR_WEBHOOKS__ALLOW_PRIVATE_ADDRESSES": "false"}
     migrate(env["CONNECTOR_DATABASE__URL"])
     code, secret, note = run_cli(env, "webhooks", "create", "--tenant", "bot", "--url", "https://hooks.example.com/a")
@@ -582,6 +596,20 @@ def test_webhooks_cli_creates_lists_and_deletes(connector_env: dict[str, str]) -
     assert secret.strip() not in listed and secret.strip().removeprefix("whsec_") not in listed
     code, _, err = run_cli(env, "webhooks", "create", "--tenant", "bot", "--url", "https://10.0.0.1/a")
     assert code == 2 and "private" in err and "Traceback" not in err
+
+    code, rotated, note = run_cli(env, "webhooks", "rotate-secret", webhook_id, "--overlap-seconds", "600")
+    assert code == 0 and rotated.strip().startswith("whsec_") and rotated.strip() != secret.strip()
+    assert "signs too until" in note and rotated.strip() not in note
+    assert asyncio.run(signing_secrets(env, webhook_id)) == [rotated.strip(), secret.strip()]
+    code, last, note = run_cli(env, "webhooks", "rotate-secret", webhook_id, "--overlap-seconds", "0")
+    assert code == 0 and "no longer signs" in note
+    assert asyncio.run(signing_secrets(env, webhook_id)) == [last.strip()]
+    code, _, err = run_cli(env, "webhooks", "rotate-secret", webhook_id, "--overlap-seconds", "604801")
+    assert code == 2 and "overlap" in err and "Traceback" not in err
+    code, _, err = run_cli(env, "webhooks", "rotate-secret", "wh_nosuch")
+    assert code == 1 and "no endpoint" in err
+    assert asyncio.run(signing_secrets(env, webhook_id)) == [last.strip()]  # the refused ones changed nothing
+
     assert run_cli(env, "webhooks", "delete", webhook_id)[0] == 0
     code, _, err = run_cli(env, "webhooks", "delete", webhook_id)
     assert code == 1 and "no endpoint" in err

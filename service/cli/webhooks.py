@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
 from ..config import Settings
-from ..core.webhooks import WebhookEndpoints
+from ..core.webhooks import DEFAULT_SECRET_OVERLAP, MAX_SECRET_OVERLAP, WebhookEndpoints
 from ..store import Store
 from .framework import CliError, Commands, Invocation, UsageError
 
@@ -54,6 +54,26 @@ def register(commands: Commands) -> None:
         examples=["acp-connector webhooks delete wh_Xb3...."],
     )
     delete.add_argument("webhook_id", help="the endpoint's id (wh_...), as `webhooks list` shows it")
+    rotate = hooks.command(
+        "rotate-secret",
+        run_rotate_secret,
+        help="give an endpoint a new secret and print it (the old one keeps signing for the overlap)",
+        description=(
+            "Print a new signing secret for the endpoint (shown only this once). Until the overlap ends each\n"
+            "delivery carries two signatures, Webhook-Signature: v1=<new> v1=<old>, so its receiver verifies with\n"
+            "either secret and switches when it likes; after it, only the new secret signs. A previous secret\n"
+            "still in its overlap is dropped (one previous secret is kept)."
+        ),
+        examples=["acp-connector webhooks rotate-secret wh_Xb3.... --overlap-seconds 3600"],
+    )
+    rotate.add_argument("webhook_id", help="the endpoint's id (wh_...), as `webhooks list` shows it")
+    rotate.add_argument(
+        "--overlap-seconds",
+        type=int,
+        default=int(DEFAULT_SECRET_OVERLAP.total_seconds()),
+        help=f"how long the old secret keeps signing (0 to {int(MAX_SECRET_OVERLAP.total_seconds())}; default: "
+        f"{int(DEFAULT_SECRET_OVERLAP.total_seconds())})",
+    )
 
 
 def _with_endpoints(settings: Settings, work: Callable[[Store, WebhookEndpoints], Awaitable[T]]) -> T:
@@ -120,4 +140,38 @@ def run_delete(invocation: Invocation) -> int:
     if not _with_endpoints(invocation.settings(), delete):
         raise CliError(f"webhooks delete: no endpoint with id {webhook_id}", "see `acp-connector webhooks list`")
     invocation.note(f"deleted {webhook_id}")
+    return 0
+
+
+def run_rotate_secret(invocation: Invocation) -> int:
+    args = invocation.args
+    overlap = args.overlap_seconds
+    if not 0 <= overlap <= MAX_SECRET_OVERLAP.total_seconds():
+        raise UsageError(f"webhooks rotate-secret: --overlap-seconds is 0 to {int(MAX_SECRET_OVERLAP.total_seconds())}")
+
+    async def rotate(store: Store, endpoints: WebhookEndpoints) -> tuple[str, datetime | None] | None:
+        found = await endpoints.repo.endpoint(args.webhook_id)
+        if found is None:
+            return None
+        try:
+            record, secret = await endpoints.rotate_secret(found, timedelta(seconds=overlap))
+        except LookupError:
+            return None
+        detail = {"webhook_id": record.id, "tenant": record.tenant, "via": "cli", "overlap_seconds": overlap}
+        await store.audit.record("webhook_secret_rotated", detail=detail, now=datetime.now(UTC))
+        return secret, record.previous_secret_expires_at
+
+    rotated = _with_endpoints(invocation.settings(), rotate)
+    if rotated is None:
+        raise CliError(
+            f"webhooks rotate-secret: no endpoint with id {args.webhook_id}", "see `acp-connector webhooks list`"
+        )
+    secret, until = rotated
+    invocation.out(secret)
+    previous = (
+        f"the previous secret signs too until {until.strftime('%Y-%m-%dT%H:%M:%SZ')}"
+        if until is not None
+        else "the previous secret no longer signs"
+    )
+    invocation.note(f"rotated the secret of {args.webhook_id}; {previous}; the secret above is not shown again")
     return 0
