@@ -16,6 +16,7 @@ runbook): a replica that lacks it could not read a grant or sign a webhook rotat
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -127,7 +128,7 @@ async def rotate_webhook_secrets(
         return [Sealed(e.id, e.secret_key_id, e.secret_ciphertext, secret_aad(e.id, e.tenant)) for e in found]
 
     async def pick_previous(key_id: str, after: str, limit: int) -> list[Sealed]:
-        found = await store.webhooks.previous_secrets_not_under(key_id, after=after, limit=limit)
+        found = await store.webhooks.secrets_not_under(key_id, previous=True, after=after, limit=limit)
         return [
             Sealed(e.id, e.previous_secret_key_id, e.previous_secret_ciphertext, secret_aad(e.id, e.tenant))
             for e in found
@@ -143,7 +144,7 @@ async def rotate_webhook_secrets(
         store,
         vault,
         pick_previous,
-        _swapping(store.webhooks.swap_previous_secret),
+        _swapping(functools.partial(store.webhooks.swap_secret, previous=True)),
         batch_size=batch_size,
         pause=pause,
         progress=progress,

@@ -24,6 +24,9 @@ from .sealed import swap_sealed
 from .tables import webhook_attempts, webhook_cursor, webhook_deliveries, webhook_endpoints
 
 CURSOR_ROW = 1
+# Where an endpoint's sealed secrets are: (key id, ciphertext) columns.
+_secret = (webhook_endpoints.c.secret_key_id, webhook_endpoints.c.secret_ciphertext)
+_previous_secret = (webhook_endpoints.c.previous_secret_key_id, webhook_endpoints.c.previous_secret_ciphertext)
 WAITING = (DeliveryStatus.PENDING.value, DeliveryStatus.DELIVERING.value)  # neither delivered nor given up
 
 
@@ -123,23 +126,15 @@ class WebhookRepository:
         return counts
 
     async def secrets_not_under(
-        self, key_id: str, *, after: str = "", limit: int, conn: AsyncConnection | None = None
+        self, key_id: str, *, previous: bool = False, after: str = "", limit: int, conn: AsyncConnection | None = None
     ) -> list[WebhookEndpointRecord]:
-        """Up to `limit` endpoints whose secret is under another key than `key_id`, by id, ids after `after`."""
-        e = webhook_endpoints.c
-        statement = select(webhook_endpoints).where(e.secret_key_id != key_id, e.id > after).order_by(e.id).limit(limit)
-        async with self._db.read(conn) as c:
-            return [_endpoint(row) for row in (await c.execute(statement)).mappings().all()]
-
-    async def previous_secrets_not_under(
-        self, key_id: str, *, after: str = "", limit: int, conn: AsyncConnection | None = None
-    ) -> list[WebhookEndpointRecord]:
-        """Up to `limit` endpoints holding a previous secret under another key than `key_id`, by id, after `after`."""
-        e = webhook_endpoints.c
+        """Up to `limit` endpoints whose secret (`previous`: whose previous secret, where one is kept) is under
+        another key than `key_id`, by id, ids after `after` (a NULL key id, no previous secret, is never `!=`)."""
+        key_column = (_previous_secret if previous else _secret)[0]
         statement = (
             select(webhook_endpoints)
-            .where(e.previous_secret_key_id.is_not(None), e.previous_secret_key_id != key_id, e.id > after)
-            .order_by(e.id)
+            .where(key_column != key_id, webhook_endpoints.c.id > after)
+            .order_by(webhook_endpoints.c.id)
             .limit(limit)
         )
         async with self._db.read(conn) as c:
@@ -149,38 +144,20 @@ class WebhookRepository:
         self,
         id: str,
         *,
+        previous: bool = False,
         old_key_id: str,
         old_ciphertext: bytes,
         new_key_id: str,
         new_ciphertext: bytes,
         conn: AsyncConnection | None = None,
     ) -> bool:
-        """Replace an endpoint's encrypted secret if it still holds what was read (key rotation)."""
+        """Replace an endpoint's encrypted secret (`previous`: its previous secret) if it still holds what was read
+        (key rotation)."""
+        key_column, ciphertext_column = _previous_secret if previous else _secret
         return await swap_sealed(
             self._db,
-            webhook_endpoints.c.secret_key_id,
-            webhook_endpoints.c.secret_ciphertext,
-            id,
-            old=(old_key_id, old_ciphertext),
-            new=(new_key_id, new_ciphertext),
-            conn=conn,
-        )
-
-    async def swap_previous_secret(
-        self,
-        id: str,
-        *,
-        old_key_id: str,
-        old_ciphertext: bytes,
-        new_key_id: str,
-        new_ciphertext: bytes,
-        conn: AsyncConnection | None = None,
-    ) -> bool:
-        """Replace an endpoint's encrypted previous secret if it still holds what was read (key rotation)."""
-        return await swap_sealed(
-            self._db,
-            webhook_endpoints.c.previous_secret_key_id,
-            webhook_endpoints.c.previous_secret_ciphertext,
+            key_column,
+            ciphertext_column,
             id,
             old=(old_key_id, old_ciphertext),
             new=(new_key_id, new_ciphertext),
