@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import hashlib
 import hmac
 import ipaddress
@@ -328,9 +329,15 @@ class WebhookEndpoints:
                 new_ciphertext=blob,
                 previous_expires_at=expires,
             ):
-                rotated = await self.repo.endpoint(current.id)
-                if rotated is None:
-                    break
+                kept = expires is not None
+                rotated = dataclasses.replace(
+                    current,
+                    secret_key_id=key_id,
+                    secret_ciphertext=blob,
+                    previous_secret_key_id=current.secret_key_id if kept else None,
+                    previous_secret_ciphertext=current.secret_ciphertext if kept else None,
+                    previous_secret_expires_at=expires,
+                )
                 return rotated, secret
             current = await self.repo.endpoint(current.id)  # changed meanwhile: read it again
         raise LookupError("the webhook endpoint is gone, or its secret keeps changing")

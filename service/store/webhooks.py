@@ -92,21 +92,20 @@ class WebhookRepository:
         `previous_expires_at`; with None no previous secret is kept) and the new one current, in one conditional
         UPDATE, if the row still holds `old_*` as its current secret (a rotation or a key rotation meanwhile makes
         this False, and nothing changes). Whatever previous secret the row held is replaced."""
-        e = webhook_endpoints.c
         keep = previous_expires_at is not None
-        statement = (
-            update(webhook_endpoints)
-            .where(e.id == id, e.secret_key_id == old_key_id, e.secret_ciphertext == old_ciphertext)
-            .values(
-                secret_key_id=new_key_id,
-                secret_ciphertext=new_ciphertext,
-                previous_secret_key_id=old_key_id if keep else None,
-                previous_secret_ciphertext=old_ciphertext if keep else None,
-                previous_secret_expires_at=previous_expires_at,
-            )
+        return await swap_sealed(
+            self._db,
+            *_secret,
+            id,
+            old=(old_key_id, old_ciphertext),
+            new=(new_key_id, new_ciphertext),
+            also={
+                "previous_secret_key_id": old_key_id if keep else None,
+                "previous_secret_ciphertext": old_ciphertext if keep else None,
+                "previous_secret_expires_at": previous_expires_at,
+            },
+            conn=conn,
         )
-        async with self._db.write(conn) as c:
-            return (await c.execute(statement)).rowcount == 1
 
     async def count_by_key(self, conn: AsyncConnection | None = None) -> dict[str, int]:
         """How many endpoint secrets each vault key id encrypts: current secrets and previous ones (expired or
