@@ -50,7 +50,8 @@ async def test_phishing_a_link_bound_to_bob_is_refused_in_alices_local_browser(d
 def test_local_refuses_to_start_where_others_can_reach_it(
     tmp_path: Path, connector_env: dict[str, str], setting: str, value: str, key: str
 ) -> None:
-    """Finding 2 of the security review: a public URL or a trusted proxy once started `local` without a word."""
+    """`local` refuses to start behind a public URL or a trusted proxy unless told it is safe (once it started
+    without a word)."""
     config_file = tmp_path / "connector.toml"
     config_file.write_text("")
     settings = load_settings(config_file, env={**connector_env, setting: value})

@@ -13,7 +13,7 @@ from service.version import __version__
 from service.web.errors import REFUSALS, sentence
 
 from .conftest import Deploy, Deployment
-from .hardening_support import asking
+from .flow_support import asking
 
 # What the raising code puts in `detail` for the sentences that name it.
 SAMPLE_DETAIL = {"problem": "the id is too long", "error": "server error", "limit": "65536", "expected": "form"}

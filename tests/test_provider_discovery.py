@@ -28,7 +28,7 @@ from service.testing import MockOIDCProvider, ScriptedBrowser
 from service.testing.mock_provider import MockResponse
 
 from .conftest import Deployment, deploy, write_catalog
-from .hardening_support import asking
+from .flow_support import asking
 
 NAME = "acme-internal"  # the catalog key: an operator's label, never shown to users
 ENV = NAME.upper().replace("-", "_")

@@ -18,7 +18,7 @@ from service.testing import MockOAuthProvider, MockOIDCProvider
 
 from .acp_peers import RecordingClient, connect, prompt_text
 from .conftest import deploy, write_catalog
-from .hardening_support import asking
+from .flow_support import asking
 
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = [

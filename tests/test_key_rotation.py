@@ -1,5 +1,4 @@
-"""Finding 7 of the security review, on SQLite and PostgreSQL: key rotation re-encrypts every grant and every
-webhook endpoint's signing secret.
+"""Key rotation re-encrypts every grant and every webhook endpoint's signing secret (on SQLite and PostgreSQL).
 
 `acp-connector keys rotate`, a separate process, is killed with SIGKILL half way and run again: every grant then
 decrypts, is under the new key, and holds the very tokens it held before; every webhook secret is under the new key

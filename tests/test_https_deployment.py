@@ -14,7 +14,7 @@ import pytest
 from service.testing import ScriptedBrowser
 
 from .conftest import Deployment
-from .hardening_support import asking
+from .flow_support import asking
 
 # "lookalike" is "c\u043ennector.localhost": a Cyrillic o among Latin letters.
 PUBLIC_HOSTS = {"plain": "localhost", "lookalike": "xn--cnnector-nbh.localhost"}

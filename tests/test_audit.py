@@ -13,7 +13,7 @@ import pytest
 from service.testing import ScriptedBrowser
 
 from .conftest import BOB, Deployment
-from .hardening_support import asking, audit_log_lines, to_callback, with_query
+from .flow_support import asking, audit_log_lines, to_callback, with_query
 
 
 async def assert_table_and_log_agree(

@@ -1,4 +1,4 @@
-"""Helpers for the security tests: row counts of every table, raw HTTP exchanges."""
+"""Proving a refusal changed nothing: row counts of every table, and raw HTTP exchanges below any client library."""
 
 from __future__ import annotations
 

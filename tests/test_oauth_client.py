@@ -1,4 +1,4 @@
-"""OAuth client hardening on the wire: PKCE, exact redirect URI, single-use browser-bound expiring state,
+"""The OAuth client on the wire: PKCE, exact redirect URI, single-use browser-bound expiring state,
 forged and unknown ids, provider errors, one callback per provider, and HTTPS-only configuration.
 
 Every refusal is checked three ways: the answer (status, X-Connector-Error), that nothing was stored or
@@ -27,7 +27,7 @@ from service.store.tables import oauth_flows
 from service.testing import ScriptedBrowser
 
 from .conftest import Deployment
-from .hardening_support import (
+from .flow_support import (
     asking,
     assert_nothing_stored,
     events,

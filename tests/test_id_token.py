@@ -28,7 +28,7 @@ from service.testing import MockOAuthProvider, ScriptedBrowser
 from service.testing.mock_oidc import MockOIDCProvider
 
 from .conftest import Deployment, write_catalog
-from .hardening_support import (
+from .flow_support import (
     asking,
     assert_nothing_stored,
     events,

@@ -1,4 +1,4 @@
-"""Helpers for the hardening tests: start an elicitation over real ACP, walk a browser to the callback, inspect."""
+"""Driving one flow over real ACP: start an elicitation over real ACP, walk a browser to the callback, inspect."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Finding 1 of the security review, on SQLite and PostgreSQL: Decline, like Continue, takes effect only after the
-identity step. Before it, a browser holding the link sees "this link is not for you" (audited) and the elicitation
-goes on for its user; neither the decline attempt nor its mismatch counts towards the identity lock."""
+"""Decline, like Continue, takes effect only after the identity step (on SQLite and PostgreSQL). Before it, a browser
+holding the link sees "this link is not for you" (audited) and the elicitation goes on for its user; neither the
+decline attempt nor its mismatch counts towards the identity lock."""
 
 from __future__ import annotations
 

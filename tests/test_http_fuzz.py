@@ -38,7 +38,7 @@ from service.testing import MockOAuthProvider
 
 from .api_support import make_key
 from .conftest import ALICE, Deploy, Deployment, deploy, fresh_postgres_database, write_catalog
-from .hardening_support import asking
+from .flow_support import asking
 from .identity_support import LoopbackIdP, serve_idp, wait_status
 
 pytestmark = pytest.mark.postgres
