@@ -20,6 +20,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, StrictBool, StrictStr, ValidationError
 
+from service.config.origins import ENVIRONMENT, dotted_key
 from service.core.errors import ConfigError, ProviderNotConfigured, UnknownProvider
 from service.core.urls import host_of, url_problem
 
@@ -37,8 +38,6 @@ __all__ = [
 
 TokenEndpointAuthMethod = Literal["client_secret_basic", "client_secret_post", "none"]
 _AUTH_METHODS: tuple[TokenEndpointAuthMethod, ...] = get_args(TokenEndpointAuthMethod)
-
-ENVIRONMENT = "environment"
 
 # Fields that hold URLs: each must be https unless its host is loopback.
 ENDPOINT_FIELDS: tuple[str, ...] = (
@@ -267,13 +266,6 @@ _RESERVED_AUTHORIZE_PARAMS = frozenset(
 )
 
 
-def _dotted(name: str, loc: tuple[str | int, ...]) -> str:
-    key = name
-    for part in loc:
-        key += f"[{part}]" if isinstance(part, int) else f".{part}"
-    return key
-
-
 def _read_catalog_file(path: Path) -> dict[str, Any]:
     try:
         with path.open("rb") as handle:
@@ -402,7 +394,7 @@ def _build_entry(
         error = exc.errors(include_url=False, include_input=False)[0]
         problem = "unknown key" if error["type"] == "extra_forbidden" else error["msg"].removeprefix("Value error, ")
         origin, suffix = origin_of(str(error["loc"][0]))
-        raise ConfigError(origin, _dotted(name, tuple(error["loc"])), problem + suffix) from None
+        raise ConfigError(origin, dotted_key((name, *error["loc"])), problem + suffix) from None
 
     values: dict[str, Any] = table.model_dump()
     tenant = table.tenant or _DEFAULT_TENANT

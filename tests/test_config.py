@@ -10,7 +10,6 @@ import pytest
 from pydantic import ValidationError
 
 from service import Connector, Identity, ProviderNotConfigured, SessionScope
-from service.app import configuration_warnings
 from service.cli import main
 from service.config import (
     DatabaseSettings,
@@ -18,6 +17,7 @@ from service.config import (
     Settings,
     load_settings,
 )
+from service.config_warnings import configuration_warnings
 from service.core.errors import ConfigError
 from service.core.urls import is_loopback_host
 from service.vault import generate_key

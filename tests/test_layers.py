@@ -31,13 +31,14 @@ LAYERS: list[set[str]] = [
         "service.tokens",
         "service.rotation",
     },
-    {"service.web"},
+    {"service.web", "service.factories", "service.config_warnings"},
     {"service.app"},
     {"service.connector", "service.client", "service.bootstrap"},
     {"service.cli", "service.reference", "service.testing", "service"},
 ]
 # Allowed imports between siblings of one layer (any other sideways import is refused).
 ADAPTER_EDGES = {
+    ("service.providers", "service.config"),  # the catalog names where a value came from as the settings do
     ("service.identity", "service.oauth"),
     ("service.identity", "service.store"),
     ("service.tokens", "service.oauth"),

@@ -13,7 +13,7 @@ import respx
 from pydantic import SecretStr
 
 from service import load_settings
-from service.app import configuration_warnings
+from service.config_warnings import configuration_warnings
 from service.core.errors import ConfigError, ConnectorError, ProviderError, ProviderNotConfigured, UnknownProvider
 from service.core.records import TokenSet
 from service.oauth import ProviderGateway, ResolvedProvider

@@ -78,7 +78,7 @@ class Invocation:
     def settings(self) -> Settings:
         """The settings from `--config` (or CONNECTOR_CONFIG) and the environment; logging follows them."""
         if self._settings is None:
-            from ..app import report_configuration_warnings
+            from ..config_warnings import report_configuration_warnings
 
             self._settings = load_settings(getattr(self.args, "config", None), env=self.env)
             self.configure_logging(self._settings.log_format)
@@ -92,13 +92,12 @@ class Invocation:
 
     def with_store(self, work: Callable[[Store], Awaitable[T]]) -> T:
         """Run `work` on the configured database (refused unless its schema is current), then close it."""
-        from ..app import pool_settings
-        from ..store import Store
+        from ..factories import build_store
 
         settings = self.settings()
 
         async def run() -> T:
-            store = Store.from_url(settings.database.url, pool_settings(settings))
+            store = build_store(settings)
             try:
                 await store.check_schema()
                 return await work(store)

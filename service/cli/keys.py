@@ -108,7 +108,7 @@ def run_generate(invocation: Invocation) -> int:
 
 def _vault(settings: Settings) -> Vault:
     """The configured vault; on a loopback deployment without keys, the development key file `serve` created."""
-    from ..app import build_vault
+    from ..factories import build_vault
 
     if not settings.vault.keys and settings.vault.key_file is None and settings.is_loopback_deployment:
         if DEVELOPMENT_KEY_FILE.exists():

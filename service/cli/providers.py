@@ -61,7 +61,7 @@ def run_list(invocation: Invocation) -> int:
 
 
 def run_check(invocation: Invocation) -> int:
-    from ..app import build_gateway
+    from ..factories import build_gateway
     from ..metrics import Metrics
     from ..oauth.check import ProviderReport, check_provider
 

@@ -40,9 +40,7 @@ def register(commands: Commands) -> None:
 
 
 def run(invocation: Invocation) -> int:
-    from ..app import retention_policy  # the composition root imports every part: only when purging
-
-    policy = retention_policy(invocation.settings())
+    policy = invocation.settings().retention.policy()
     dry_run = bool(invocation.args.dry_run)
 
     async def purge(store: Store) -> dict[PurgeKind, int]:

@@ -77,7 +77,6 @@ def register(commands: Commands) -> None:
 
 
 def _with_endpoints(settings: Settings, work: Callable[[Store, WebhookEndpoints], Awaitable[T]]) -> T:
-    from ..app import webhook_policy
     from .keys import _vault
 
     vault = _vault(settings)
@@ -87,7 +86,7 @@ def _with_endpoints(settings: Settings, work: Callable[[Store, WebhookEndpoints]
         try:
             await store.check_schema()
             endpoints = WebhookEndpoints(
-                store.webhooks, store.outbox, vault, webhook_policy(settings), lambda: datetime.now(UTC)
+                store.webhooks, store.outbox, vault, settings.webhooks.policy(), lambda: datetime.now(UTC)
             )
             return await work(store, endpoints)
         finally:

@@ -74,8 +74,8 @@ def _is_api(request: Request) -> bool:
 
 def create_app(parts: WebParts) -> Starlette:
     settings, store = parts.settings, parts.store
-    # Demo routes exist only where nobody else can reach them (demo_problem() is None).
-    demo_user = parts.demo_user if settings.demo and settings.demo_problem() is None else None
+    # Demo routes exist only where nobody else can reach them: `Settings` refuses `demo` anywhere else.
+    demo_user = parts.demo_user if settings.demo else None
     pages = Pages(demo=demo_user is not None)
     https = settings.public_base_url.startswith("https://")
     binding = BrowserBinding(parts.vault, secure=https)

@@ -1,0 +1,407 @@
+"""The sections of the settings (`[server]`, `[database]`, ...): their keys, defaults, checks and plain-value views.
+
+Each field's docstring is its description (docs/reference.md is generated from them). A section that a part of the
+connector needs as plain values gives them itself (`retention.policy()`, `webhooks.policy()`), so the composition
+root and the CLI build them the same way.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic_settings import NoDecode
+
+from service.core.retention import RetentionPolicy
+from service.core.webhooks import WebhookPolicy
+
+__all__ = [
+    "DATABASE_SCHEMES",
+    "RATE_LIMIT_STORAGES",
+    "ApiSettings",
+    "DatabaseSettings",
+    "ElicitationSettings",
+    "EventsSettings",
+    "IdentitySettings",
+    "MetricsSettings",
+    "ProvidersSettings",
+    "RateLimitSettings",
+    "ReplicaSettings",
+    "RetentionSettings",
+    "ServerSettings",
+    "VaultSettings",
+    "WebhookSettings",
+    "optional_secret",
+    "optional_str",
+    "split_list",
+]
+
+
+def optional_str(value: Any) -> Any:
+    """An empty or blank string means "not set" (TOML has no null)."""
+    if isinstance(value, str) and not value.strip():
+        return None
+    return value
+
+
+def optional_secret(value: Any) -> Any:
+    """`optional_str` for a secret field, which may arrive already wrapped (a `SecretStr` default or model)."""
+    if isinstance(value, SecretStr):
+        value = value.get_secret_value()
+    return optional_str(value)
+
+
+def split_list(value: Any) -> Any:
+    """A comma-separated string (the environment's way to give a list) becomes a list of its non-empty parts."""
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+class _Section(BaseModel):
+    # Each field's docstring is its description (docs/reference.md is generated from them).
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+class ServerSettings(_Section):
+    host: str = Field(default="127.0.0.1", min_length=1)
+    """Address the HTTP server listens on. 127.0.0.1 keeps it private to this machine; 0.0.0.0 (behind a
+    TLS-terminating proxy that serves public_base_url) accepts connections from elsewhere."""
+    port: int = Field(default=8700, ge=1, le=65535)
+    """Port the HTTP server listens on."""
+    trusted_proxies: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Reverse proxies (CIDR networks) whose forwarded headers are believed: X-Forwarded-For for the client address
+    (rate limits) and, with the trusted_header verifier, the identity headers. Empty: none are believed. In the
+    environment: comma-separated."""
+
+    @field_validator("trusted_proxies", mode="before")
+    @classmethod
+    def _split_networks(cls, value: Any) -> Any:
+        return split_list(value)
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _check_networks(cls, value: list[str]) -> list[str]:
+        for entry in value:
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ValueError(f"'{entry}' is not an IP network (e.g. 10.0.0.0/8 or 127.0.0.1/32)") from None
+        return value
+
+
+DATABASE_SCHEMES = ("sqlite+aiosqlite", "postgresql+asyncpg")
+
+
+class DatabaseSettings(_Section):
+    url: str = Field(default="sqlite+aiosqlite:///./var/connector.db", min_length=1)
+    """SQLAlchemy async URL: sqlite+aiosqlite:///./var/connector.db (one process; the folder is created) or
+    postgresql+asyncpg://user@host:5432/connector (replicas sharing one database; put the password in the
+    environment, not the file)."""
+    pool_size: int = Field(default=10, gt=0, le=1000)
+    """Connections kept open. PostgreSQL: the pool reads and writes share. SQLite: reading connections (every write
+    goes through one connection per process)."""
+    max_overflow: int = Field(default=10, ge=0, le=1000)
+    """Extra connections opened under load, closed again when returned."""
+    pool_timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
+    """How long a request waits for a free connection (SQLite: for its turn to write) before it fails."""
+
+    @field_validator("url")
+    @classmethod
+    def _check_driver(cls, value: str) -> str:
+        scheme, sep, _ = value.partition("://")
+        scheme = scheme.strip().lower()
+        if not sep or not re.fullmatch(r"[a-z0-9+.-]+", scheme):
+            raise ValueError(f"not a database URL: use {' or '.join(s + '://...' for s in DATABASE_SCHEMES)}")
+        if scheme not in DATABASE_SCHEMES:
+            # The scheme only: the rest of a URL may hold a password.
+            raise ValueError(f"unsupported database '{scheme}': use {' or '.join(s + '://' for s in DATABASE_SCHEMES)}")
+        return value
+
+
+class ElicitationSettings(_Section):
+    ttl_seconds: int = Field(default=600, gt=0)
+    """How long a user has, after the agent asks, to open the link and finish authorizing; an elicitation nobody
+    finishes is expired then."""
+    sweep_interval_seconds: float = Field(default=5.0, gt=0, le=3600)
+    """How often the sweeper looks for elicitations whose time is up."""
+
+
+class EventsSettings(_Section):
+    poll_interval_seconds: float = Field(default=1.0, gt=0, le=60)
+    """While anything in this process waits for an elicitation, how often it reads the changes other processes wrote
+    to the event log."""
+
+
+class ReplicaSettings(_Section):
+    """`[replicas]`: how the processes sharing one database know which of them are alive.
+
+    Each writes a heartbeat every `heartbeat_seconds`; one silent for `dead_after_seconds` is gone, and the
+    completions its connections were waiting for are recorded undeliverable by the others.
+    """
+
+    heartbeat_seconds: float = Field(default=5.0, gt=0, le=3600)
+    """How often each process writes its heartbeat."""
+    dead_after_seconds: float = Field(default=30.0, gt=0, le=86400)
+    """A process silent this long is gone: its connections' pending completions are recorded undeliverable (at
+    least 3 heartbeats)."""
+
+    @model_validator(mode="after")
+    def _dead_after_several_beats(self) -> ReplicaSettings:
+        if self.dead_after_seconds < 3 * self.heartbeat_seconds:
+            raise ValueError("dead_after_seconds must be at least 3 heartbeats (3 x heartbeat_seconds)")
+        return self
+
+
+class RetentionSettings(_Section):
+    """Days to keep rows that are no longer needed (0: keep forever). Grants are never deleted by retention."""
+
+    elicitation_days: int = Field(default=30, ge=0)
+    """Days to keep ended elicitations, with their OAuth flows and verifications (0: forever)."""
+    verification_days: int = Field(default=7, ge=0)
+    """Days to keep identity-verification rows after they expired (0: forever)."""
+    audit_days: int = Field(default=365, ge=0)
+    """Days to keep audit events (0: forever)."""
+    event_days: int = Field(default=7, ge=0)
+    """Days to keep the event log: how far back an event stream (or a replica that was down) can catch up (0:
+    forever)."""
+    webhook_delivery_days: int = Field(default=7, ge=0)
+    """Days to keep webhook deliveries, with their attempts, after they ended (delivered or failed; a pending one is
+    never deleted) (0: forever)."""
+    batch_size: int = Field(default=500, gt=0, le=100_000)
+    """Rows deleted per transaction when retention is applied."""
+    interval_seconds: float = Field(default=300.0, gt=0)
+    """How often the running service applies retention (`acp-connector purge` applies it at once)."""
+
+    def policy(self) -> RetentionPolicy:
+        """What the sweeper and `acp-connector purge` delete, as plain values."""
+        return RetentionPolicy(
+            elicitation_days=self.elicitation_days,
+            verification_days=self.verification_days,
+            audit_days=self.audit_days,
+            event_days=self.event_days,
+            webhook_delivery_days=self.webhook_delivery_days,
+            batch_size=self.batch_size,
+        )
+
+
+class IdentitySettings(BaseModel):
+    """`[identity]`: which verifier learns who is in the browser. Each verifier's own settings are in
+    `[identity.<name>]` (e.g. `[identity.oidc]`), validated by that verifier (`service.identity`)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True, use_attribute_docstrings=True)
+
+    verifier: str = Field(default="local", min_length=1)
+    """How the service proves that the person in the browser is the user the agent bound the link to: local
+    (development, loopback only), oidc, trusted_header, confirm, or an installed plugin. Each reads its own
+    [identity.<name>] table."""
+    max_mismatches: int = Field(default=3, gt=0, le=100)
+    """How many times another account may try to finish one link before it fails as locked."""
+
+    def section(self, name: str) -> dict[str, Any]:
+        """The `[identity.<name>]` table as written (TOML and environment merged); empty when absent."""
+        value = (self.model_extra or {}).get(name)
+        return dict(value) if isinstance(value, dict) else {}
+
+
+class VaultSettings(_Section):
+    # NoDecode: the environment may give `CONNECTOR_VAULT__KEYS="k1:AAA,k0:BBB"` as well as a JSON list.
+    keys: Annotated[list[SecretStr], NoDecode] = Field(default_factory=list)
+    """Token-encryption keys, KID:BASE64URL each (`acp-connector keys generate`); environment only, comma-separated
+    or a JSON list. The first (or primary_key_id) encrypts, the others still decrypt."""
+    key_file: Path | None = None
+    """A file of keys, one KID:BASE64URL per line, readable only by its owner (e.g. a mounted secret). On a loopback
+    deployment without any key, serve creates var/vault.keys."""
+    primary_key_id: str | None = None
+    """The key id that encrypts new data; unset: the first key given."""
+
+    @field_validator("keys", mode="before")
+    @classmethod
+    def _split_keys(cls, value: Any) -> Any:
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value()
+        if isinstance(value, str):
+            text = value.strip()
+            if not text:
+                return []
+            if text.startswith("["):
+                try:
+                    return json.loads(text)
+                except ValueError:
+                    raise ValueError("not a JSON list of KID:KEY strings") from None
+            return [part for part in text.replace("\n", ",").split(",") if part.strip()]
+        return value
+
+    @field_validator("keys")
+    @classmethod
+    def _check_key_shape(cls, value: list[SecretStr]) -> list[SecretStr]:
+        for index, key in enumerate(value):
+            kid, sep, material = key.get_secret_value().strip().partition(":")
+            if not sep or not kid.strip() or not material.strip():
+                # Never echo the value: it is key material.
+                raise ValueError(f"entry {index} is not of the form KID:BASE64KEY")
+        return value
+
+    @field_validator("key_file", "primary_key_id", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: Any) -> Any:
+        return optional_str(value)
+
+
+class ProvidersSettings(BaseModel):
+    """`[providers]`: where the catalog is, and how the connector talks to providers.
+
+    Each provider's own keys live in the catalog file; `CONNECTOR_PROVIDERS__<NAME>__<KEY>` sets or overrides one
+    of them (read by `service.providers.load_catalog`), so this section tolerates those tables from the environment.
+    """
+
+    model_config = ConfigDict(extra="allow", frozen=True, use_attribute_docstrings=True)
+
+    catalog: Path = Path("providers.toml")
+    """The provider catalog file (endpoints, scopes and options per OAuth provider); relative to the config file."""
+    discovery_ttl_seconds: int = Field(default=3600, ge=0)
+    """How long a provider's discovery document (and its JWKS) is cached; a failed read is retried at next use."""
+    http_timeout_seconds: float = Field(default=15.0, gt=0)
+    """Timeout of each request to a provider (one pooled HTTP client per provider: token, revocation, userinfo,
+    discovery, keys and its API)."""
+    http_max_connections: int = Field(default=100, gt=0)
+    """Connections per provider in the pooled HTTP client."""
+    http_max_keepalive_connections: int = Field(default=20, ge=0)
+    """Idle connections kept per provider."""
+    http_keepalive_expiry_seconds: float = Field(default=30.0, ge=0)
+    """How long an idle provider connection is kept."""
+
+
+RATE_LIMIT_STORAGES = ("memory", "redis", "rediss", "redis+sentinel", "redis+cluster")
+
+
+class RateLimitSettings(_Section):
+    """Rate limits on the browser-facing routes: `<route>_per_address` and `<route>_per_elicitation` requests of
+    any method in any `window_seconds` (a moving window). Counted in `storage_url`: `memory://` counts per process
+    (with N replicas a client may get up to N times as many), `redis://host:6379/0` counts once for all replicas.
+
+    Requests that carry no credential at all (a forged form, an unknown state, a wrong API key) write at most
+    `audit_per_address` audit rows per client and `audit_total` in all per window; then one `audit_suppressed`."""
+
+    enabled: bool = True
+    """Rate limits on the browser-facing routes (HTTP 429 with Retry-After over a limit)."""
+    storage_url: str = Field(default="memory://", min_length=1)
+    """Where requests are counted: memory:// per process, or a Redis URL (redis://host:6379/0) once for all
+    replicas."""
+    window_seconds: int = Field(default=60, gt=0, le=86400)
+    """The window every limit counts requests of any method in (a moving window)."""
+    connect_per_address: int = Field(default=60, gt=0)
+    """Requests to the connect page per client address per window."""
+    connect_per_elicitation: int = Field(default=30, gt=0)
+    """Requests to the connect page per elicitation per window."""
+    callback_per_address: int = Field(default=30, gt=0)
+    """Provider callbacks (and identity returns) per client address per window."""
+    callback_per_elicitation: int = Field(default=10, gt=0)
+    """Provider callbacks (and identity returns) per authorization request per window."""
+    confirm_per_address: int = Field(default=60, gt=0)
+    """Calls to the confirm verifier's API per client address per window."""
+    confirm_per_elicitation: int = Field(default=10, gt=0)
+    """Calls to the confirm verifier's API per flow per window."""
+    audit_per_address: int = Field(default=20, gt=0)
+    """Audit rows per client address per window for requests that carry no credential at all."""
+    audit_total: int = Field(default=600, gt=0)
+    """Audit rows in all per window for such requests; then one audit_suppressed row."""
+
+    @field_validator("storage_url")
+    @classmethod
+    def _check_storage(cls, value: str) -> str:
+        scheme = value.partition("://")[0].strip().lower()
+        if "://" not in value or scheme not in RATE_LIMIT_STORAGES:
+            # The scheme only: a Redis URL may hold a password.
+            raise ValueError(f"use memory:// or a Redis URL ({', '.join(s + '://' for s in RATE_LIMIT_STORAGES[1:])})")
+        return value.strip()
+
+
+class MetricsSettings(_Section):
+    """`[metrics]`: Prometheus metrics at `/metrics`.
+
+    On the public listener they are served only with `bearer_token` set (scrapers send it as a bearer token)
+    or on a loopback deployment. With `port` set they are served on their own listener (`host`:`port`) instead,
+    and not on the public one.
+    """
+
+    enabled: bool = True
+    """Prometheus metrics at /metrics."""
+    bearer_token: SecretStr | None = None
+    """When set (environment only, at least 16 characters), /metrics needs Authorization: Bearer <token>."""
+    host: str = Field(default="127.0.0.1", min_length=1)
+    """Address of the metrics' own listener (with port)."""
+    port: int | None = Field(default=None, ge=1, le=65535)
+    """When set, metrics are served only on their own listener (host:port), not on the public one."""
+
+    @field_validator("bearer_token", "port", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: Any) -> Any:
+        return optional_secret(value)
+
+    @field_validator("bearer_token")
+    @classmethod
+    def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < 16:
+            raise ValueError("too short: use at least 16 random characters")  # never echo the value
+        return value
+
+
+class ApiSettings(_Section):
+    """`[api]`: the `/v1` API for agents (keys from `acp-connector api-keys create`) and its token proxy."""
+
+    enabled: bool = True
+    """The /v1 API for agents in other languages (with API keys) and its token proxy."""
+    max_body_bytes: int = Field(default=16384, ge=1024, le=1048576)
+    """Largest JSON body of the API itself."""
+    max_wait_seconds: int = Field(default=60, ge=1, le=300)
+    """The longest ?wait= long-poll."""
+    proxy_retry_body_bytes: int = Field(default=1048576, ge=0)
+    """Proxied request bodies up to this size are buffered, so a 401 can be retried after a refresh; larger ones
+    stream through and a 401 is returned as it came."""
+    proxy_max_request_bytes: int = Field(default=104857600, ge=0)
+    """Largest request body the token proxy forwards."""
+    proxy_max_response_bytes: int = Field(default=1073741824, ge=0)
+    """Largest response body the token proxy returns."""
+    proxy_timeout_seconds: float = Field(default=60.0, gt=0, le=3600)
+    """Proxy timeout to connect, and between two reads or writes."""
+    proxy_max_seconds: float = Field(default=600.0, gt=0, le=86400)
+    """Longest a whole proxied exchange may take."""
+
+
+class WebhookSettings(_Section):
+    """`[webhooks]`: signed webhooks of the /v1 API (endpoints registered per API key with `POST /v1/webhooks` or
+    `acp-connector webhooks create`)."""
+
+    deliver: bool = True
+    """Whether this replica makes webhook deliveries (any number of replicas may; each attempt is made by one)."""
+    allow_private_addresses: bool = False
+    """Allow endpoints on loopback, private, link-local or otherwise non-public addresses (and http to a loopback
+    host). Off: such addresses are refused when an endpoint is registered and, after name resolution, before every
+    attempt. For tests and local development only."""
+    timeout_seconds: float = Field(default=10.0, gt=0, le=60)
+    """The longest one attempt may take, connecting included."""
+    retry_initial_seconds: float = Field(default=5.0, gt=0, le=3600)
+    """The wait after the first failed attempt; it doubles with each failure (with jitter) up to retry_max_seconds."""
+    retry_max_seconds: float = Field(default=3600.0, gt=0, le=86400)
+    """The longest wait between two attempts."""
+    max_age_seconds: float = Field(default=86400.0, gt=0, le=604800)
+    """A delivery that has not succeeded this long after its event is given up (status `failed`)."""
+    poll_interval_seconds: float = Field(default=1.0, gt=0, le=60)
+    """How often a replica looks for due retries and for events other replicas logged (its own events are sent at
+    once)."""
+
+    def policy(self) -> WebhookPolicy:
+        """How endpoints are checked and deliveries retried, as plain values."""
+        return WebhookPolicy(
+            allow_private_addresses=self.allow_private_addresses,
+            timeout=timedelta(seconds=self.timeout_seconds),
+            retry_initial=timedelta(seconds=self.retry_initial_seconds),
+            retry_max=timedelta(seconds=self.retry_max_seconds),
+            max_age=timedelta(seconds=self.max_age_seconds),
+        )
