@@ -65,9 +65,11 @@ typecheck: $(STAMP)
 
 check: lint typecheck test
 
-# docs/reference.md from the code (settings, environment variables, error codes, audit events, commands).
+# docs/reference.md from the code (settings, environment variables, error codes, audit events, commands), and the
+# layer rules of docs/architecture.md from tests/test_layers.py's tables.
 reference: $(STAMP)
 	$(BIN)/python -m service.reference > docs/reference.md
+	$(BIN)/python -m tests.test_layers
 
 clean:
 	rm -rf $(VENV) var/*.db var/*.db-* .pytest_cache .mypy_cache .ruff_cache

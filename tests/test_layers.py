@@ -1,10 +1,9 @@
 """The house rules of `service/`, read from the source: arrows point down, no circles, each SDK in its one place.
 
-Layers, lowest first (a module may import its own layer or lower ones, never a higher one):
-  core  <-  config, logs, metrics, vault, providers, version  <-  oauth, store, events, acp, identity, tokens,
-  rotation  <-  web  <-  app  <-  connector, client  <-  cli, testing, the package itself.
-Inside the adapter layer only the listed edges are allowed (e.g. identity may use oauth and store; acp uses
-none of its siblings). Imports under `if TYPE_CHECKING:` are annotations only and are not counted.
+The tables below are the rules; `docs/architecture.md` shows them in its generated block ("Rules of the house"),
+which `test_architecture_doc_shows_these_tables` keeps equal (`make reference` rewrites it). A module may import its
+own layer or lower ones, never a higher one; inside one layer only the listed edges are allowed. Imports under
+`if TYPE_CHECKING:` are annotations only and are not counted.
 """
 
 from __future__ import annotations
@@ -203,3 +202,50 @@ def test_nothing_imports_private_sdk_modules() -> None:
         if imported.startswith("acp._")
     )
     assert found == []
+
+
+ARCHITECTURE_DOC = SERVICE.parent / "docs" / "architecture.md"
+BEGIN, END = "<!-- layers: generated from tests/test_layers.py -->", "<!-- /layers -->"
+
+
+def _short(area: str) -> str:
+    return "service/__init__" if area == "service" else area.removeprefix("service.")
+
+
+def render_rules() -> str:
+    """The tables above as the Markdown block of docs/architecture.md."""
+    layers = "  <-  ".join(", ".join(sorted(f"`{_short(a)}`" for a in members)) for members in LAYERS)
+    edges = ", ".join(f"`{_short(a)}` -> `{_short(b)}`" for a, b in sorted(ADAPTER_EDGES))
+    confined = "\n".join(
+        f"  - `{package}`: only {', '.join(sorted(f'`{_short(a)}`' for a in areas))}"
+        for package, areas in sorted(CONFINED.items())
+    )
+    forbidden = ", ".join(f"`{name}`" for name in sorted(CORE_FORBIDDEN))
+    return "\n".join(
+        [
+            BEGIN,
+            f"- Arrows point down (lowest first; a module imports its own layer or lower ones): {layers}.",
+            f"- Sideways imports inside a layer only along these edges: {edges}.",
+            "- Third-party packages and the only parts of `service/` that import them:",
+            confined,
+            f"- `core` imports no framework: none of {forbidden}.",
+            END,
+        ]
+    )
+
+
+def _doc_block(text: str) -> tuple[int, int]:
+    start, end = text.index(BEGIN), text.index(END) + len(END)
+    return start, end
+
+
+def test_architecture_doc_shows_these_tables() -> None:
+    text = ARCHITECTURE_DOC.read_text()
+    start, end = _doc_block(text)
+    assert text[start:end] == render_rules(), "docs/architecture.md is stale: run `make reference`"
+
+
+if __name__ == "__main__":  # `make reference`: rewrite the generated block of docs/architecture.md
+    text = ARCHITECTURE_DOC.read_text()
+    start, end = _doc_block(text)
+    ARCHITECTURE_DOC.write_text(text[:start] + render_rules() + text[end:])
