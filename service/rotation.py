@@ -22,10 +22,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from .core.errors import VaultError
-from .core.handles import grant_aad
+from .core.handles import grant_aad, webhook_secret_aad
 from .core.ports import Tx
 from .core.records import GrantRecord
-from .core.webhooks import secret_aad
 from .store import Store
 from .vault import Vault
 
@@ -125,12 +124,12 @@ async def rotate_webhook_secrets(
 
     async def pick(key_id: str, after: str, limit: int) -> list[Sealed]:
         found = await store.webhooks.secrets_not_under(key_id, after=after, limit=limit)
-        return [Sealed(e.id, e.secret_key_id, e.secret_ciphertext, secret_aad(e.id, e.tenant)) for e in found]
+        return [Sealed(e.id, e.secret_key_id, e.secret_ciphertext, webhook_secret_aad(e.id, e.tenant)) for e in found]
 
     async def pick_previous(key_id: str, after: str, limit: int) -> list[Sealed]:
         found = await store.webhooks.secrets_not_under(key_id, previous=True, after=after, limit=limit)
         return [
-            Sealed(e.id, e.previous_secret_key_id, e.previous_secret_ciphertext, secret_aad(e.id, e.tenant))
+            Sealed(e.id, e.previous_secret_key_id, e.previous_secret_ciphertext, webhook_secret_aad(e.id, e.tenant))
             for e in found
             if e.previous_secret_key_id is not None and e.previous_secret_ciphertext is not None
         ]

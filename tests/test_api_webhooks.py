@@ -288,6 +288,7 @@ BAD_REGISTRATIONS: list[tuple[dict[str, Any] | bytes, str]] = [
     ({"url": "https://hooks.example.com/x#frag"}, "webhook_url_refused"),
     ({"url": "http://127.0.0.1:9/x"}, "webhook_url_refused"),
     ({"url": "https://localhost/x"}, "webhook_url_refused"),
+    ({"url": "https://hooks.localhost/x"}, "webhook_url_refused"),  # *.localhost is loopback (RFC 6761)
     ({"url": "https://169.254.169.254/latest/meta-data"}, "webhook_url_refused"),
     ({"url": "https://10.1.2.3/x"}, "webhook_url_refused"),
     ({"url": "https://[::1]/x"}, "webhook_url_refused"),

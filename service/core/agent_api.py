@@ -287,6 +287,12 @@ def tenant_of(connection_key: str) -> str | None:
     return connection_key[3:].partition(":")[0]
 
 
+def connection_id_of(connection_key: str) -> str | None:
+    """The agent's own label of an API elicitation's connection (None for none, or an embedded connection)."""
+    parts = connection_key.split(":", 2)
+    return parts[2] or None if len(parts) == 3 and parts[0] == "v1" else None
+
+
 def scope_of(record: ElicitationRecord) -> ElicitationScope:
     if record.scope_kind == "session" and record.session_id is not None:
         return SessionScope(record.session_id, record.tool_call_id)

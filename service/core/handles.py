@@ -55,6 +55,11 @@ def verification_aad(verification_id: str) -> bytes:
     return _aad("connector/identity-verification/v1", verification_id)
 
 
+def webhook_secret_aad(endpoint_id: str, tenant: str) -> bytes:
+    """Associated data binding a webhook endpoint's secret (current or previous) to that endpoint and its tenant."""
+    return _aad("connector/webhook-secret/v1", endpoint_id, tenant)
+
+
 def api_key_hash(key: str) -> str:
     """The stored form of a `/v1` API key."""
     return _digest("api-key", key)

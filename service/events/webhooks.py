@@ -22,7 +22,8 @@ import httpx
 from service.core.cookies import refusing_cookie_jar
 from service.core.events import ElicitationEvent, Event
 from service.core.records import AttemptResult
-from service.core.webhooks import WebhookDispatcher, address_allowed, url_problem
+from service.core.urls import is_public_address, webhook_url_problem
+from service.core.webhooks import WebhookDispatcher
 
 from .bus import LocalBus
 
@@ -59,7 +60,7 @@ class HttpWebhookSender:
         await self._client.aclose()
 
     async def send(self, url: str, headers: Mapping[str, str], body: bytes) -> AttemptResult:
-        if url_problem(url, allow_private=self.allow_private) is not None:
+        if webhook_url_problem(url, allow_private=self.allow_private) is not None:
             return AttemptResult(error="url_refused")
         target = httpx.URL(url)
         host, port = target.host, target.port or (443 if target.scheme == "https" else 80)
@@ -71,7 +72,7 @@ class HttpWebhookSender:
         parsed = [ipaddress.ip_address(a.split("%")[0]) for a in addresses]
         if not parsed:
             return AttemptResult(error="name_not_resolved")
-        if not self.allow_private and not all(address_allowed(a) for a in parsed):
+        if not self.allow_private and not all(is_public_address(a) for a in parsed):
             return AttemptResult(error="address_refused")
         sent_headers = {**headers, "Host": target.netloc.decode("ascii"), "User-Agent": "acp-connector-webhooks"}
         extensions = {"sni_hostname": host} if target.scheme == "https" else {}
