@@ -7,7 +7,7 @@ RUNTIME_STAMP := $(VENV)/.runtime-installed
 STAMP := $(VENV)/.installed
 CONFIG ?= config/connector.toml
 
-.PHONY: run test lint typecheck check migrate clean bench reference
+.PHONY: run test lint typecheck check migrate clean bench reference duplicates
 
 # A venv without a pip of its own when the interpreter's pip can install into it (`pip --python`, pip >= 22.3):
 # seconds instead of the half minute ensurepip takes. Packages are not byte-compiled at install (Python compiles
@@ -62,6 +62,12 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
+
+# Runs of six or more alike lines inside service/ (imports, signatures and docstrings aside). What it lists is
+# looked at in docs/architecture.md, "Known likenesses": a rule written twice is never left there.
+duplicates: $(STAMP)
+	$(BIN)/pylint --disable=all --enable=duplicate-code --min-similarity-lines=6 --ignore-imports=yes \
+		--ignore-signatures=yes --ignore-docstrings=yes --ignore-comments=yes --score=no service
 
 check: lint typecheck test
 
