@@ -1,6 +1,8 @@
-"""The composition root: settings in, one wired `Runtime` out, and the web app built on it.
+"""The composition root: wires the parts (`service.factories`) into one `Runtime`, and serves it.
 
-The only module that knows every part. Nothing imports it but the CLI, the public `Connector` factory and tests.
+The only module that knows every part. Each part's wiring is complete when it is constructed; the web app is
+built from the `Runtime` itself (it is the `WebParts` the web layer asks for). Nothing imports this module but
+the CLI's `serve`, the public `Connector` factory and tests.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from .core.records import ElicitationRecord
 from .core.sweeper import Sweeper
 from .core.verification import IdentityStep
 from .core.webhooks import WebhookEndpoints
-from .events import LocalBus, OutboxFeed, PgBus, Replica, WebhookWorker
+from .events import LocalBus, OutboxFeed, Replica, WebhookWorker
 from .factories import (
     build_bus,
     build_gateway,
@@ -61,7 +63,7 @@ class Runtime:
     elicitations: Elicitations
     browser: BrowserFlow
     verifier: IdentityVerifier
-    identity: IdentityStep
+    verification: IdentityStep  # the browser flow's identity step, with `verifier`
     tokens: TokenAccess
     metrics: Metrics
     feed: OutboxFeed
@@ -75,6 +77,15 @@ class Runtime:
     _acp: AcpAuthorizer[ElicitationRecord, ElicitationEvent] | None = field(default=None, init=False, repr=False)
     # Started by `start`: reads each configured provider's discovery document and logs what is wrong.
     provider_check: asyncio.Task[list[ProviderReport]] | None = field(default=None, init=False, repr=False)
+
+    @property
+    def demo_user(self) -> Identity | None:
+        """Whom the demo acts for: the local verifier's one user (demo mode needs that verifier)."""
+        user = getattr(self.verifier, "user", None)
+        if not self.settings.demo or not callable(user):
+            return None
+        identity = user()
+        return identity if isinstance(identity, Identity) else None
 
     @property
     def acp(self) -> AcpAuthorizer[ElicitationRecord, ElicitationEvent]:
@@ -124,10 +135,7 @@ def build_runtime(settings: Settings) -> Runtime:
     providers = build_gateway(settings, catalog, metrics)
     bus = build_bus(settings, store, clock, metrics)
     feed = OutboxFeed(store.outbox, bus, interval=settings.events.poll_interval_seconds)
-    replica = Replica(store, bus.dispatch, settings.replicas, clock, metrics)
-    if isinstance(bus, PgBus):
-        bus.feed = feed
-        bus.on_reconnect.append(replica.catch_up)
+    replica = Replica(store, bus, settings.replicas, clock, metrics)
     flow = settings.flow()
     rate_limiter, audit_budget = build_rate_limits(settings, store, clock)
     elicitations = Elicitations(store, bus, providers, flow, clock, metrics, unattributed=audit_budget)
@@ -144,7 +152,7 @@ def build_runtime(settings: Settings) -> Runtime:
         elicitations=elicitations,
         browser=browser,
         verifier=verifier,
-        identity=IdentityStep(browser, verifier),
+        verification=IdentityStep(browser, verifier),
         tokens=TokenAccess(store, vault, providers, bus, clock, metrics),
         metrics=metrics,
         feed=feed,
@@ -171,36 +179,9 @@ def build_rate_limits(settings: Settings, store: Store, clock: Clock) -> tuple[R
 
 
 def build_web_app(runtime: Runtime) -> Starlette:
-    from .web.api import ApiParts
-    from .web.app import WebParts, create_app
+    from .web.app import create_app
 
-    return create_app(
-        WebParts(
-            settings=runtime.settings,
-            store=runtime.store,
-            vault=runtime.vault,
-            browser=runtime.browser,
-            identity=runtime.identity,
-            verifier=runtime.verifier,
-            clock=runtime.clock,
-            metrics=runtime.metrics,
-            rate_limiter=runtime.rate_limiter,
-            api=ApiParts(
-                api=runtime.agent_api,
-                tokens=runtime.tokens,
-                providers=runtime.providers,
-                bus=runtime.bus,
-                webhooks=runtime.webhooks,
-                settings=runtime.settings.api,
-                public_base_url=runtime.settings.public_base_url,
-            )
-            if runtime.settings.api.enabled
-            else None,
-            providers=runtime.providers,
-            elicitations=runtime.elicitations,
-            demo_user=demo_user(runtime),
-        )
-    )
+    return create_app(runtime)
 
 
 def build_metrics_app(runtime: Runtime) -> Starlette | None:
@@ -222,12 +203,3 @@ async def serve_runtime(runtime: Runtime) -> None:
         assert settings.metrics.port is not None
         listeners.append(serve(metrics, settings.metrics.host, settings.metrics.port))
     await asyncio.gather(*listeners)
-
-
-def demo_user(runtime: Runtime) -> Identity | None:
-    """Whom the demo acts for: the local verifier's one user (demo mode needs that verifier)."""
-    user = getattr(runtime.verifier, "user", None)
-    if not runtime.settings.demo or not callable(user):
-        return None
-    identity = user()
-    return identity if isinstance(identity, Identity) else None

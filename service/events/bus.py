@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from service.core.events import ElicitationEvent, Event
 
 log = logging.getLogger("service.events")
 
 Listener = Callable[[Event], None]
+CatchUp = Callable[[], Awaitable[Any]]
 Waiter = asyncio.Future[ElicitationEvent | None]
 
 
@@ -28,6 +30,10 @@ class LocalBus:
         # One future, or a list when several wait on the same elicitation: most elicitations have one waiter.
         self._waiters: dict[str, Waiter | list[Waiter]] = {}
         self._listeners: list[Listener] = []
+        # What a bus across processes runs when it may have missed something (in one process nothing is missed):
+        # the reader of the event log (news announced, or a reconnect), and the other catch-ups after a reconnect.
+        self.log_reader: CatchUp | None = None
+        self.reconnect_hooks: list[CatchUp] = []
 
     def add_listener(self, listener: Listener) -> None:
         """Called synchronously for every event; a listener that needs I/O schedules a task."""
@@ -36,6 +42,14 @@ class LocalBus:
     def remove_listener(self, listener: Listener) -> None:
         if listener in self._listeners:
             self._listeners.remove(listener)
+
+    def read_log_with(self, reader: CatchUp) -> None:
+        """`reader` reads the event log when another process announces news in it, and after a reconnect."""
+        self.log_reader = reader
+
+    def after_reconnect(self, hook: CatchUp) -> None:
+        """`hook` runs after a reconnect, once the event log is read (e.g. the replica's untold completions)."""
+        self.reconnect_hooks.append(hook)
 
     def waiting(self) -> int:
         """How many elicitations someone in this process waits on."""

@@ -42,6 +42,7 @@ class OutboxFeed:
     def __init__(self, log_: EventLog, bus: LocalBus, *, interval: float) -> None:
         self._log = log_
         self._bus = bus
+        bus.read_log_with(self.catch_up)  # a bus across processes reads the log at once when told of news
         self.interval = interval
         self.cursor: int | None = None  # the last event id seen; None until the first successful read
         self._lock = asyncio.Lock()

@@ -13,7 +13,7 @@ by a conditional update, so an event heard twice is harmless and one not heard c
 If the listening connection ends (the server terminated it, the network failed, a ping got no answer), the bus
 reconnects with capped exponential backoff, counts it (`acp_connector_event_bus_reconnects_total`), and catches up
 on what it could not hear meanwhile: the event log from its cursor, the grants changed meanwhile, and whatever
-else registered in `on_reconnect` (the replica's untold completions).
+else registered with `after_reconnect` (the replica's untold completions).
 """
 
 from __future__ import annotations
@@ -22,9 +22,8 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any
 
 from service.core.events import Event, GrantChange, GrantChanged
 from service.metrics import Metrics
@@ -33,7 +32,6 @@ from service.store.notify import PgListener, notify
 
 from .bus import LocalBus
 from .codec import decode, encode
-from .feed import OutboxFeed
 
 log = logging.getLogger("service.events")
 
@@ -52,8 +50,6 @@ class PgBus(LocalBus):
         self.metrics = metrics
         self.now = clock
         self.ping_seconds = ping_seconds
-        self.feed: OutboxFeed | None = None  # reads the event log when another replica announces news in it
-        self.on_reconnect: list[Callable[[], Awaitable[Any]]] = []
         self._listener: PgListener | None = None
         self._lost = asyncio.Event()
         self._lost_at: datetime | None = None
@@ -128,10 +124,10 @@ class PgBus(LocalBus):
         self._reading = asyncio.get_running_loop().create_task(self._read_log_until_quiet())
 
     async def _read_log_until_quiet(self) -> None:
-        while self.feed is not None:
+        while self.log_reader is not None:
             self._read_again = False
             try:
-                await self.feed.catch_up()
+                await self.log_reader()
             except Exception as exc:  # the interval poll retries
                 log.warning("reading the event log after a notification failed: %s", type(exc).__name__)
                 return
@@ -187,10 +183,10 @@ class PgBus(LocalBus):
 
     async def _catch_up(self) -> None:
         """Announce here what may have happened while no notification could arrive."""
-        if self.feed is not None:
-            await self.feed.catch_up()
+        if self.log_reader is not None:
+            await self.log_reader()
         since = (self._lost_at or self.now()) - CATCH_UP_MARGIN
         for grant in await self.store.grants.changed_since(since):
             self.dispatch(GrantChanged(grant.id, grant.identity, grant.provider, GrantChange.REFRESHED))
-        for hook in self.on_reconnect:
+        for hook in self.reconnect_hooks:
             await hook()

@@ -18,9 +18,11 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from service.config import ReplicaSettings
-from service.core.events import ElicitationEvent, Event
+from service.core.events import ElicitationEvent
 from service.metrics import CompletionResult, Metrics
 from service.store import Store
+
+from .bus import LocalBus
 
 log = logging.getLogger("service.events")
 
@@ -34,14 +36,15 @@ class Replica:
     def __init__(
         self,
         store: Store,
-        dispatch: Callable[[Event], None],
+        bus: LocalBus,
         settings: ReplicaSettings,
         clock: Callable[[], datetime],
         metrics: Metrics,
     ) -> None:
         self.id = store.origin
         self.store = store
-        self.dispatch = dispatch  # hands an event to this process's listeners only
+        self.dispatch = bus.dispatch  # hands an event to this process's listeners only
+        bus.after_reconnect(self.catch_up)  # what it could not hear while the bus was reconnecting
         self.settings = settings
         self.now = clock
         self.metrics = metrics

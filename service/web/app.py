@@ -8,9 +8,8 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import unquote
 
 from starlette.applications import Starlette
@@ -22,7 +21,6 @@ from starlette.routing import BaseRoute, Match, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp
 
-from ..config import Settings
 from ..core.browser import BrowserFlow
 from ..core.clock import Clock
 from ..core.errors import FlowRefused, SchemaNotCurrent
@@ -31,7 +29,6 @@ from ..core.lifecycle import Elicitations
 from ..core.verification import IdentityStep
 from ..identity import IdentityVerifier, VerifierRoute
 from ..metrics import Metrics
-from ..oauth import ProviderGateway
 from ..store import Store
 from ..vault import Vault
 from .api import ApiParts, api_routes
@@ -51,21 +48,22 @@ log = logging.getLogger("service.web")
 STATIC = Path(__file__).parent / "static"
 
 
-@dataclass(frozen=True)
-class WebParts:
-    settings: Settings
+class WebParts(ApiParts, Protocol):
+    """What the web app is built from (the connector's `Runtime` is one); the `/v1` API's parts among them."""
+
     store: Store
     vault: Vault
     browser: BrowserFlow
-    identity: IdentityStep
+    verification: IdentityStep
     verifier: IdentityVerifier
     clock: Clock
     metrics: Metrics
     rate_limiter: RateLimiter
-    providers: ProviderGateway
     elicitations: Elicitations
-    api: ApiParts | None = None  # the `/v1` agent API, when `api.enabled`
-    demo_user: Identity | None = None  # whom `/demo/start` acts for (demo mode only)
+
+    @property
+    def demo_user(self) -> Identity | None:
+        """Whom `/demo/start` acts for (demo mode only)."""
 
 
 def _is_api(request: Request) -> bool:
@@ -89,7 +87,7 @@ def create_app(parts: WebParts) -> Starlette:
     )
     browser = BrowserRoutes(
         parts.browser,
-        parts.identity,
+        parts.verification,
         pages,
         binding,
         parts.vault,
@@ -152,7 +150,7 @@ def create_app(parts: WebParts) -> Starlette:
         return await refused(request, FlowRefused("internal_error"))
 
     home = Home(pages, settings, parts.providers, parts.elicitations, demo_user)
-    verifier_routes = parts.verifier.routes(Kit(parts.identity, binding, guard, settings.server.trusted_proxies))
+    verifier_routes = parts.verifier.routes(Kit(parts.verification, binding, guard, settings.server.trusted_proxies))
     name = parts.verifier.name
     routes: list[BaseRoute] = [
         Route("/", home.page, methods=["GET"]),
@@ -163,7 +161,7 @@ def create_app(parts: WebParts) -> Starlette:
         Route("/callback/{provider}", checked(browser.callback), methods=["GET"]),
         *_mounted(f"/identity/{name}", verifier_routes.browser),
         *_mounted(f"/v1/identity/{name}", verifier_routes.api),
-        *(api_routes(parts.api) if parts.api is not None else []),
+        *(api_routes(parts) if settings.api.enabled else []),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
@@ -212,9 +210,9 @@ class _ConnectorApp(Starlette):
 
 def _body_limits(parts: WebParts) -> dict[str, int]:
     """Larger bodies where a route streams them: the token proxy's uploads."""
-    if parts.api is None:
+    if not parts.settings.api.enabled:
         return {}
-    return {"/v1/proxy/": parts.api.settings.proxy_max_request_bytes}
+    return {"/v1/proxy/": parts.settings.api.proxy_max_request_bytes}
 
 
 def _mounted(prefix: str, routes: Sequence[VerifierRoute]) -> list[BaseRoute]:

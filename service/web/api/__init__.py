@@ -6,14 +6,14 @@ with the codes of `service.web.errors`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
+from typing import Protocol
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from service.config import ApiSettings
+from service.config import Settings
 from service.core.agent_api import AgentApi
 from service.core.webhooks import WebhookEndpoints
 from service.events import LocalBus
@@ -33,15 +33,15 @@ __all__ = ["ApiParts", "api_operations", "api_routes"]
 PROXY_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 
-@dataclass(frozen=True)
-class ApiParts:
-    api: AgentApi
+class ApiParts(Protocol):
+    """What the API is built from (the connector's `Runtime` is one)."""
+
+    settings: Settings  # the API reads `[api]` and `public_base_url`
+    agent_api: AgentApi
     tokens: TokenAccess
     providers: ProviderGateway
     bus: LocalBus
     webhooks: WebhookEndpoints
-    settings: ApiSettings
-    public_base_url: str
 
 
 def _version() -> str:
@@ -53,22 +53,23 @@ def _version() -> str:
 
 def api_operations(parts: ApiParts) -> list[Operation]:
     names = [entry.name for entry in parts.providers.catalog.entries()]
+    settings = parts.settings.api
     elicitations = ElicitationRoutes(
-        parts.api,
+        parts.agent_api,
         parts.tokens,
         names,
-        max_body=parts.settings.max_body_bytes,
-        max_wait=float(parts.settings.max_wait_seconds),
+        max_body=settings.max_body_bytes,
+        max_wait=float(settings.max_wait_seconds),
     )
-    proxy = ProxyRoute(parts.api, parts.tokens, parts.providers, parts.settings)
+    proxy = ProxyRoute(parts.agent_api, parts.tokens, parts.providers, settings)
     proxy_params = (
         Param("provider", "path", "The provider's catalog name.", required=True),
         Param("path", "path", "The path under the provider's API base URL.", required=True),
         Param("Connector-User-Issuer", "header", "The user's identity issuer.", required=True),
         Param("Connector-User-Subject", "header", "The user's subject at that issuer.", required=True),
     )
-    events = EventStream(parts.api, parts.bus)
-    webhooks = WebhookRoutes(parts.api, parts.webhooks, max_body=parts.settings.max_body_bytes)
+    events = EventStream(parts.agent_api, parts.bus)
+    webhooks = WebhookRoutes(parts.agent_api, parts.webhooks, max_body=settings.max_body_bytes)
     return [
         *elicitations.operations(),
         *webhooks.operations(),
@@ -119,7 +120,7 @@ def api_operations(parts: ApiParts) -> list[Operation]:
 
 def api_routes(parts: ApiParts) -> list[BaseRoute]:
     operations = api_operations(parts)
-    document = openapi_document(operations, version=_version(), server_url=parts.public_base_url)
+    document = openapi_document(operations, version=_version(), server_url=parts.settings.public_base_url)
 
     async def openapi(request: Request) -> Response:
         return JSONResponse(document)
