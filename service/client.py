@@ -22,7 +22,7 @@ import httpx
 
 from .acp import AcpAuthorizer, AgentCalls, AuthorizationAsk
 from .acp.lifecycle import CompletionListener
-from .core.errors import ConnectorError
+from .core.errors import SidecarError
 from .core.identity import Identity
 from .core.lifecycle import AnswerKind, ClientAnswer, covers
 from .core.outcomes import NARROWED_BEFORE, AuthorizationOutcome, AuthorizationStatus, GrantInfo, StopCause
@@ -39,10 +39,6 @@ _ANSWER_ACTIONS = {
     AnswerKind.ERROR: "client_error",
     AnswerKind.DISCONNECTED: "disconnected",
 }
-
-
-class SidecarError(ConnectorError):
-    """The sidecar refused a call: `code` is its stable error code."""
 
 
 @dataclass(frozen=True, slots=True)

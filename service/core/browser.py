@@ -19,12 +19,10 @@ from .identity import Identity
 from .lifecycle import Elicitations
 from .outcomes import GrantInfo
 from .ports import Provider, ProviderGateway, Store, Vault
-from .records import ElicitationRecord, FlowRecord, GrantRecord, Intent, TokenSet
+from .records import OFFLINE_ACCESS, ElicitationRecord, FlowRecord, GrantRecord, Intent, TokenSet
 from .states import RESTART_FROM, START_FROM, ElicitationStatus
 
 log = logging.getLogger("service.flow")
-
-OFFLINE_ACCESS = "offline_access"  # the OpenID Connect scope that asks for a refresh token
 
 # How long the browser may spend at the provider before the state is no longer accepted.
 FLOW_TTL = timedelta(minutes=10)
@@ -258,7 +256,7 @@ class BrowserFlow:
                 issued_after=claimed.created_at,
             )
         except ProviderError as exc:
-            check = getattr(exc, "check", None)
+            check = exc.check
             await self.elicitations.finish(
                 record,
                 ElicitationStatus.FAILED,

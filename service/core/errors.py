@@ -1,4 +1,21 @@
-"""The domain's errors: one tree, each with a stable machine-readable `code` and a sentence for people.
+"""The connector's errors: one tree, each with a stable machine-readable `code` and a sentence for people.
+
+    ConnectorError
+    ├── ConfigError                 the configuration (names the file and the key)
+    ├── ProviderNotConfigured, UnknownProvider
+    ├── SchemaNotCurrent, DatabaseUnavailable
+    ├── VaultError
+    ├── NotAuthorized               no grant covers the request
+    ├── ProviderError               a provider refused or failed
+    │   ├── EndpointError           ... at one of its endpoints (its OAuth error code, the HTTP status)
+    │   └── IdTokenError            ... with an ID token that failed one check
+    ├── DiscoveryError              a provider's discovery document cannot be used
+    ├── AcpSdkUnsupported, ClientNotInitialized
+    ├── FlowRefused                 a step of an elicitation's flow (the browser or an API caller gets `code`)
+    └── SidecarError                a sidecar's `/v1` API refused a call of `SidecarClient`
+
+Outside the tree on purpose: `WebhookVerificationError` (a `ValueError` for receivers of webhooks,
+`core/webhooks/signing.py`) and the CLI's `CliError`/`UsageError` (how a command ends, `cli/framework.py`).
 
 Nothing here knows HTTP. `service.web.errors` maps codes to status codes, page titles and sentences for the
 browser, and to JSON bodies for the `/v1` API. Messages never carry a secret.
@@ -7,6 +24,24 @@ browser, and to JSON bodies for the `/v1` API. Messages never carry a secret.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Protocol
+
+
+class CatalogNames(Protocol):
+    """How an error names a provider of the catalog (a `ProviderEntry`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def shown_name(self) -> str: ...
+
+
+class ResolvedNames(Protocol):
+    """How an error names a resolved provider (a `ResolvedProvider`)."""
+
+    @property
+    def display_name(self) -> str: ...
 
 
 class ConnectorError(Exception):
@@ -77,6 +112,49 @@ class ProviderError(ConnectorError):
     """The provider refused or failed a request. Never carries the provider's token payload."""
 
     code = "provider_error"
+    check: str | None = None  # the ID-token check that failed, when that is what failed
+
+
+class EndpointError(ProviderError):
+    """A provider endpoint refused or failed: `error` is its OAuth error code, `status` the HTTP status (if any).
+
+    `transport` is true when the endpoint could not be reached or answered with something that is not an OAuth
+    answer (a sign that its address may have changed)."""
+
+    code = "provider_token_error"
+
+    def __init__(
+        self, message: str, *, error: str | None, status: int | None, transport: bool, code: str | None = None
+    ) -> None:
+        super().__init__(message, code=code)
+        self.error = error
+        self.status = status
+        self.transport = transport
+
+
+class IdTokenError(ProviderError):
+    """The ID token failed one check (`check`: signature, iss, aud, azp, exp, iat, nonce, sub, ...)."""
+
+    code = "invalid_id_token"
+    check: str
+
+    def __init__(self, entry: ResolvedNames, check: str) -> None:
+        super().__init__(f"{entry.display_name} sent an ID token that failed the {check} check")
+        self.check = check
+
+
+class DiscoveryError(ConnectorError):
+    """A provider's discovery document could not be used. `field` names the member at fault, if one is."""
+
+    code = "provider_discovery_failed"
+
+    def __init__(self, entry: CatalogNames, url: str, problem: str, field: str | None = None) -> None:
+        # People read this on the connect page: the provider by the name they know, and what is wrong.
+        super().__init__(f"{entry.shown_name}: the discovery document at {url} {problem}")
+        self.provider = entry.name
+        self.url = url
+        self.problem = problem
+        self.field = field
 
 
 class AcpSdkUnsupported(ConnectorError):
@@ -116,3 +194,7 @@ class FlowRefused(ConnectorError):
     def __str__(self) -> str:
         extra = ", ".join(f"{k}={v}" for k, v in self.detail.items())
         return f"{self.code} ({extra})" if extra else self.code
+
+
+class SidecarError(ConnectorError):
+    """The sidecar refused a call: `code` is its stable error code."""

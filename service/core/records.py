@@ -12,6 +12,8 @@ from typing import Any, Literal
 from .identity import Identity
 from .states import DeliveryStatus, ElicitationStatus
 
+OFFLINE_ACCESS = "offline_access"  # the OpenID Connect scope that asks for a refresh token (Core §11)
+
 ScopeKind = Literal["session", "request"]
 
 
@@ -109,7 +111,7 @@ class GrantRecord:
     def needs_user_again(self) -> bool:
         """Stored without the refresh token it was asked with (`offline_access` asked, not granted): when its
         access token expires (`token_expires_at`), the user must authorize again."""
-        return "offline_access" in self.refused_scopes
+        return OFFLINE_ACCESS in self.refused_scopes
 
     def renewal_note(self) -> str | None:
         """A sentence for operators when the grant will need the user again, else None."""

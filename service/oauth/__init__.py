@@ -12,12 +12,13 @@
 The only package that talks to providers.
 """
 
+from service.core.errors import DiscoveryError, EndpointError, IdTokenError
+
 from .client_auth import AUTH_METHODS, AuthChoice, basic_credentials, choose_auth_method
-from .discovery import DISCOVERY_FAILED, DiscoveryError
-from .endpoint import EndpointError
+from .discovery import DISCOVERY_FAILED
 from .gateway import ProviderGateway
 from .http import HttpSettings, ProviderHttp
-from .id_token import IdTokenError, IdTokenExpectations, JwksCache
+from .id_token import IdTokenExpectations, JwksCache
 from .resolved import ResolvedProvider
 
 __all__ = [

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from authlib.common.urls import add_params_to_uri
 from authlib.oauth2.rfc7636 import create_s256_code_challenge
 
+from service.core.records import OFFLINE_ACCESS
+
 from .issuer import issuer_matches
 from .resolved import ResolvedProvider
-
-OFFLINE_ACCESS = "offline_access"
 
 
 @dataclass(frozen=True, slots=True)

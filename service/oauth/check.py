@@ -11,11 +11,11 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 
-from service.core.errors import ConnectorError
+from service.core.errors import ConnectorError, DiscoveryError
+from service.core.records import OFFLINE_ACCESS
 from service.providers import ProviderEntry
 
-from .authorize import OFFLINE_ACCESS, prompt_for
-from .discovery import DiscoveryError
+from .authorize import prompt_for
 from .gateway import ProviderGateway
 from .resolved import ResolvedProvider
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from service.core.errors import ConnectorError
+from service.core.errors import DiscoveryError
 from service.core.urls import url_problem
 from service.providers import ProviderEntry
 
@@ -18,22 +18,8 @@ from .client_auth import choose_auth_method
 from .issuer import implied_issuer, same_issuer
 from .resolved import ResolvedProvider
 
-DISCOVERY_FAILED = "provider_discovery_failed"
+DISCOVERY_FAILED = DiscoveryError.code
 DISCOVERY_TIMEOUT = httpx.Timeout(10.0)
-
-
-class DiscoveryError(ConnectorError):
-    """A provider's discovery document could not be used. `field` names the member at fault, if one is."""
-
-    code = DISCOVERY_FAILED
-
-    def __init__(self, entry: ProviderEntry, url: str, problem: str, field: str | None = None) -> None:
-        # People read this on the connect page: the provider by the name they know, and what is wrong.
-        super().__init__(f"{entry.shown_name}: the discovery document at {url} {problem}")
-        self.provider = entry.name
-        self.url = url
-        self.problem = problem
-        self.field = field
 
 
 async def discover(entry: ProviderEntry, url: str, http: httpx.AsyncClient) -> ResolvedProvider:

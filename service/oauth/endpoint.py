@@ -12,29 +12,12 @@ from typing import Any
 
 import httpx
 
-from service.core.errors import ProviderError
+from service.core.errors import EndpointError
 
 from .client_auth import authenticate
 from .resolved import ResolvedProvider
 
 _ERROR_CODE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
-
-
-class EndpointError(ProviderError):
-    """A provider endpoint refused or failed: `error` is its OAuth error code, `status` the HTTP status (if any).
-
-    `transport` is true when the endpoint could not be reached or answered with something that is not an OAuth
-    answer (a sign that its address may have changed)."""
-
-    code = "provider_token_error"
-
-    def __init__(
-        self, message: str, *, error: str | None, status: int | None, transport: bool, code: str | None = None
-    ) -> None:
-        super().__init__(message, code=code)
-        self.error = error
-        self.status = status
-        self.transport = transport
 
 
 def endpoint_error(

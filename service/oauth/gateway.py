@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from service.core.errors import ProviderError
+from service.core.errors import DiscoveryError, EndpointError, ProviderError
 from service.core.ports import AuthorizationRequest, Authorized, Provider
 from service.core.records import TokenSet
 from service.metrics import Metrics, ProviderEndpoint
@@ -27,8 +27,7 @@ from service.providers import ProviderCatalog, ProviderEntry
 
 from . import token
 from .authorize import authorization_url, issuer_acceptable, new_flow_secrets
-from .discovery import DiscoveryError, discover
-from .endpoint import EndpointError
+from .discovery import discover
 from .http import ProviderHttp
 from .id_token import IdTokenExpectations, JwksCache, unverified_claims, validate_id_token
 from .resolved import ResolvedProvider

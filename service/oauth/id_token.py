@@ -17,7 +17,7 @@ from joserfc import jwt
 from joserfc.errors import InvalidKeyIdError, JoseError
 from joserfc.jwk import KeySet
 
-from service.core.errors import ProviderError
+from service.core.errors import IdTokenError, ProviderError
 from service.providers import TENANT_ID_PLACEHOLDER
 
 from .issuer import issuer_matches
@@ -33,16 +33,6 @@ CLOCK_LEEWAY = 60  # seconds of clock difference tolerated on exp and iat
 JWKS_TTL = 3600.0  # keys are re-read at least this often
 JWKS_MIN_REFRESH = 30.0  # an unknown key id triggers a re-read at most this often (per JWKS)
 _SIGNING_KEY_TYPES = frozenset({"RSA", "EC", "OKP"})
-
-
-class IdTokenError(ProviderError):
-    """The ID token failed one check (`check`: signature, iss, aud, azp, exp, iat, nonce, sub, ...)."""
-
-    code = "invalid_id_token"
-
-    def __init__(self, entry: ResolvedProvider, check: str) -> None:
-        super().__init__(f"{entry.display_name} sent an ID token that failed the {check} check")
-        self.check = check
 
 
 class JwksCache:

@@ -9,13 +9,12 @@ from typing import Any
 import httpx
 
 from service.core.errors import ProviderError
-from service.core.records import TokenSet
+from service.core.records import OFFLINE_ACCESS, TokenSet
 
 from .endpoint import post_form
 from .resolved import ResolvedProvider
 
 OPENID = "openid"
-OFFLINE_ACCESS = "offline_access"
 
 
 def granted_scopes(raw: object) -> tuple[str, ...] | None:
