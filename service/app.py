@@ -15,7 +15,6 @@ from .config import Settings
 from .config_warnings import report_configuration_warnings
 from .core.agent_api import AgentApi
 from .core.browser import BrowserFlow
-from .core.clock import Clock
 from .core.events import ElicitationEvent
 from .core.identity import Identity
 from .core.lifecycle import Elicitations
@@ -41,6 +40,7 @@ from .oauth.check import ProviderReport, log_provider_problems
 from .providers import load_catalog
 from .store import Store
 from .tokens import TokenAccess
+from .util.clock import Clock
 from .vault import Vault
 
 if TYPE_CHECKING:

@@ -16,13 +16,13 @@ import httpx
 
 from .acp import AcpAuthorizer, AgentCalls
 from .config import Settings, load_settings
-from .core.clock import Clock
 from .core.errors import NotAuthorized
 from .core.events import ElicitationEvent
 from .core.identity import Identity
 from .core.outcomes import GrantInfo
 from .core.records import ElicitationRecord
 from .tokens import GrantAuth
+from .util.clock import Clock
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette

@@ -12,7 +12,6 @@ from collections.abc import Iterable
 from pydantic import ValidationError
 
 from .config import Settings
-from .core.clock import Clock
 from .core.webhooks import WebhookDispatcher, WebhookEndpoints
 from .events import HttpWebhookSender, LocalBus, PgBus, WebhookWorker
 from .identity import IdentityVerifier, VerifierContext
@@ -21,6 +20,7 @@ from .metrics import Metrics
 from .oauth import HttpSettings, ProviderGateway, ProviderHttp
 from .providers import ProviderCatalog
 from .store import PoolSettings, Store
+from .util.clock import Clock
 from .vault import Vault, load_key_ring
 
 __all__ = [

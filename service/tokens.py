@@ -22,11 +22,11 @@ from .core.events import Event, GrantChange, GrantChanged
 from .core.handles import grant_aad
 from .core.identity import Identity
 from .core.lifecycle import find_grant
-from .core.locks import KeyedLocks
 from .core.records import GrantRecord, TokenSet
 from .metrics import Metrics, RefreshResult
-from .oauth import IdTokenError, ProviderGateway, ResolvedProvider
+from .oauth import ProviderGateway, ResolvedProvider
 from .store import Store
+from .util.locks import KeyedLocks
 from .vault import Vault
 
 log = logging.getLogger("service.tokens")
@@ -190,7 +190,7 @@ class TokenAccess:
 
     async def _refresh_failed(self, grant: GrantRecord, exc: ProviderError) -> None:
         self.metrics.refresh(grant.provider, RefreshResult.FAILED)
-        check = exc.check if isinstance(exc, IdTokenError) else None
+        check = exc.check
         if check is not None:
             log.warning("refused a refresh of grant %s: %s", grant.id, exc)
         await self.store.audit.record(

@@ -12,8 +12,8 @@ from acp.agent.connection import AgentSideConnection
 from acp.client.connection import ClientSideConnection
 
 from service import AuthorizationStatus
-from service.core.locks import KeyedLocks
 from service.testing import memory_transport_pair
+from service.util.locks import KeyedLocks
 
 from .acp_peers import URL_CAPABLE, ConnectorAgent, RecordingClient, eventually, prompt_text
 from .conftest import Deployment

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import functools
 import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import pytest
 SERVICE = Path(__file__).resolve().parent.parent / "service"
 
 LAYERS: list[set[str]] = [
+    {"service.util"},
     {"service.core"},
     {"service.config", "service.logs", "service.metrics", "service.vault", "service.providers", "service.version"},
     {
@@ -177,6 +179,21 @@ def test_core_imports_no_framework() -> None:
     assert found == []
 
 
+def test_util_imports_the_standard_library_only() -> None:
+    """`service/util/` is the bottom: generic helpers that import nothing of the connector and no third party."""
+    found = sorted(
+        f"{module} imports {imported}"
+        for module, path in MODULES.items()
+        if _area(module) == "service.util"
+        for imported in _imports(path)
+        if not imported.startswith("service.util")
+        and imported.split(".")[0] not in sys.stdlib_module_names
+        and imported != "__future__.annotations"
+    )
+    assert found == []
+    assert MODULES.keys() >= {"service.util.clock", "service.util.locks"}  # the test still looks where it must
+
+
 SDK_PRIVATE = re.compile(r"\._(conn|handler|run_request|transport|disconnected|closed)\b")
 
 
@@ -229,6 +246,7 @@ def render_rules() -> str:
             "- Third-party packages and the only parts of `service/` that import them:",
             confined,
             f"- `core` imports no framework: none of {forbidden}.",
+            "- `util` imports the standard library only.",
             END,
         ]
     )

@@ -12,8 +12,8 @@ import logging
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from ..util.periodic import Periodic
 from .lifecycle import Elicitations
-from .periodic import Periodic
 from .retention import PurgeKind, RetentionPolicy, purge_due
 
 log = logging.getLogger("service.sweeper")

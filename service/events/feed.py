@@ -18,7 +18,7 @@ import logging
 from typing import Protocol
 
 from service.core.events import ElicitationEvent
-from service.core.periodic import Periodic
+from service.util.periodic import Periodic
 
 from .bus import LocalBus
 

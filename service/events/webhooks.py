@@ -19,11 +19,11 @@ from collections.abc import Awaitable, Callable, Mapping
 
 import httpx
 
-from service.core.cookies import refusing_cookie_jar
 from service.core.events import ElicitationEvent, Event
 from service.core.records import AttemptResult
 from service.core.urls import is_public_address, webhook_url_problem
 from service.core.webhooks import WebhookDispatcher
+from service.util.cookies import refusing_cookie_jar
 
 from .bus import LocalBus
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from ..core.cookies import refusing_cookie_jar
+from ..util.cookies import refusing_cookie_jar
 
 # Options that configure a connection pool: the provider's pool is configured once, from `[providers]`.
 _POOL_OPTIONS = frozenset({"verify", "cert", "http1", "http2", "limits", "proxy", "mounts", "trust_env"})

@@ -63,8 +63,8 @@ from acp.schema import (
 )
 from acp.transports import spawn_stdio_transport
 
-from service.core.hosts import HostAssessment, assess_host
 from service.core.urls import is_loopback_host
+from service.util.hosts import HostAssessment, assess_host
 
 REQUEST_CANCELLED: Final = -32800
 INVALID_PARAMS: Final = -32602

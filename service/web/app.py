@@ -22,7 +22,6 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp
 
 from ..core.browser import BrowserFlow
-from ..core.clock import Clock
 from ..core.errors import FlowRefused, SchemaNotCurrent
 from ..core.identity import Identity
 from ..core.lifecycle import Elicitations
@@ -30,6 +29,7 @@ from ..core.verification import IdentityStep
 from ..identity import IdentityVerifier, VerifierRoute
 from ..metrics import Metrics
 from ..store import Store
+from ..util.clock import Clock
 from ..vault import Vault
 from .api import ApiParts, api_routes
 from .browser import BrowserRoutes

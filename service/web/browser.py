@@ -9,10 +9,10 @@ from starlette.responses import RedirectResponse, Response
 
 from ..core.browser import BrowserFlow
 from ..core.errors import FlowRefused
-from ..core.hosts import HostAssessment, assess_host
 from ..core.states import ElicitationStatus
 from ..core.urls import host_of, origin
 from ..core.verification import IdentityStep
+from ..util.hosts import HostAssessment, assess_host
 from ..vault import Vault
 from .inputs import read_form
 from .kit import browser_facts
