@@ -6,7 +6,8 @@ absolute https URL (loopback excepted). Errors name the provider, the URL and th
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, overload
 
 import httpx
 
@@ -14,16 +15,55 @@ from service.core.errors import DiscoveryError
 from service.core.urls import url_problem
 from service.providers import ProviderEntry
 
-from .client_auth import choose_auth_method
+from .client_auth import AuthChoice, choose_auth_method
 from .issuer import implied_issuer, same_issuer
 from .resolved import ResolvedProvider
 
 DISCOVERY_FAILED = DiscoveryError.code
 DISCOVERY_TIMEOUT = httpx.Timeout(10.0)
+# The endpoint members read, in this order (RFC 8414 section 2: the first two are required for the code flow).
+_ENDPOINTS = ("authorization_endpoint", "token_endpoint", "userinfo_endpoint", "revocation_endpoint", "jwks_uri")
+_REQUIRED_ENDPOINTS = frozenset(_ENDPOINTS[:2])
 
 
 async def discover(entry: ProviderEntry, url: str, http: httpx.AsyncClient) -> ResolvedProvider:
     """Fetch and check the discovery document at `url`; the entry with every endpoint filled in."""
+    document = _Document(entry, url, await _fetch(entry, url, http))
+    issuer = _issuer(document)
+    endpoints = {key: document.url_member(key, required=key in _REQUIRED_ENDPOINTS) for key in _ENDPOINTS}
+    iss_supported = _iss_parameter_supported(document)
+    if entry.oidc and not (entry.jwks_uri or endpoints["jwks_uri"]):
+        raise document.error("has no jwks_uri, needed to check ID tokens", "jwks_uri")
+    methods = document.text_list("token_endpoint_auth_methods_supported")
+    auth = _auth_method(document, methods)
+    algorithms = document.text_list("id_token_signing_alg_values_supported")
+    # Endpoints written in the catalog win over discovered ones (operators can pin them); the issuer is the
+    # document's exact string, as ID tokens and RFC 9207 `iss` carry it.
+    return ResolvedProvider(
+        entry=entry,
+        issuer=issuer,
+        authorization_endpoint=_required(entry.authorization_endpoint or endpoints["authorization_endpoint"]),
+        token_endpoint=_required(entry.token_endpoint or endpoints["token_endpoint"]),
+        userinfo_endpoint=entry.userinfo_endpoint or endpoints["userinfo_endpoint"],
+        revocation_endpoint=entry.revocation_endpoint or endpoints["revocation_endpoint"],
+        jwks_uri=entry.jwks_uri or endpoints["jwks_uri"],
+        authorization_response_iss_parameter_supported=iss_supported,
+        token_endpoint_auth_method=auth.method,
+        auth_method_reason=auth.reason,
+        id_token_algorithms=tuple(algorithms) if algorithms is not None else None,
+        discovered=True,
+        extra={"token_endpoint_auth_methods_supported": tuple(methods) if methods is not None else None},
+    )
+
+
+def _required(value: str | None) -> str:
+    assert value is not None  # a required member: `url_member` refused a document without it
+    return value
+
+
+async def _fetch(entry: ProviderEntry, url: str, http: httpx.AsyncClient) -> dict[str, Any]:
+    """RFC 8414 section 3.2: "A successful response MUST use the 200 OK HTTP status code and return a JSON object
+    using the "application/json" content type that contains a set of claims as its members"."""
     try:
         response = await http.get(url, headers={"Accept": "application/json"}, timeout=DISCOVERY_TIMEOUT)
     except httpx.HTTPError as exc:
@@ -36,77 +76,78 @@ async def discover(entry: ProviderEntry, url: str, http: httpx.AsyncClient) -> R
         raise DiscoveryError(entry, url, "is not JSON") from None
     if not isinstance(document, dict):
         raise DiscoveryError(entry, url, "is not a JSON object")
+    return document
 
-    def text(key: str, *, required: bool) -> str | None:
-        value = document.get(key)
+
+@dataclass(frozen=True, slots=True)
+class _Document:
+    """A fetched discovery document, read member by member; each refusal names the member."""
+
+    entry: ProviderEntry
+    url: str
+    members: dict[str, Any]
+
+    def error(self, problem: str, member: str | None = None) -> DiscoveryError:
+        return DiscoveryError(self.entry, self.url, problem, member)
+
+    @overload
+    def url_member(self, key: str) -> str: ...
+    @overload
+    def url_member(self, key: str, *, required: bool) -> str | None: ...
+    def url_member(self, key: str, *, required: bool = True) -> str | None:
+        """A URL member: absolute, and https unless its host is loopback (`core.urls`)."""
+        value = self.members.get(key)
         if value is None or value == "":
             if required:
-                raise DiscoveryError(entry, url, f"has no {key}", key)
+                raise self.error(f"has no {key}", key)
             return None
         if not isinstance(value, str):
-            raise DiscoveryError(entry, url, f"has a {key} that is not a string", key)
+            raise self.error(f"has a {key} that is not a string", key)
         problem = url_problem(value)
         if problem is not None:
-            raise DiscoveryError(entry, url, f"has a {key} that {problem}", key)
+            raise self.error(f"has a {key} that {problem}", key)
         return value
 
-    def text_list(key: str) -> list[str] | None:
-        value = document.get(key)
+    def text_list(self, key: str) -> list[str] | None:
+        value = self.members.get(key)
         if value is None:
             return None
         if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-            raise DiscoveryError(entry, url, f"has a {key} that is not a list of strings", key)
+            raise self.error(f"has a {key} that is not a list of strings", key)
         return value
 
-    issuer = text("issuer", required=True)
-    assert issuer is not None
-    implied = implied_issuer(url)
+
+def _issuer(document: _Document) -> str:
+    """OpenID Connect Discovery 4.3: "The issuer value returned MUST be identical to the Issuer URL that was used as
+    the prefix to /.well-known/openid-configuration to retrieve the configuration information." (RFC 8414 section
+    3.3 says the same of its well-known URI.) And it must be the issuer the catalog names, when it names one."""
+    issuer = document.url_member("issuer")
+    implied = implied_issuer(document.url)
     if implied is not None and not same_issuer(issuer, implied):
-        raise DiscoveryError(entry, url, f"names the issuer {issuer}, which does not match its location", "issuer")
-    if entry.issuer is not None and not same_issuer(issuer, entry.issuer):
-        raise DiscoveryError(entry, url, f"names the issuer {issuer}, which is not the configured one", "issuer")
+        raise document.error(f"names the issuer {issuer}, which does not match its location", "issuer")
+    configured = document.entry.issuer
+    if configured is not None and not same_issuer(issuer, configured):
+        raise document.error(f"names the issuer {issuer}, which is not the configured one", "issuer")
+    return issuer
 
-    authorization_endpoint = text("authorization_endpoint", required=True)
-    token_endpoint = text("token_endpoint", required=True)
-    userinfo_endpoint = text("userinfo_endpoint", required=False)
-    revocation_endpoint = text("revocation_endpoint", required=False)
-    jwks_uri = text("jwks_uri", required=False)
 
-    iss_supported = document.get("authorization_response_iss_parameter_supported", False)
-    if not isinstance(iss_supported, bool):
-        raise DiscoveryError(
-            entry,
-            url,
-            "has an authorization_response_iss_parameter_supported that is not a boolean",
-            "authorization_response_iss_parameter_supported",
-        )
-    if entry.oidc and not (entry.jwks_uri or jwks_uri):
-        raise DiscoveryError(entry, url, "has no jwks_uri, needed to check ID tokens", "jwks_uri")
+def _iss_parameter_supported(document: _Document) -> bool:
+    """RFC 9207 section 3: "authorization_response_iss_parameter_supported: Boolean parameter indicating whether the
+    authorization server provides the iss parameter in the authorization response" (absent: false)."""
+    key = "authorization_response_iss_parameter_supported"
+    value = document.members.get(key, False)
+    if not isinstance(value, bool):
+        raise document.error(f"has an {key} that is not a boolean", key)
+    return value
 
-    methods = text_list("token_endpoint_auth_methods_supported")
+
+def _auth_method(document: _Document, methods: list[str] | None) -> AuthChoice:
+    """How the connector authenticates at the token endpoint: the configured method, or the best the document's
+    token_endpoint_auth_methods_supported offers (RFC 8414 section 2; absent: client_secret_basic)."""
+    entry = document.entry
     try:
-        auth = choose_auth_method(
+        return choose_auth_method(
             entry.token_endpoint_auth_method, methods, has_secret=entry.has_secret, discovered=True
         )
     except ValueError as exc:
-        raise DiscoveryError(entry, url, f"says {exc}", "token_endpoint_auth_methods_supported") from None
-    algorithms = text_list("id_token_signing_alg_values_supported")
-
-    # Endpoints written in the catalog win over discovered ones (operators can pin them); the issuer is the
-    # document's exact string, as ID tokens and RFC 9207 `iss` carry it.
-    assert authorization_endpoint is not None and token_endpoint is not None
-    return ResolvedProvider(
-        entry=entry,
-        issuer=issuer,
-        authorization_endpoint=entry.authorization_endpoint or authorization_endpoint,
-        token_endpoint=entry.token_endpoint or token_endpoint,
-        userinfo_endpoint=entry.userinfo_endpoint or userinfo_endpoint,
-        revocation_endpoint=entry.revocation_endpoint or revocation_endpoint,
-        jwks_uri=entry.jwks_uri or jwks_uri,
-        authorization_response_iss_parameter_supported=iss_supported,
-        token_endpoint_auth_method=auth.method,
-        auth_method_reason=auth.reason,
-        id_token_algorithms=tuple(algorithms) if algorithms is not None else None,
-        discovered=True,
-        extra={"token_endpoint_auth_methods_supported": tuple(methods) if methods is not None else None},
-    )
+        raise document.error(f"says {exc}", "token_endpoint_auth_methods_supported") from None
