@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from starlette.applications import Starlette
 
     from .acp import AcpAuthorizer
-    from .web.ratelimit import RateLimiter
+    from .rate_limiter import RateLimiter
 
 
 @dataclass
@@ -172,7 +172,7 @@ def build_runtime(settings: Settings) -> Runtime:
 
 def build_rate_limits(settings: Settings, store: Store, clock: Clock) -> tuple[RateLimiter, AuditGate]:
     """The rate limiter of `[rate_limit]`, and the budget of audit rows that requests without credentials get."""
-    from .web.ratelimit import AuditBudget, RateLimiter
+    from .rate_limiter import AuditBudget, RateLimiter
 
     limiter = RateLimiter(settings.rate_limit)
     return limiter, AuditBudget(limiter, store.audit, clock)

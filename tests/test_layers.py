@@ -31,6 +31,7 @@ LAYERS: list[set[str]] = [
         "service.identity",
         "service.tokens",
         "service.rotation",
+        "service.rate_limiter",
     },
     {"service.web", "service.factories", "service.config_warnings"},
     {"service.app"},
@@ -60,6 +61,7 @@ CONFINED = {
     "uvicorn": {"service.web", "service.testing"},
     "prometheus_client": {"service.metrics"},
     "structlog": {"service.logs"},
+    "limits": {"service.rate_limiter"},
 }
 CORE_FORBIDDEN = {"starlette", "acp", "httpx", "sqlalchemy", "authlib", "uvicorn", "jinja2"}
 

@@ -19,8 +19,9 @@ import pytest
 
 from service import ElicitationStatus
 from service.config import RateLimitSettings
+from service.rate_limiter import RateLimiter
 from service.testing import ScriptedBrowser
-from service.web.ratelimit import RateLimiter, route_group
+from service.web.ratelimit import route_group
 
 from .conftest import ALICE, Deploy, Deployment, deploy
 from .flow_support import asking, audit_log_lines, status_of

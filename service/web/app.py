@@ -28,6 +28,7 @@ from ..core.lifecycle import Elicitations
 from ..core.verification import IdentityStep
 from ..identity import IdentityVerifier, VerifierRoute
 from ..metrics import Metrics
+from ..rate_limiter import RateLimiter
 from ..store import Store
 from ..util.clock import Clock
 from ..vault import Vault
@@ -40,7 +41,7 @@ from .inputs import InputGuard, checked
 from .kit import Kit, api_error
 from .metrics import metrics_route, on_public_listener
 from .pages import Pages
-from .ratelimit import RateLimit, RateLimiter, RateLimitGuard
+from .ratelimit import RateLimit, RateLimitGuard
 from .security import BrowserBinding
 
 log = logging.getLogger("service.web")

@@ -30,9 +30,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..core.errors import FlowRefused
 from ..logs import bound
+from ..rate_limiter import CURRENT_CLIENT
 from .client_address import ForwardedClient, client_address
 from .inputs import BodyOverLimit, InputGuard, too_large
-from .ratelimit import CURRENT_CLIENT, RateLimit
+from .ratelimit import RateLimit
 from .security import security_headers, with_security_headers
 
 log = logging.getLogger("service.web")
