@@ -114,7 +114,7 @@ async def connect_flows(connector: Connector, user: Identity, flows: int) -> tup
                     scopes=("read:user",),
                     scope=RequestScope(f"bench-{n}"),
                 )
-                page = await browser.authorize(connector.runtime.elicitations.settings.connect_url(record.id))
+                page = await browser.authorize(connector.runtime.elicitations.connect_url(record.id))
                 assert page.status_code == 200, page.text
             elapsed = time.perf_counter() - start
     return meter.seconds / flows, meter.count / flows, elapsed / flows

@@ -139,7 +139,7 @@ def build_runtime(settings: Settings) -> Runtime:
     flow = settings.flow()
     rate_limiter, audit_budget = build_rate_limits(settings, store, clock)
     elicitations = Elicitations(store, bus, providers, flow, clock, metrics, unattributed=audit_budget)
-    browser = BrowserFlow(elicitations, store, vault, providers)
+    browser = BrowserFlow(elicitations, store, vault, providers, flow)
     verifier = build_verifier(VerifierContext(settings, flow, store, vault, providers, clock))
     webhooks, webhook_worker = build_webhooks(settings, store, vault, bus, clock, metrics)
     return Runtime(
@@ -161,6 +161,7 @@ def build_runtime(settings: Settings) -> Runtime:
         webhook_worker=webhook_worker,
         sweeper=Sweeper(
             elicitations,
+            store.retention,
             settings.retention.policy(),
             interval=settings.elicitation.sweep_interval_seconds,
             retention_interval=settings.retention.interval_seconds,

@@ -22,9 +22,10 @@ import httpx
 
 from .acp import AcpAuthorizer, AgentCalls, AuthorizationAsk
 from .acp.lifecycle import CompletionListener
+from .core.answers import AnswerKind, ClientAnswer
+from .core.coverage import covers
 from .core.errors import SidecarError
 from .core.identity import Identity
-from .core.lifecycle import AnswerKind, ClientAnswer, covers
 from .core.outcomes import NARROWED_BEFORE, AuthorizationOutcome, AuthorizationStatus, GrantInfo, StopCause
 from .core.scopes import SessionScope
 from .core.webhooks import WebhookVerificationError, verify_webhook

@@ -17,11 +17,11 @@ from typing import Protocol
 
 import httpx
 
+from .core.coverage import find_grant
 from .core.errors import ConnectorError, NotAuthorized, ProviderError
 from .core.events import Event, GrantChange, GrantChanged
 from .core.handles import grant_aad
 from .core.identity import Identity
-from .core.lifecycle import find_grant
 from .core.records import GrantRecord, TokenSet
 from .metrics import Metrics, RefreshResult
 from .oauth import ProviderGateway, ResolvedProvider

@@ -29,8 +29,8 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any, Generic
 
+from service.core.answers import ClientAnswer
 from service.core.identity import Identity
-from service.core.lifecycle import ClientAnswer
 from service.core.outcomes import CLIENT_DISCONNECTED, AuthorizationOutcome, AuthorizationStatus, StopCause
 from service.core.scopes import ElicitationScope, SessionScope
 

@@ -11,19 +11,18 @@ import logging
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
 
+from service.core.answers import ClientAnswer
 from service.core.events import ElicitationEvent, Event
-from service.core.lifecycle import ClientAnswer, Elicitations
+from service.core.lifecycle import Elicitations
 from service.core.outcomes import AuthorizationOutcome, StopCause
 from service.core.ports import EventSource
 from service.core.records import ElicitationRecord
-from service.core.states import CompletionDelivery, ElicitationStatus
+from service.core.states import ElicitationStatus
 from service.metrics import CompletionResult, Metrics
 
 from .lifecycle import AuthorizationAsk, CompletionListener
 
 log = logging.getLogger("service.acp")
-
-CONNECTION_CLOSED = "connection_closed"  # why a completion is undeliverable: the connection is gone
 
 
 class EmbeddedLifecycle:
@@ -35,18 +34,16 @@ class EmbeddedLifecycle:
         self.metrics = metrics or Metrics()
         # This process among the replicas sharing the database: the one that tells the completions of the
         # connections it holds.
-        self.replica_id = elicitations.store.origin
+        self.replica_id = elicitations.replica_id
 
     def display_name(self, provider: str) -> str:
-        return self.elicitations.providers.display_name(provider)
+        return self.elicitations.display_name(provider)
 
     async def settled(self, ask: AuthorizationAsk) -> AuthorizationOutcome | None:
         return await self.elicitations.settled(ask.user, ask.provider, ask.scopes or (), ask_again=ask.ask_again)
 
     async def unsupported(self, ask: AuthorizationAsk) -> None:
-        await self.elicitations.store.audit.record(
-            "unsupported_client", identity=ask.user, provider=ask.provider, now=self.elicitations.now()
-        )
+        await self.elicitations.unsupported_client(ask.user, ask.provider)
 
     async def create(self, ask: AuthorizationAsk, connection_key: str) -> ElicitationRecord:
         return await self.elicitations.create(
@@ -60,7 +57,7 @@ class EmbeddedLifecycle:
         )
 
     def url(self, handle: ElicitationRecord) -> str:
-        return self.elicitations.settings.connect_url(handle.id)
+        return self.elicitations.connect_url(handle.id)
 
     def waiter(self, handle: ElicitationRecord) -> AbstractContextManager[asyncio.Future[ElicitationEvent | None]]:
         return self.events.waiter(handle.id)
@@ -89,23 +86,12 @@ class EmbeddedLifecycle:
     async def tell_completion(self, elicitation_id: str, send: Callable[[], Awaitable[bool]]) -> None:
         """The database decides, by a conditional update, whatever repeats the event (a duplicate, a catch-up
         after a reconnect, the waiting call); without a live connection the completion is recorded undeliverable."""
-        store = self.elicitations.store
         try:
-            completed_at = await store.elicitations.claim_completion(elicitation_id, self.replica_id)
+            completed_at = await self.elicitations.claim_telling(elicitation_id)
             if completed_at is None:
                 return  # told already, or settled by another replica
             sent = await send()
-            async with store.transaction() as tx:
-                outcome = CompletionDelivery.SENT if sent else CompletionDelivery.UNDELIVERABLE
-                settled = await store.elicitations.settle_completion(elicitation_id, outcome, conn=tx)
-                if settled:
-                    await store.audit.record(
-                        "completion_sent" if sent else "completion_undeliverable",
-                        elicitation_id=elicitation_id,
-                        detail={} if sent else {"reason": CONNECTION_CLOSED},
-                        now=self.elicitations.now(),
-                        conn=tx,
-                    )
+            settled = await self.elicitations.settle_telling(elicitation_id, sent=sent)
         except Exception as exc:  # this replica's heartbeat catch-up tries an untold completion again
             log.warning("telling a completion failed: %s", type(exc).__name__, extra={"elicitation_id": elicitation_id})
             return

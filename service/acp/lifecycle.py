@@ -18,8 +18,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
+from service.core.answers import ClientAnswer
 from service.core.identity import Identity
-from service.core.lifecycle import ClientAnswer
 from service.core.outcomes import AuthorizationOutcome, StopCause
 from service.core.scopes import ElicitationScope
 

@@ -2,7 +2,7 @@
 
 The request is built with the SDK's models; the answer is read from the raw result, so that an unknown `action` can
 be named and a cancel's `_meta.message` (a client refusing by its own policy) is kept. What the answer means for the
-elicitation is decided in `service.core.lifecycle` (`Elicitations.answered`), not here.
+elicitation is decided in `service.core.answers` (`ending_of`, applied by `Elicitations.answered`), not here.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 from acp.exceptions import RequestError
 from acp.schema import CreateUrlRequestElicitationRequest, CreateUrlSessionElicitationRequest
 
-from service.core.lifecycle import AnswerKind, ClientAnswer
+from service.core.answers import AnswerKind, ClientAnswer
 from service.core.scopes import ElicitationScope, SessionScope
 
 from .link import AcpLink

@@ -17,10 +17,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from .answers import ClientAnswer
 from .errors import ConnectorError, FlowRefused
 from .handles import api_key_hash, new_id
 from .identity import Identity
-from .lifecycle import ClientAnswer, Elicitations
+from .lifecycle import Elicitations
 from .outcomes import AuthorizationOutcome, StopCause
 from .ports import ApiStore, EventSource, Tx
 from .records import ApiElicitationRecord, ApiKeyRecord, ElicitationRecord, GrantRecord
@@ -145,19 +146,15 @@ class AgentApi:
             if earlier is not None:
                 return await self._replay(earlier, user, provider, scopes, scope, connection_id)
         try:
-            resolved = await self.elicitations.providers.resolve(provider)
+            wanted = tuple(scopes) if scopes is not None else await self.elicitations.default_scopes(provider)
         except ConnectorError as exc:
             raise FlowRefused(exc.code, detail={"message": str(exc)}) from None
-        wanted = tuple(scopes) if scopes is not None else resolved.default_scopes
         settled = await self.elicitations.settled(user, provider, wanted, ask_again=ask_again)
         grant = await self.store.grants.get(settled.grant.id) if settled and settled.grant else None
         if settled is not None and grant is not None:
             return Created(grant=grant, refused_scopes=settled.refused_scopes)
         if not url_mode:
-            detail = {"tenant": caller.tenant, "via": "api"}
-            await self.store.audit.record(
-                "unsupported_client", identity=user, provider=provider, detail=detail, now=self.now()
-            )
+            await self.elicitations.unsupported_client(user, provider, detail={"tenant": caller.tenant, "via": "api"})
             return Created(unsupported=True)
         if grants_only:
             return Created()

@@ -13,13 +13,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from .errors import ConnectorError, FlowRefused, ProviderError
-from .events import ElicitationEvent, GrantChange, GrantChanged
 from .handles import binding_hash, flow_aad, grant_aad, new_id, state_hash
 from .identity import Identity
-from .lifecycle import Elicitations
-from .outcomes import GrantInfo
-from .ports import Provider, ProviderGateway, Store, Vault
+from .lifecycle import Elicitations, Written
+from .ports import Provider, ProviderGateway, Store, Tx, Vault
 from .records import OFFLINE_ACCESS, ElicitationRecord, FlowRecord, GrantRecord, Intent, TokenSet
+from .settings import FlowSettings
 from .states import RESTART_FROM, START_FROM, ElicitationStatus
 
 log = logging.getLogger("service.flow")
@@ -48,12 +47,14 @@ class ConsentView:
 
 
 class BrowserFlow:
-    def __init__(self, elicitations: Elicitations, store: Store, vault: Vault, providers: ProviderGateway) -> None:
+    def __init__(
+        self, elicitations: Elicitations, store: Store, vault: Vault, providers: ProviderGateway, settings: FlowSettings
+    ) -> None:
         self.elicitations = elicitations
         self.store = store
         self.vault = vault
         self.providers = providers
-        self.settings = elicitations.settings
+        self.settings = settings
 
     def now(self) -> datetime:
         return self.elicitations.now()
@@ -317,7 +318,7 @@ class BrowserFlow:
     async def _complete(
         self, record: ElicitationRecord, provider: Provider, tokens: TokenSet, account_id: str
     ) -> ElicitationRecord:
-        store, now = self.store, self.now()
+        now = self.now()
         aad = grant_aad(record.identity.issuer, record.identity.subject, provider.name, account_id)
         key_id, blob = self.vault.encrypt_json(tokens.to_json(), aad=aad)
         # Without a `scope` in the token response the grant is what was asked (RFC 6749 §5.1).
@@ -343,33 +344,29 @@ class BrowserFlow:
                 grant.token_expires_at.isoformat() if grant.token_expires_at is not None else "no expiry given",
                 extra={"elicitation_id": record.id, "provider": provider.name},
             )
-        async with store.transaction() as tx:
-            completed = await store.elicitations.transition(record.id, ElicitationStatus.COMPLETED, now=now, conn=tx)
-            # The agent may have cancelled while the user was at the provider. The user did authorize,
-            # so the grant is kept, but the cancelled elicitation stays cancelled and resumes nothing.
-            late = completed is None
-            stored = await store.grants.upsert(grant, conn=tx)
-            await self.elicitations.audit(
-                record,
-                "completed_after_cancel" if late else "completed",
-                detail={
-                    "grant_id": stored.id,
-                    "scopes": list(stored.scopes),
-                    **({"refused_scopes": list(refused)} if refused else {}),
-                    "refreshable": tokens.refresh_token is not None,
-                },
-                now=now,
-                conn=tx,
-            )
-            if not late:
-                event = ElicitationEvent(
-                    record.id, ElicitationStatus.COMPLETED, record.connection_key, grant=GrantInfo.of(stored)
-                )
-                logged = await store.outbox.append([event], at=now, conn=tx)
-        self.elicitations.events.publish(GrantChanged(stored.id, record.identity, provider.name, GrantChange.STORED))
+
+        async def store_grant(tx: Tx) -> Written:
+            stored = await self.store.grants.upsert(grant, conn=tx)
+            detail = {
+                "grant_id": stored.id,
+                "scopes": list(stored.scopes),
+                **({"refused_scopes": list(refused)} if refused else {}),
+                "refreshable": tokens.refresh_token is not None,
+            }
+            return Written(detail=detail, grant=stored)
+
+        # The agent may have cancelled while the user was at the provider. The user did authorize, so the grant is
+        # kept (`within` writes it either way), but the cancelled elicitation stays cancelled and resumes nothing.
+        completed = await self.elicitations.finish(
+            record,
+            ElicitationStatus.COMPLETED,
+            "completed",
+            close_flows=False,
+            within=store_grant,
+            late_event="completed_after_cancel",
+        )
         if completed is None:
             return await self.elicitations.get(record.id) or record
-        self.elicitations.ended(record, logged[0])
         return completed
 
 

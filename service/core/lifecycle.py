@@ -1,84 +1,52 @@
 """The life of an elicitation, from creation to its one terminal state, whoever drives it.
 
 `Elicitations` creates elicitations, records the client's answer, cancels, expires and ends them. Each change is
-one checked transition (`service.core.states`) written with its audit line in one transaction, and a terminal
-change is published as an `ElicitationEvent` after the commit. The embedded API (`service.acp`) and the `/v1`
-API use this one implementation.
+one checked transition (`service.core.states`) written with its audit line in one transaction; every final change
+goes through `finish` (the sweeper's batches through `expire_due`), which logs it in the event log in the same
+transaction and publishes it after the commit. What belongs with a change is written in its transaction through
+`within` (`create`: an API elicitation's owner row; `finish`: the grant a completion stores). The embedded API
+(`service.acp`), the browser flow and the `/v1` API use this one implementation, and ask it (not its store,
+providers or settings) for what they show: a provider's name, an elicitation's link.
 """
 
 from __future__ import annotations
 
-import unicodedata
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
-from enum import StrEnum
 
+from .answers import AnswerKind, ClientAnswer, ending_of
+from .coverage import find_grant, settled_by
 from .errors import FlowRefused
-from .events import ElicitationEvent
+from .events import ElicitationEvent, GrantChange, GrantChanged
 from .handles import new_id
 from .identity import Identity
 from .outcomes import (
-    CLIENT_DISCONNECTED,
-    NARROWED_BEFORE,
-    NARROWED_NOW,
     AuthorizationOutcome,
     AuthorizationStatus,
     GrantInfo,
     StopCause,
+    ended_outcome,
     refusal_message,
-    refusal_reason,
     terminal_status,
 )
-from .ports import AuditGate, EventSink, FlowMetrics, GrantRepo, ProviderGateway, Store, Tx
+from .ports import AuditGate, EventSink, FlowMetrics, ProviderGateway, Store, Tx
 from .records import ElicitationRecord, GrantRecord
 from .scopes import ElicitationScope, RequestScope, SessionScope
 from .settings import FlowSettings
-from .states import ElicitationStatus
+from .states import CompletionDelivery, ElicitationStatus
 
-
-class AnswerKind(StrEnum):
-    """How the client answered `elicitation/create` (or why there is no answer)."""
-
-    ACCEPT = "accept"  # the user consented to open the URL; the flow goes on in the browser
-    DECLINE = "decline"
-    CANCEL = "cancel"  # with `client_message`: the client refused by its own policy; without: a person dismissed it
-    UNKNOWN_ACTION = "unknown_action"  # an `action` this connector does not know (`action` names it)
-    ERROR = "error"  # a JSON-RPC error, or an answer that cannot be read
-    DISCONNECTED = "disconnected"  # the connection closed before an answer came
+EXPIRED_REASON = "expired before completion"
+CONNECTION_CLOSED = "connection_closed"  # why a completion is undeliverable: the connection is gone
 
 
 @dataclass(frozen=True, slots=True)
-class ClientAnswer:
-    kind: AnswerKind
-    error_code: int | None = None  # the JSON-RPC error code, for ERROR
-    message: str | None = None  # a short, secret-free explanation of our own, for ERROR
-    client_message: str | None = None  # the client's `_meta.message` on a cancel, as received (sanitised here)
-    action: str | None = None  # the unknown action, as received (sanitised here), for UNKNOWN_ACTION
+class Written:
+    """What a final change's `within` wrote in its transaction, for the audit line and the event: more audit detail,
+    and the grant stored (the event carries it, and grant caches hear of it)."""
 
-
-CLIENT_TEXT_LIMIT = 200  # characters kept of a text the client chose (a refusal's message, an unknown action)
-
-
-def client_text(value: object, limit: int = CLIENT_TEXT_LIMIT) -> str | None:
-    """A text the client chose, fit for an outcome, an audit row and a log line: control and format characters
-    (including bidirectional overrides) become spaces, whitespace runs collapse, at most `limit` characters are
-    kept (an ellipsis marks the cut). None when there is no text."""
-    if not isinstance(value, str):
-        return None
-    cleaned = "".join(" " if unicodedata.category(ch)[0] in "CZ" else ch for ch in value[: limit * 4])
-    text = " ".join(cleaned.split())
-    if not text:
-        return None
-    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
-
-
-EXPIRED_REASON = "expired before completion"
-
-
-def covers(granted: Sequence[str], wanted: Sequence[str]) -> bool:
-    """Whether a grant with `granted` scopes covers every scope in `wanted`."""
-    return set(wanted) <= set(granted)
+    detail: Mapping[str, object] = field(default_factory=dict)
+    grant: GrantRecord | None = None
 
 
 class Elicitations:
@@ -101,6 +69,24 @@ class Elicitations:
         self.unattributed = unattributed
 
     # -- reading ----------------------------------------------------------------------------------------
+    @property
+    def replica_id(self) -> str:
+        """This process among the replicas sharing the database (the store's origin)."""
+        return self.store.origin
+
+    def display_name(self, provider: str) -> str:
+        """The name people know `provider` by."""
+        return self.providers.display_name(provider)
+
+    def connect_url(self, elicitation_id: str) -> str:
+        """The link the user opens for an elicitation (sent in `elicitation/create`)."""
+        return self.settings.connect_url(elicitation_id)
+
+    async def default_scopes(self, provider: str) -> tuple[str, ...]:
+        """The scopes asked when a request names none: the provider's configured defaults. Raises
+        ConnectorError when the provider is unknown or cannot be resolved."""
+        return (await self.providers.resolve(provider)).default_scopes
+
     async def get(self, elicitation_id: str) -> ElicitationRecord | None:
         return await self.store.elicitations.get(elicitation_id)
 
@@ -115,27 +101,7 @@ class Elicitations:
         `scopes`; NARROWED when a stored grant lacks only scopes the provider refused when it was made (so asking
         again would ask the user the same thing), unless `ask_again`."""
         grants = await self.store.grants.find(user, provider)
-        display_name = self.providers.display_name(provider)
-        for grant in grants:
-            if covers(grant.scopes, scopes):
-                return AuthorizationOutcome(
-                    AuthorizationStatus.ALREADY_AUTHORIZED,
-                    provider,
-                    grant=GrantInfo.of(grant),
-                    provider_display_name=display_name,
-                )
-        for grant in () if ask_again else grants:
-            missing = [scope for scope in scopes if scope not in grant.scopes]
-            if set(missing) <= set(grant.refused_scopes):
-                return AuthorizationOutcome(
-                    AuthorizationStatus.NARROWED,
-                    provider,
-                    grant=GrantInfo.of(grant),
-                    reason=NARROWED_BEFORE,
-                    provider_display_name=display_name,
-                    refused_scopes=tuple(missing),
-                )
-        return None
+        return settled_by(grants, provider, self.display_name(provider), scopes, ask_again=ask_again)
 
     async def outcome(self, record: ElicitationRecord) -> AuthorizationOutcome:
         """The outcome of an ended elicitation (with the grant, when it completed)."""
@@ -181,27 +147,14 @@ class Elicitations:
         error_code: int | None = None,
         client_message: str | None = None,
     ) -> AuthorizationOutcome:
-        refused: tuple[str, ...] = ()
-        if status is AuthorizationStatus.AUTHORIZED and grant is not None:
-            refused = tuple(scope for scope in record.scopes if scope not in grant.scopes)
-            if refused:
-                status, reason = AuthorizationStatus.NARROWED, NARROWED_NOW
-        return AuthorizationOutcome(
-            status,
-            record.provider,
-            record.id,
-            grant=grant,
-            reason=reason,
-            error_code=error_code,
-            client_message=client_message,
-            provider_display_name=self.providers.display_name(record.provider),
-            refused_scopes=refused,
-        )
+        """The outcome of `record`, ended in `status` (AUTHORIZED becomes NARROWED when the grant lacks a scope)."""
+        display_name = self.display_name(record.provider)
+        return ended_outcome(record, status, display_name, grant, reason, error_code, client_message)
 
     # -- changes ----------------------------------------------------------------------------------------
     def default_message(self, provider: str, scopes: Sequence[str]) -> str:
         listed = ", ".join(scopes) if scopes else "basic access"
-        return f"Authorize access to your {self.providers.display_name(provider)} account ({listed})."
+        return f"Authorize access to your {self.display_name(provider)} account ({listed})."
 
     async def create(
         self,
@@ -263,44 +216,15 @@ class Elicitations:
                 await self.audit(record, "consented", conn=tx)
 
     async def answered(self, record: ElicitationRecord, answer: ClientAnswer) -> AuthorizationOutcome | None:
-        """Record an answer other than accept; the outcome, or None for accept (the browser decides then).
-
-        A cancel that carries the client's own reason (`_meta.message`) is the client refusing by its policy
-        (`refused`, event `refused`); a plain cancel is a person dismissing it (`cancelled`).
-        """
+        """Record an answer other than accept; the outcome, or None for accept (the browser decides then)."""
         if answer.kind is AnswerKind.ACCEPT:
             await self.consented(record)
             return None
-        client_message = client_text(answer.client_message) if answer.kind is AnswerKind.CANCEL else None
-        event: str | None = None
-        if answer.kind is AnswerKind.DECLINE:
-            status, target, reason = AuthorizationStatus.DECLINED, ElicitationStatus.DECLINED, "declined in the client"
-        elif answer.kind is AnswerKind.CANCEL and client_message is not None:
-            status, target = AuthorizationStatus.REFUSED, ElicitationStatus.CANCELLED
-            reason = refusal_reason(client_message)
-        elif answer.kind is AnswerKind.CANCEL:
-            status, target, reason = (
-                AuthorizationStatus.CANCELLED,
-                ElicitationStatus.CANCELLED,
-                "dismissed in the client",
-            )
-        elif answer.kind is AnswerKind.DISCONNECTED:
-            status, target, reason = AuthorizationStatus.DISCONNECTED, ElicitationStatus.CANCELLED, CLIENT_DISCONNECTED
-            event = CLIENT_DISCONNECTED
-        elif answer.kind is AnswerKind.UNKNOWN_ACTION:
-            status, target = AuthorizationStatus.CLIENT_ERROR, ElicitationStatus.FAILED
-            reason = f"unknown_action: {client_text(answer.action, 64) or '(empty)'}"
-        else:
-            status, target = AuthorizationStatus.CLIENT_ERROR, ElicitationStatus.FAILED
-            reason = (
-                f"client answered with JSON-RPC error {answer.error_code}"
-                if answer.error_code is not None
-                else answer.message or "the client's answer could not be read"
-            )
-        detail = {"client_message": client_message} if client_message is not None else None
-        if await self.finish(record, target, event or status.value, reason=reason, detail=detail):
+        end = ending_of(answer)
+        detail = {"client_message": end.client_message} if end.client_message is not None else None
+        if await self.finish(record, end.target, end.event, reason=end.reason, detail=detail):
             return self.outcome_of(
-                record, status, reason=reason, error_code=answer.error_code, client_message=client_message
+                record, end.status, reason=end.reason, error_code=answer.error_code, client_message=end.client_message
             )
         # Something else ended it first (the browser can finish before the client's answer arrives).
         current = await self.get(record.id)
@@ -315,25 +239,38 @@ class Elicitations:
         reason: str | None = None,
         detail: Mapping[str, object] | None = None,
         close_flows: bool = True,
-    ) -> bool:
-        """Move to a terminal status if the current one allows it; False when something else ended it first.
+        within: Callable[[Tx], Awaitable[Written]] | None = None,
+        late_event: str | None = None,
+    ) -> ElicitationRecord | None:
+        """Move to a terminal status if the current one allows it: the transition, its audit line and its entry in
+        the event log in one transaction, then the event published. The ended record; None when something else
+        ended it first. Every final change of one elicitation comes here (the sweeper's batches: `expire_due`).
 
         `close_flows=False` leaves a flow the user already started at the provider usable, so that an
         authorization the user completes after a cancellation is still stored (it resumes nothing).
+        `within` runs in the same transaction, after the transition, whether or not it happened (what it writes
+        stands: a grant the user gave is kept though the agent cancelled meanwhile); its `Written` adds to the audit
+        line and the event. When the transition did not happen, `late_event` (if any) is audited instead of `event`.
         """
         now = self.now()
         async with self.store.transaction() as tx:
             updated = await self.store.elicitations.transition(record.id, status, reason=reason, now=now, conn=tx)
-            if updated is None:
-                return False
-            if close_flows:
+            if updated is not None and close_flows:
                 await self.store.flows.invalidate_open(record.id, now, conn=tx)
-            await self.audit(record, event, detail={"reason": reason, **(detail or {})}, now=now, conn=tx)
-            logged = await self.store.outbox.append(
-                [ElicitationEvent(record.id, status, record.connection_key, reason=reason)], at=now, conn=tx
-            )
-        self.ended(record, logged[0])
-        return True
+            written = await within(tx) if within is not None else Written()
+            audited = event if updated is not None else late_event
+            if audited is not None:
+                told = {**({"reason": reason} if reason is not None else {}), **(detail or {}), **written.detail}
+                await self.audit(record, audited, detail=told, now=now, conn=tx)
+            if updated is not None:
+                grant = GrantInfo.of(written.grant) if written.grant is not None else None
+                ending = ElicitationEvent(record.id, status, record.connection_key, reason=reason, grant=grant)
+                logged = await self.store.outbox.append([ending], at=now, conn=tx)
+        if (stored := written.grant) is not None:
+            self.events.publish(GrantChanged(stored.id, stored.identity, stored.provider, GrantChange.STORED))
+        if updated is not None:
+            self.ended(record, logged[0])
+        return updated
 
     async def cancel(
         self,
@@ -352,9 +289,10 @@ class Elicitations:
             detail["request_cancelled"] = request_cancelled
         if via is not None:
             detail["via"] = via
-        return await self.finish(
+        ended = await self.finish(
             record, ElicitationStatus.CANCELLED, cause.event, reason=cause.reason, detail=detail, close_flows=False
         )
+        return ended is not None
 
     async def expire_due(self, *, limit: int) -> int:
         """Expire up to `limit` open elicitations whose time is up (audited, logged, waiters told); how many."""
@@ -387,6 +325,28 @@ class Elicitations:
         await self.finish(record, ElicitationStatus.EXPIRED, "expired", reason=EXPIRED_REASON)
         return await self.get(record.id) or record
 
+    async def claim_telling(self, elicitation_id: str) -> datetime | None:
+        """Take the telling of a completion for this replica (one conditional update decides among whoever repeats
+        it): when the elicitation completed; None when it was told already or settled by another replica."""
+        return await self.store.elicitations.claim_completion(elicitation_id, self.replica_id)
+
+    async def settle_telling(self, elicitation_id: str, *, sent: bool) -> bool:
+        """Record how a telling this replica took went: sent, or undeliverable (the connection is gone), audited.
+        False when it was settled meanwhile (this replica was presumed gone)."""
+        outcome = CompletionDelivery.SENT if sent else CompletionDelivery.UNDELIVERABLE
+        async with self.store.transaction() as tx:
+            settled = await self.store.elicitations.settle_completion(elicitation_id, outcome, conn=tx)
+            if settled:
+                await self.store.audit.record(
+                    "completion_sent" if sent else "completion_undeliverable",
+                    elicitation_id=elicitation_id,
+                    detail={} if sent else {"reason": CONNECTION_CLOSED},
+                    now=self.now(),
+                    conn=tx,
+                )
+        return settled
+
+    # -- audit ------------------------------------------------------------------------------------------
     async def audit(
         self,
         record: ElicitationRecord,
@@ -405,6 +365,14 @@ class Elicitations:
             detail=detail,
             now=self.now() if now is None else now,
             conn=conn,
+        )
+
+    async def unsupported_client(
+        self, user: Identity, provider: str, *, detail: Mapping[str, object] | None = None
+    ) -> None:
+        """Audit a request nobody could be asked for: the client does not take URL-mode elicitations."""
+        await self.store.audit.record(
+            "unsupported_client", identity=user, provider=provider, detail=detail, now=self.now()
         )
 
     async def record_refusal(self, exc: FlowRefused) -> None:
@@ -434,11 +402,3 @@ class Elicitations:
         await self.store.audit.record(
             event, elicitation_id=elicitation_id, provider=provider, detail=detail, now=self.now()
         )
-
-
-async def find_grant(grants: GrantRepo, user: Identity, provider: str, scopes: Sequence[str]) -> GrantRecord | None:
-    """The newest grant of `user` at `provider` that covers every scope in `scopes`."""
-    for grant in await grants.find(user, provider):
-        if covers(grant.scopes, scopes):
-            return grant
-    return None

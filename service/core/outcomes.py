@@ -141,6 +141,34 @@ class AuthorizationOutcome:
         return f"{text} ({detail})" if detail and not self.ok else text
 
 
+def ended_outcome(
+    record: ElicitationRecord,
+    status: AuthorizationStatus,
+    display_name: str,
+    grant: GrantInfo | None = None,
+    reason: str | None = None,
+    error_code: int | None = None,
+    client_message: str | None = None,
+) -> AuthorizationOutcome:
+    """The outcome of `record`, ended in `status`; AUTHORIZED becomes NARROWED when `grant` lacks a scope asked."""
+    refused: tuple[str, ...] = ()
+    if status is AuthorizationStatus.AUTHORIZED and grant is not None:
+        refused = tuple(scope for scope in record.scopes if scope not in grant.scopes)
+        if refused:
+            status, reason = AuthorizationStatus.NARROWED, NARROWED_NOW
+    return AuthorizationOutcome(
+        status,
+        record.provider,
+        record.id,
+        grant=grant,
+        reason=reason,
+        error_code=error_code,
+        client_message=client_message,
+        provider_display_name=display_name,
+        refused_scopes=refused,
+    )
+
+
 def terminal_status(record: ElicitationRecord) -> AuthorizationStatus:
     """The outcome status of an elicitation that has ended."""
     if record.status is ElicitationStatus.CANCELLED:

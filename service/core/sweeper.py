@@ -14,7 +14,7 @@ from datetime import datetime
 
 from ..util.periodic import Periodic
 from .lifecycle import Elicitations
-from .retention import PurgeKind, RetentionPolicy, purge_due
+from .retention import PurgeKind, RetentionPolicy, RetentionRepo, purge_due
 
 log = logging.getLogger("service.sweeper")
 
@@ -34,12 +34,14 @@ class Sweeper:
     def __init__(
         self,
         elicitations: Elicitations,
+        purged: RetentionRepo,
         retention: RetentionPolicy,
         *,
         interval: float,
         retention_interval: float,
     ) -> None:
         self.elicitations = elicitations
+        self.purged = purged
         self.retention = retention
         self.interval = interval
         self.retention_interval = retention_interval
@@ -74,8 +76,7 @@ class Sweeper:
                 break
         now = self.elicitations.now()
         if self._last_purge is None or (now - self._last_purge).total_seconds() >= self.retention_interval:
-            store = self.elicitations.store
-            result.purged = await purge_due(store.retention, self.retention, now, max_batches=MAX_PURGE_BATCHES)
+            result.purged = await purge_due(self.purged, self.retention, now, max_batches=MAX_PURGE_BATCHES)
             self._last_purge = now
             if any(result.purged.values()):
                 log.info("retention: deleted %s", ", ".join(f"{n} {k}" for k, n in result.purged.items() if n))

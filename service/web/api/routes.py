@@ -11,9 +11,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from service.core.agent_api import AgentApi, Created
+from service.core.answers import AnswerKind, ClientAnswer
 from service.core.errors import FlowRefused
 from service.core.identity import Identity
-from service.core.lifecycle import AnswerKind, ClientAnswer
 from service.core.outcomes import AuthorizationOutcome, StopCause
 from service.core.records import ApiElicitationRecord, ApiKeyRecord, ElicitationRecord, GrantRecord
 from service.core.scopes import ElicitationScope, RequestScope, SessionScope
@@ -98,9 +98,9 @@ class ElicitationRoutes:
             outcome=outcome.status if outcome is not None else None,
             reason=record.failure_reason,
             provider=record.provider,
-            provider_display_name=self.api.elicitations.providers.display_name(record.provider),
+            provider_display_name=self.api.elicitations.display_name(record.provider),
             scopes=list(record.scopes),
-            url=self.api.elicitations.settings.connect_url(record.id),
+            url=self.api.elicitations.connect_url(record.id),
             message=record.message,
             session_id=record.session_id,
             tool_call_id=record.tool_call_id,
@@ -142,7 +142,7 @@ class ElicitationRoutes:
         return answer(await self._created(created, body.provider), status)
 
     async def _created(self, created: Created, provider: str) -> models.Created:
-        display_name = self.api.elicitations.providers.display_name(provider)
+        display_name = self.api.elicitations.display_name(provider)
         if created.grant is not None:
             return models.Created(
                 status="narrowed" if created.refused_scopes else "already_authorized",
