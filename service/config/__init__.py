@@ -5,6 +5,7 @@ The package keeps options as oauth2-proxy does, one file a job:
   `settings`  `Settings`, the root that holds the sections, and the sources it reads
   `loader`    `load_settings`, the one entry point that reads files
   `origins`   where a value came from (the file, or "environment" and the variable), and the `ConfigError` naming it
+  `values`    how a value may be written (blank is unset, a comma-separated list)
 """
 
 from __future__ import annotations
@@ -36,11 +37,9 @@ from .sections import (
     ServerSettings,
     VaultSettings,
     WebhookSettings,
-    optional_secret,
-    optional_str,
-    split_list,
 )
 from .settings import Settings, setting_field, setting_paths
+from .values import optional_secret, optional_str, split_list
 
 __all__ = [
     "CONFIG_ENV_VAR",

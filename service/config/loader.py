@@ -113,23 +113,30 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(str(path), "<toml>", f"not valid TOML: {exc}") from None
     except OSError as exc:
         raise ConfigError(str(path), "<file>", f"cannot be read: {exc.strerror or exc}") from None
+    _refuse_provider_tables(data, path)
+    _refuse_forbidden_keys(data, path)
+    return data
+
+
+def _refuse_provider_tables(data: dict[str, Any], path: Path) -> None:
     providers = data.get("providers")
-    if isinstance(providers, dict):
-        for key, value in providers.items():
-            if isinstance(value, dict):
-                raise ConfigError(
-                    str(path),
-                    f"providers.{key}",
-                    "provider tables belong in the catalog file (providers.catalog) or in "
-                    "CONNECTOR_PROVIDERS__<NAME>__<KEY> environment variables",
-                )
+    for key, value in providers.items() if isinstance(providers, dict) else ():
+        if isinstance(value, dict):
+            raise ConfigError(
+                str(path),
+                f"providers.{key}",
+                "provider tables belong in the catalog file (providers.catalog) or in "
+                "CONNECTOR_PROVIDERS__<NAME>__<KEY> environment variables",
+            )
+
+
+def _refuse_forbidden_keys(data: dict[str, Any], path: Path) -> None:
     for key_path, reason in _FORBIDDEN_TOML_KEYS.items():
         node: Any = data
         for part in key_path:
             node = node.get(part) if isinstance(node, dict) else None
         if node is not None:
             raise ConfigError(str(path), ".".join(key_path), reason)
-    return data
 
 
 def _choose_config_file(path: str | Path | None, environ: Mapping[str, str]) -> Path | None:

@@ -20,6 +20,8 @@ from pydantic_settings import NoDecode
 from service.core.retention import RetentionPolicy
 from service.core.webhooks import WebhookPolicy
 
+from .values import optional_secret, optional_str, split_list
+
 __all__ = [
     "DATABASE_SCHEMES",
     "RATE_LIMIT_STORAGES",
@@ -36,31 +38,7 @@ __all__ = [
     "ServerSettings",
     "VaultSettings",
     "WebhookSettings",
-    "optional_secret",
-    "optional_str",
-    "split_list",
 ]
-
-
-def optional_str(value: Any) -> Any:
-    """An empty or blank string means "not set" (TOML has no null)."""
-    if isinstance(value, str) and not value.strip():
-        return None
-    return value
-
-
-def optional_secret(value: Any) -> Any:
-    """`optional_str` for a secret field, which may arrive already wrapped (a `SecretStr` default or model)."""
-    if isinstance(value, SecretStr):
-        value = value.get_secret_value()
-    return optional_str(value)
-
-
-def split_list(value: Any) -> Any:
-    """A comma-separated string (the environment's way to give a list) becomes a list of its non-empty parts."""
-    if isinstance(value, str):
-        return [part.strip() for part in value.split(",") if part.strip()]
-    return value
 
 
 class _Section(BaseModel):
