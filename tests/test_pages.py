@@ -6,8 +6,10 @@ from __future__ import annotations
 import re
 
 import pytest
+from pydantic import ValidationError
 
 from service import ConfigError, load_settings
+from service.config import ServerSettings, Settings
 from service.testing import ScriptedBrowser
 from service.version import __version__
 from service.web.errors import REFUSALS, sentence
@@ -91,3 +93,13 @@ def test_the_demo_is_refused_off_loopback_and_without_the_local_verifier(tmp_pat
     with pytest.raises(ConfigError) as other_verifier:
         load_settings(env={"CONNECTOR_DEMO": "true", "CONNECTOR_IDENTITY__VERIFIER": "oidc"})
     assert other_verifier.value.key == "demo" and "local verifier" in other_verifier.value.problem
+
+
+def test_settings_with_an_unreachable_demo_are_never_built_however_they_are_made() -> None:
+    """The one check: a `Settings` built directly (as an embedding program may) refuses the demo as the loader does,
+    so nothing after it (the runtime, the web app) has to check again."""
+    with pytest.raises(ValidationError) as off_loopback:
+        Settings(demo=True, server=ServerSettings(host="0.0.0.0"))  # noqa: S104
+    (error,) = off_loopback.value.errors()
+    assert error["loc"] == ("demo",) and "loopback" in error["msg"]
+    assert Settings(demo=True).demo  # on loopback with the local verifier it is allowed
