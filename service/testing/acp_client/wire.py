@@ -28,6 +28,7 @@ __all__ = [
 REQUEST_CANCELLED: Final = -32800
 INVALID_PARAMS: Final = -32602
 CANCEL_REQUEST: Final = "$/cancel_request"
+SESSION_REQUESTS: Final = ("session/new", "session/load", "session/resume", "session/fork")
 
 
 class _Omitted:
@@ -74,43 +75,61 @@ class WireObserver:
     def _violation(self, rule: str, detail: str, request_id: Any = None) -> None:
         self.violations.append(Violation(rule, detail, request_id))
 
+    def _flag(self, record: Elicitation, rule: str, detail: str | None = None) -> None:
+        """Flag `record`; with `detail`, the agent broke a rule: a violation too."""
+        record.flags.append(rule)
+        if detail is not None:
+            self._violation(rule, detail, record.request_id)
+
+    # -- client -> agent -----------------------------------------------------------------------------------
     def _on_outgoing(self, message: dict[str, Any]) -> dict[str, Any]:
+        """Record a message to the agent, after setting what the script decides (capabilities, a raw answer)."""
         method = message.get("method")
         if method == "initialize":
-            params = dict(message.get("params") or {})
-            params.pop("clientCapabilities", None)
-            params.pop("capabilities", None)
-            if not isinstance(self.capabilities, _Omitted):
-                params[self.capabilities_field] = copy.deepcopy(self.capabilities)
-            params["protocolVersion"] = self.protocol_version
-            message = {**message, "params": params}
-        elif method in ("session/new", "session/load", "session/resume", "session/fork"):
-            self._session_requests.add(message.get("id"))
-            request = message.get("params")
-            if method == "session/load" and isinstance(request, dict) and isinstance(request.get("sessionId"), str):
-                self.sessions.add(request["sessionId"])
+            message = self._initialize(message)
+        elif method in SESSION_REQUESTS:
+            self._session_request(method, message)
         elif method is None and "id" in message:
-            for record in self.elicitations:
-                if record.request_id == message["id"] and record.response is None:
-                    if record.answer is not None and record.answer.raw_message is not None:
-                        message = record.answer.raw_message(record.request_id)
-                    record.response = message
-                    record.answered.set()
-                    break
+            message = self._response(message)
         self.transcript.append(WireMessage("out", copy.deepcopy(message)))
         return message
 
+    def _initialize(self, message: dict[str, Any]) -> dict[str, Any]:
+        """`initialize` with the protocol version and the capabilities exactly as configured."""
+        params = dict(message.get("params") or {})
+        params.pop("clientCapabilities", None)
+        params.pop("capabilities", None)
+        if not isinstance(self.capabilities, _Omitted):
+            params[self.capabilities_field] = copy.deepcopy(self.capabilities)
+        params["protocolVersion"] = self.protocol_version
+        return {**message, "params": params}
+
+    def _session_request(self, method: str, message: dict[str, Any]) -> None:
+        """Remember the request, to learn the session id from its response (`session/load` names it already)."""
+        self._session_requests.add(message.get("id"))
+        request = message.get("params")
+        if method == "session/load" and isinstance(request, dict) and isinstance(request.get("sessionId"), str):
+            self.sessions.add(request["sessionId"])
+
+    def _response(self, message: dict[str, Any]) -> dict[str, Any]:
+        """The answer to an `elicitation/create` (replaced by a scripted raw message), recorded on its elicitation."""
+        for record in self.elicitations:
+            if record.request_id == message["id"] and record.response is None:
+                if record.answer is not None and record.answer.raw_message is not None:
+                    message = record.answer.raw_message(record.request_id)
+                record.response = message
+                record.answered.set()
+                break
+        return message
+
+    # -- agent -> client -----------------------------------------------------------------------------------
     def _on_incoming(self, message: dict[str, Any]) -> bool:
         """Record a message from the agent; True when the client consumed it (the SDK must not see it)."""
         self.transcript.append(WireMessage("in", copy.deepcopy(message)))
         method = message.get("method")
         params = message.get("params")
         if method is None:
-            if message.get("id") in self._session_requests and isinstance(message.get("result"), dict):
-                self._session_requests.discard(message.get("id"))
-                session_id = message["result"].get("sessionId")
-                if isinstance(session_id, str):
-                    self.sessions.add(session_id)
+            self._session_response(message)
             return False
         if method == "elicitation/create" and "id" in message and isinstance(params, dict):
             self._received_elicitation(message["id"], params)
@@ -118,19 +137,28 @@ class WireObserver:
         if method == CANCEL_REQUEST and "id" not in message:
             self._received_cancel(params)
             return True
-        if (
-            method == "session/update"
-            and isinstance(params, dict)
-            and isinstance(params.get("update"), dict)
-            and params["update"].get("sessionUpdate") == "state_update"
-        ):
-            update = params["update"]
-            state = update.get("state")
-            self.state_updates.append(
-                StateUpdate(str(params.get("sessionId")), state if isinstance(state, str) else None, update)
-            )
-            return True
+        if method == "session/update" and isinstance(params, dict):
+            return self._received_state_update(params)
         return False
+
+    def _session_response(self, message: dict[str, Any]) -> None:
+        result = message.get("result")
+        if message.get("id") in self._session_requests and isinstance(result, dict):
+            self._session_requests.discard(message.get("id"))
+            session_id = result.get("sessionId")
+            if isinstance(session_id, str):
+                self.sessions.add(session_id)
+
+    def _received_state_update(self, params: dict[str, Any]) -> bool:
+        """An ACP v2 `state_update` (which the SDK has no model for) is consumed here; True when it was one."""
+        update = params.get("update")
+        if not isinstance(update, dict) or update.get("sessionUpdate") != "state_update":
+            return False
+        state = update.get("state")
+        self.state_updates.append(
+            StateUpdate(str(params.get("sessionId")), state if isinstance(state, str) else None, update)
+        )
+        return True
 
     def _received_elicitation(self, request_id: Any, params: dict[str, Any]) -> None:
         mode = params.get("mode")
@@ -140,50 +168,41 @@ class WireObserver:
             advertised=isinstance(mode, str) and self.advertises(mode),
         )
         if not record.advertised:
-            record.flags.append("mode_not_advertised")
-            self._violation("mode_not_advertised", f"the agent requested mode {mode!r}", request_id)
+            self._flag(record, "mode_not_advertised", f"the agent requested mode {mode!r}")
         session_id = params.get("sessionId")
         if isinstance(session_id, str) and session_id not in self.sessions:
-            record.flags.append("unknown_session")
-            self._violation("unknown_session", "sessionId names no session of this connection", request_id)
+            self._flag(record, "unknown_session", "sessionId names no session of this connection")
         if mode == "url":
             self._check_url(record, params.get("url"))
             elicitation_id = record.elicitation_id
             if elicitation_id is not None and any(
                 e.mode == "url" and e.elicitation_id == elicitation_id and e.outstanding for e in self.elicitations
             ):
-                record.flags.append("duplicate_elicitation_id")
-                self._violation(
-                    "duplicate_elicitation_id", "elicitationId reused while another is outstanding", request_id
-                )
+                self._flag(record, "duplicate_elicitation_id", "elicitationId reused while another is outstanding")
         self.elicitations.append(record)
 
     def _check_url(self, record: Elicitation, url: Any) -> None:
         if not isinstance(url, str):
-            record.flags.append("no_url")
-            self._violation("no_url", "a URL-mode request without a url", record.request_id)
+            self._flag(record, "no_url", "a URL-mode request without a url")
             return
         try:
             parts = urlsplit(url)
             host = parts.hostname or ""
         except ValueError:
-            record.flags.append("invalid_url")
-            self._violation("invalid_url", "the url does not parse", record.request_id)
+            self._flag(record, "invalid_url", "the url does not parse")
             return
         if parts.scheme not in ("http", "https") or not host:
-            record.flags.append("invalid_url")
-            self._violation("invalid_url", "the url is not an absolute http(s) URL", record.request_id)
+            self._flag(record, "invalid_url", "the url is not an absolute http(s) URL")
             return
         if parts.username is not None or parts.password is not None:
-            record.flags.append("credentials_in_url")
-            self._violation("credentials_in_url", "the url carries user credentials", record.request_id)
+            self._flag(record, "credentials_in_url", "the url carries user credentials")
         if parts.scheme != "https" and not is_loopback_host(host):
-            record.flags.append("not_https")
+            self._flag(record, "not_https")
         record.host = assess_host(host)
         if record.host.punycode:
-            record.flags.append("punycode_host")
+            self._flag(record, "punycode_host")
         if record.host.mixed_script:
-            record.flags.append("mixed_script_host")
+            self._flag(record, "mixed_script_host")
 
     def _received_cancel(self, params: Any) -> None:
         request_id = params.get("requestId") if isinstance(params, Mapping) else None
