@@ -2,37 +2,36 @@
 
 Tokens stay server-side and encrypted; the agent uses them through `Connector.http(...)`.
 
-The names that need the ACP SDK or the whole runtime (`Connector`, `AcpLink`, ...) are imported on first use
-(PEP 562), so that a process which never speaks ACP (`acp-connector keys`, `migrate`, a sidecar) does not pay
-for importing the SDK's schema, about half of the start-up time of a command.
+Every name is imported on first use (PEP 562): importing any submodule imports this package first, so a process
+that never speaks ACP (`acp-connector keys`, `migrate`, a sidecar) does not pay for the SDK's schema, and
+`acp-connector --help` not for the runtime at all.
 """
 
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
-
-from .core.errors import (
-    AcpSdkUnsupported,
-    ClientNotInitialized,
-    ConfigError,
-    ConnectorError,
-    FlowRefused,
-    NotAuthorized,
-    ProviderError,
-    ProviderNotConfigured,
-    SchemaNotCurrent,
-    UnknownProvider,
-)
-from .core.identity import Identity
-from .core.outcomes import AuthorizationOutcome, AuthorizationStatus, GrantInfo
-from .core.scopes import RequestScope, SessionScope
-from .core.states import ElicitationStatus
-from .core.webhooks import WebhookVerificationError, verify_webhook
 
 if TYPE_CHECKING:
     from .acp import AcpLink, ForegroundState, url_mode_advertised
     from .bootstrap import generate_key, migrate_database, use_development_key
     from .config import Settings, load_settings
     from .connector import Connector
+    from .core.errors import (
+        AcpSdkUnsupported,
+        ClientNotInitialized,
+        ConfigError,
+        ConnectorError,
+        FlowRefused,
+        NotAuthorized,
+        ProviderError,
+        ProviderNotConfigured,
+        SchemaNotCurrent,
+        UnknownProvider,
+    )
+    from .core.identity import Identity
+    from .core.outcomes import AuthorizationOutcome, AuthorizationStatus, GrantInfo
+    from .core.scopes import RequestScope, SessionScope
+    from .core.states import ElicitationStatus
+    from .core.webhooks import WebhookVerificationError, verify_webhook
 
 _LAZY = {
     "AcpLink": ".acp",
@@ -44,6 +43,30 @@ _LAZY = {
     "Settings": ".config",
     "load_settings": ".config",
     "Connector": ".connector",
+    **dict.fromkeys(
+        [
+            "AcpSdkUnsupported",
+            "ClientNotInitialized",
+            "ConfigError",
+            "ConnectorError",
+            "FlowRefused",
+            "NotAuthorized",
+            "ProviderError",
+            "ProviderNotConfigured",
+            "SchemaNotCurrent",
+            "UnknownProvider",
+        ],
+        ".core.errors",
+    ),
+    "Identity": ".core.identity",
+    "AuthorizationOutcome": ".core.outcomes",
+    "AuthorizationStatus": ".core.outcomes",
+    "GrantInfo": ".core.outcomes",
+    "RequestScope": ".core.scopes",
+    "SessionScope": ".core.scopes",
+    "ElicitationStatus": ".core.states",
+    "WebhookVerificationError": ".core.webhooks",
+    "verify_webhook": ".core.webhooks",
 }
 
 

@@ -8,6 +8,8 @@ the CLI's `serve`, the public `Connector` factory and tests.
 from __future__ import annotations
 
 import asyncio
+import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -15,6 +17,7 @@ from .config import Settings
 from .config_warnings import report_configuration_warnings
 from .core.agent_api import AgentApi
 from .core.browser import BrowserFlow
+from .core.errors import PortUnavailable
 from .core.events import ElicitationEvent
 from .core.identity import Identity
 from .core.lifecycle import Elicitations
@@ -193,14 +196,29 @@ def build_metrics_app(runtime: Runtime) -> Starlette | None:
     return metrics_app(runtime.metrics, runtime.settings) if config.enabled and config.port is not None else None
 
 
-async def serve_runtime(runtime: Runtime) -> None:
-    """Serve the web routes on the configured host and port (and the metrics on theirs) until cancelled."""
-    from .web.server import serve
+async def serve_runtime(runtime: Runtime, on_listening: Callable[[], None] | None = None) -> None:
+    """Serve the web routes on the configured host and port (and the metrics on theirs) until cancelled.
+
+    Every address is bound before anything is served: one that cannot be raises PortUnavailable, and nothing
+    was served. `on_listening` runs once all are bound.
+    """
+    from .web.server import bind, serve
 
     settings = runtime.settings
-    listeners = [serve(build_web_app(runtime), settings.server.host, settings.server.port)]
+    apps = [(build_web_app(runtime), settings.server.host, settings.server.port)]
     metrics = build_metrics_app(runtime)
     if metrics is not None:
         assert settings.metrics.port is not None
-        listeners.append(serve(metrics, settings.metrics.host, settings.metrics.port))
-    await asyncio.gather(*listeners)
+        apps.append((metrics, settings.metrics.host, settings.metrics.port))
+    sockets: list[socket.socket] = []
+    try:
+        for _, host, port in apps:
+            sockets.append(bind(host, port))
+    except PortUnavailable:
+        for sock in sockets:
+            sock.close()
+        raise
+    if on_listening is not None:
+        on_listening()
+    await asyncio.gather(*(serve(app, sock) for (app, _, _), sock in zip(apps, sockets, strict=True)))
+

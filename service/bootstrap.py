@@ -21,10 +21,11 @@ DEVELOPMENT_KEY_FILE = Path("var/vault.keys")
 __all__ = ["DEVELOPMENT_KEY_FILE", "generate_key", "migrate_database", "use_development_key"]
 
 
-def migrate_database(settings: Settings | str) -> None:
+def migrate_database(settings: Settings | str) -> tuple[str, ...]:
     """Upgrade the database of `settings` (or at this SQLAlchemy URL) to this version's schema, creating a SQLite
-    file and its folder if needed. Safe to call again; raises DatabaseUnavailable when it cannot be reached."""
-    migrate(settings if isinstance(settings, str) else settings.database.url)
+    file and its folder if needed; returns the revisions it was at before (empty for a new database). Safe to call
+    again; raises DatabaseUnavailable when it cannot be reached."""
+    return migrate(settings if isinstance(settings, str) else settings.database.url)
 
 
 def use_development_key(settings: Settings, path: Path = DEVELOPMENT_KEY_FILE) -> Settings:

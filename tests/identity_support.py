@@ -290,7 +290,7 @@ async def last_event(deployment: Deployment, event: str) -> Any:
 @contextmanager
 def logging_restored() -> Iterator[None]:
     """`acp-connector` configures the root logger on stderr (pytest's capture stream): undo that afterwards."""
-    names = ("", "httpx", "alembic")
+    names = ("", "httpx", "alembic", "service.audit")
     saved = [(logging.getLogger(n), list(logging.getLogger(n).handlers), logging.getLogger(n).level) for n in names]
     try:
         yield

@@ -207,7 +207,7 @@ def test_version_is_the_installed_package_version() -> None:
         (["keys", "generate", "--key-id", "not a key id"], "invalid --key-id 'not a key id' (use letters"),
         (["keys", "generate", "--bogus"], "unrecognized arguments: --bogus (see `acp-connector keys generate --help`)"),
         (["migrate", "--log-format", "xml"], "unknown --log-format 'xml': choose from text, json"),
-        (["mock-provider", "--port", "eighty"], "invalid int value: 'eighty'"),
+        (["mock-provider", "--port", "eighty"], "'eighty' is not a port number (0 to 65535)"),
     ],
 )
 def test_usage_errors_are_one_line_with_the_fix_and_exit_2(argv: list[str], says: str) -> None:

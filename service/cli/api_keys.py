@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from ..core.agent_api import new_api_key
 from .framework import CliError, Commands, Invocation, UsageError
 
 if TYPE_CHECKING:
@@ -63,6 +62,8 @@ def register(commands: Commands) -> None:
 def run_create(invocation: Invocation) -> int:
     args = invocation.args
     try:
+        from ..core.agent_api import new_api_key
+
         key, record = new_api_key(args.tenant, args.agent_name or args.tenant, args.providers, datetime.now(UTC))
     except ValueError as exc:
         raise UsageError(f"api-keys create: {exc}") from None

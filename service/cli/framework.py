@@ -9,7 +9,6 @@ A command module calls `commands.command(...)` (or `commands.group(...)` for a c
 from __future__ import annotations
 
 import argparse
-import asyncio
 import difflib
 import logging
 import os
@@ -19,10 +18,8 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn, TextIO, TypeVar
 
-from ..config import Settings, load_settings
-from ..logs import configure
-
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the modules behind these are imported when a command needs them, not for `--help`
+    from ..config import Settings
     from ..store import Store
 
 T = TypeVar("T")
@@ -75,9 +72,19 @@ class Invocation:
     def debug(self) -> bool:
         return bool(getattr(self.args, "debug", False))
 
+    @property
+    def shows_audit(self) -> bool:
+        """Whether the audit lines of what the command changes are written beside its output: with --verbose or
+        --debug, in JSON mode (stderr is then a log stream) and for `serve` (its stderr is the service's log).
+        Recorded in the database (`audit_events`) either way."""
+        return bool(getattr(self.args, "verbose", False) or getattr(self.args, "_serves", False)) or (
+            self.debug or self.logs_json
+        )
+
     def settings(self) -> Settings:
         """The settings from `--config` (or CONNECTOR_CONFIG) and the environment; logging follows them."""
         if self._settings is None:
+            from ..config import load_settings
             from ..config_warnings import report_configuration_warnings
 
             self._settings = load_settings(getattr(self.args, "config", None), env=self.env)
@@ -87,11 +94,16 @@ class Invocation:
 
     def configure_logging(self, configured: str = "text") -> None:
         """`--log-format` wins over the configured format."""
+        from ..logs import configure
+
         self.log_format = getattr(self.args, "log_format", None) or configured
         configure(self.log_format, debug=self.debug, stream=self.stderr)
+        logging.getLogger("service.audit").setLevel(logging.NOTSET if self.shows_audit else logging.WARNING)
 
     def with_store(self, work: Callable[[Store], Awaitable[T]]) -> T:
         """Run `work` on the configured database (refused unless its schema is current), then close it."""
+        import asyncio
+
         from ..factories import build_store
 
         settings = self.settings()
@@ -172,6 +184,17 @@ def _friendlier(message: str) -> str:
     return f"unknown {kind} '{given}': {hint}"
 
 
+def port_number(*, lowest: int) -> Callable[[str], int]:
+    """An argparse type for a TCP port from `lowest` (0: any free port) to 65535."""
+
+    def parse(text: str) -> int:
+        if not text.isdigit() or not lowest <= int(text) <= 65535:
+            raise argparse.ArgumentTypeError(f"'{text}' is not a port number ({lowest} to 65535)")
+        return int(text)
+
+    return parse
+
+
 def common_options(*, suppress: bool) -> Parser:
     """The options every command accepts, before or after its name.
 
@@ -191,6 +214,12 @@ def common_options(*, suppress: bool) -> Parser:
     )
     parent.add_argument(
         "--log-format", choices=["text", "json"], default=default(None), help="log line format (default: log_format)"
+    )
+    parent.add_argument(
+        "--verbose",
+        action="store_true",
+        default=default(False),
+        help="also show the audit lines of what the command changes (always recorded in the database)",
     )
     parent.add_argument(
         "--debug",

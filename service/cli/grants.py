@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
+from typing import TYPE_CHECKING
 
-from ..core.records import GrantRecord
-from ..store import Store
 from .framework import Commands, Invocation
+
+if TYPE_CHECKING:
+    from ..core.records import GrantRecord
 
 LIMIT = 1000
 
@@ -34,6 +35,10 @@ def register(commands: Commands) -> None:
 
 
 def run_list(invocation: Invocation) -> int:
+    import asyncio
+
+    from ..store import Store
+
     args = invocation.args
     settings = invocation.settings()
 

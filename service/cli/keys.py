@@ -6,14 +6,13 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from ..bootstrap import DEVELOPMENT_KEY_FILE
-from ..config import Settings
-from ..vault import KeyRing, Vault, generate_key, remove_from_key_file
 from .framework import CliError, Commands, Invocation, UsageError
 
 if TYPE_CHECKING:
+    from ..config import Settings
     from ..rotation import RotationReport
     from ..store import Store
+    from ..vault import KeyRing, Vault
 
 DEFAULT_BATCH_SIZE = 100
 
@@ -95,6 +94,8 @@ def register(commands: Commands) -> None:
 
 
 def run_generate(invocation: Invocation) -> int:
+    from ..vault import generate_key
+
     try:
         key = generate_key(invocation.args.key_id)
     except ValueError:
@@ -108,6 +109,7 @@ def run_generate(invocation: Invocation) -> int:
 
 def _vault(settings: Settings) -> Vault:
     """The configured vault; on a loopback deployment without keys, the development key file `serve` created."""
+    from ..bootstrap import DEVELOPMENT_KEY_FILE
     from ..factories import build_vault
 
     if not settings.vault.keys and settings.vault.key_file is None and settings.is_loopback_deployment:
@@ -195,6 +197,7 @@ def run_rotate(invocation: Invocation) -> int:
 
 def run_retire(invocation: Invocation) -> int:
     from ..rotation import key_usage
+    from ..vault import remove_from_key_file
 
     key_id: str = invocation.args.key_id
     settings = invocation.settings()
@@ -207,6 +210,10 @@ def run_retire(invocation: Invocation) -> int:
 
     async def retire(store: Store) -> str | None:
         used = (await key_usage(store, datetime.now(UTC))).get(key_id)
+        if used is None and key_id not in vault.ring:
+            raise CliError(
+                f"keys retire: no key {key_id} in the ring or the database", "`acp-connector keys status` lists them"
+            )
         if used is not None and used.in_use:
             return (
                 f"{used.grants} grants, {used.webhook_secrets} webhook secrets and "

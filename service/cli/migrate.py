@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from ..bootstrap import migrate_database
-from ..store import display_url
 from .framework import Commands, Invocation
 
 
@@ -25,7 +23,16 @@ def register(commands: Commands) -> None:
 
 
 def run(invocation: Invocation) -> int:
+    from ..bootstrap import migrate_database
+    from ..store import display_url, head_revision
+
     settings = invocation.settings()
-    migrate_database(settings)
-    invocation.note(f"database at {display_url(settings.database.url)} is up to date")
+    before = migrate_database(settings)
+    where, head = display_url(settings.database.url), head_revision()
+    if before == (head,):
+        invocation.note(f"database at {where} was already at revision {head}, this version's schema: nothing to do")
+    elif before:
+        invocation.note(f"database at {where} migrated from revision {', '.join(before)} to {head}")
+    else:
+        invocation.note(f"database at {where} created at revision {head}, this version's schema")
     return 0

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 
-from ..providers import provider_env_var
-from .framework import CliError, Commands, Invocation, UsageError
+from .framework import CliError, Commands, Invocation, UsageError, port_number
 
 
 def register(commands: Commands) -> None:
@@ -30,13 +28,21 @@ def register(commands: Commands) -> None:
         ],
     )
     mock.add_argument("--host", default="127.0.0.1", help="loopback address to listen on (default: 127.0.0.1)")
-    mock.add_argument("--port", type=int, default=8701, help="port to listen on, 0 for any free port (default: 8701)")
+    mock.add_argument(
+        "--port",
+        type=port_number(lowest=0),
+        default=8701,
+        help="port to listen on, 0 for any free port (default: 8701)",
+    )
     mock.add_argument("--name", default="github", help="catalog name whose credentials it accepts (default: github)")
     mock.add_argument("--strict", action="store_true", help="behave like a strictly conformant OpenID provider")
     mock.add_argument("--narrow", nargs="*", default=[], metavar="SCOPE", help="scopes the consent refuses")
 
 
 def run(invocation: Invocation) -> int:
+    import asyncio
+
+    from ..providers import provider_env_var
     from ..testing.mock_provider import MockOAuthProvider
 
     args = invocation.args

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
-from ..providers import load_catalog
 from .framework import EXIT_OK, EXIT_RUNTIME, Commands, Invocation
 
 
@@ -43,6 +40,8 @@ def register(commands: Commands) -> None:
 
 
 def run_list(invocation: Invocation) -> int:
+    from ..providers import load_catalog
+
     settings = invocation.settings()
     catalog = load_catalog(settings.providers.catalog, env=settings.environment())
     base = settings.public_base_url
@@ -61,9 +60,12 @@ def run_list(invocation: Invocation) -> int:
 
 
 def run_check(invocation: Invocation) -> int:
+    import asyncio
+
     from ..factories import build_gateway
     from ..metrics import Metrics
     from ..oauth.check import ProviderReport, check_provider
+    from ..providers import load_catalog
 
     settings = invocation.settings()
     catalog = load_catalog(settings.providers.catalog, env=settings.environment())

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..bootstrap import use_development_key
-from ..config import Settings, load_settings
-from ..core.urls import is_loopback_host
-from ..providers import load_catalog, provider_env_var
-from .framework import Commands, Invocation, UsageError
+from .framework import CliError, Commands, Invocation, UsageError, port_number
+
+if TYPE_CHECKING:
+    from ..config import Settings
 
 DEMO_CATALOG = Path("var/demo-providers.toml")
 DEMO_PROVIDER = "demo"
@@ -36,8 +35,12 @@ def register(commands: Commands) -> None:
             "acp-connector migrate && acp-connector serve",
             "acp-connector serve --config /etc/connector.toml",
             "acp-connector serve --demo",
+            "acp-connector serve --demo --port 8790",
         ],
     )
+    serve.set_defaults(_serves=True)  # its audit lines are the service's log
+    serve.add_argument("--host", help="address to listen on (default: server.host, 127.0.0.1)")
+    serve.add_argument("--port", type=port_number(lowest=1), help="port to listen on (default: server.port, 8700)")
     serve.add_argument(
         "--demo",
         action="store_true",
@@ -46,27 +49,44 @@ def register(commands: Commands) -> None:
 
 
 def run(invocation: Invocation) -> int:
+    import asyncio
+
+    from ..bootstrap import use_development_key
+
+    args = invocation.args
+    listener = {"CONNECTOR_SERVER__HOST": args.host, "CONNECTOR_SERVER__PORT": args.port}
+    invocation.env = {**invocation.env, **{name: str(value) for name, value in listener.items() if value is not None}}
     settings = invocation.settings()
-    if invocation.args.demo:
+    if args.demo:
         return asyncio.run(_serve_demo(invocation, settings))
     return asyncio.run(_serve(invocation, use_development_key(settings)))
 
 
-async def _serve(invocation: Invocation, settings: Settings) -> int:
+async def _serve(invocation: Invocation, settings: Settings, greeting: str | None = None) -> int:
     # The runtime, not the `Connector` facade: a server that holds no ACP connection never imports the ACP SDK.
     from ..app import build_runtime, serve_runtime
+    from ..core.errors import PortUnavailable
+
+    def listening() -> None:
+        invocation.note(f"serving on {settings.public_base_url} (connect pages at /connect/<id>)")
+        if greeting:
+            invocation.note(greeting)
 
     runtime = build_runtime(settings)
     try:
         await runtime.start()
-        invocation.note(f"serving on {settings.public_base_url} (connect pages at /connect/<id>)")
-        await serve_runtime(runtime)
+        await serve_runtime(runtime, on_listening=listening)
+    except PortUnavailable as exc:
+        raise CliError(f"serve: {exc}", "stop what uses it, or choose another port: --port or server.port") from None
     finally:
         await runtime.close()
     return 0
 
 
 async def _serve_demo(invocation: Invocation, settings: Settings) -> int:
+    from ..bootstrap import use_development_key
+    from ..providers import load_catalog
+
     if not settings.is_loopback_deployment:
         raise UsageError(
             f"serve --demo: this is not a loopback deployment (server.host '{settings.server.host}', "
@@ -81,11 +101,11 @@ async def _serve_demo(invocation: Invocation, settings: Settings) -> int:
         return await _serve(invocation, use_development_key(demo))
     async with _demo_provider(settings) as extra_env:
         demo = _reload(invocation, {"CONNECTOR_DEMO": "true", **extra_env})
-        invocation.note(
+        greeting = (
             f"DEMO: no provider has credentials, so a mock provider ('{DEMO_PROVIDER}') serves on loopback. "
-            f"Open {settings.public_base_url}/ and press “Start a demo authorization”."
+            f"Open {demo.public_base_url}/ and press “Start a demo authorization”."
         )
-        return await _serve(invocation, use_development_key(demo))
+        return await _serve(invocation, use_development_key(demo), greeting)
 
 
 @asynccontextmanager
@@ -93,6 +113,8 @@ async def _demo_provider(settings: Settings) -> AsyncIterator[dict[str, str]]:
     """Serve the mock provider on loopback; yields the environment that adds it to the catalog."""
     import secrets
 
+    from ..core.urls import is_loopback_host
+    from ..providers import provider_env_var
     from ..testing.mock_provider import MockOAuthProvider
 
     provider = MockOAuthProvider(
@@ -126,4 +148,6 @@ def _write_demo_catalog(settings: Settings, entry: dict[str, object]) -> Path:
 
 def _reload(invocation: Invocation, extra_env: dict[str, str]) -> Settings:
     """The settings again with `extra_env` added to the environment (the same file, the same checks)."""
+    from ..config import load_settings
+
     return load_settings(getattr(invocation.args, "config", None), env={**invocation.env, **extra_env})

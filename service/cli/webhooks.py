@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-from ..config import Settings
-from ..core.webhooks import DEFAULT_SECRET_OVERLAP, MAX_SECRET_OVERLAP, WebhookEndpoints
-from ..store import Store
+from ..core.settings import DEFAULT_SECRET_OVERLAP, MAX_SECRET_OVERLAP
 from .framework import CliError, Commands, Invocation, UsageError
+
+if TYPE_CHECKING:
+    from ..config import Settings
+    from ..core.webhooks import WebhookEndpoints
+    from ..store import Store
 
 T = TypeVar("T")
 
@@ -77,6 +79,10 @@ def register(commands: Commands) -> None:
 
 
 def _with_endpoints(settings: Settings, work: Callable[[Store, WebhookEndpoints], Awaitable[T]]) -> T:
+    import asyncio
+
+    from ..core.webhooks import WebhookEndpoints
+    from ..store import Store
     from .keys import _vault
 
     vault = _vault(settings)

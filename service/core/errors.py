@@ -96,6 +96,12 @@ class DatabaseUnavailable(ConnectorError):
     code = "database_unavailable"
 
 
+class PortUnavailable(ConnectorError):
+    """A listener cannot bind its address (the port is taken, or the address is not this machine's)."""
+
+    code = "port_unavailable"
+
+
 class VaultError(ConnectorError):
     """A ciphertext could not be decrypted (wrong key, tampered, or moved to another row)."""
 

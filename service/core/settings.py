@@ -5,6 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
+# How long a rotated-out webhook secret keeps signing alongside the new one, unless the rotation says otherwise
+# (here, not in core.webhooks, so that `acp-connector webhooks --help` can name them without importing the rest).
+DEFAULT_SECRET_OVERLAP = timedelta(hours=24)
+MAX_SECRET_OVERLAP = timedelta(days=7)
+
 
 @dataclass(frozen=True, slots=True)
 class FlowSettings:

@@ -66,8 +66,10 @@ def webhook_url_problem(url: str, *, allow_private: bool) -> str | None:
     """Why `url` may not be a webhook endpoint, or None. https only (http only to a loopback host, and only when
     private addresses are allowed); no credentials, fragment or odd port; an IP literal must be public unless
     private addresses are allowed. Host names are checked again, by address, before every attempt."""
-    if len(url) > MAX_WEBHOOK_URL_LENGTH or not url.isascii() or not url.isprintable() or " " in url:
-        return f"the URL must be at most {MAX_WEBHOOK_URL_LENGTH} printable ASCII characters"
+    if len(url) > MAX_WEBHOOK_URL_LENGTH:
+        return f"the URL is longer than {MAX_WEBHOOK_URL_LENGTH} characters"
+    if not url.isascii() or not url.isprintable() or " " in url:
+        return "this is not a URL: it has a space or a character that is not printable ASCII (an https://host/... URL)"
     try:
         parts = urlsplit(url)
         port = parts.port

@@ -231,16 +231,6 @@ async def connected(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
         await conn.close()
 
 
-async def probe(url: str) -> None:
-    """Open and close one connection to `url`: raises DatabaseUnavailable with the reason if that fails."""
-    engine = create_engine(url)
-    try:
-        async with connected(engine):
-            pass
-    finally:
-        await engine.dispose()
-
-
 def dump_json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), sort_keys=True)
 

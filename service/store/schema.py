@@ -24,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.core.errors import SchemaNotCurrent
 
-from .engine import display_url, probe
+from .engine import connected, create_engine, display_url
 from .tables import schema_compatibility
 
 _PACKAGE_DIR = Path(__file__).resolve().parents[1]  # service/
@@ -63,24 +63,26 @@ def head_revision() -> str:
     return head
 
 
-def migrate(url: str, revision: str = "head") -> None:
-    """Upgrade the database at `url` to `revision`, by default the head (creating it, for SQLite).
+def migrate(url: str, revision: str = "head") -> tuple[str, ...]:
+    """Upgrade the database at `url` to `revision`, by default the head (creating it, for SQLite); returns the
+    revisions it was at before (empty for a new database).
 
     Blocks until done. Safe to call from inside a running event loop: the migration then runs on its own
     thread (Alembic's env.py drives its own loop). Raises DatabaseUnavailable, saying why, when the database
     cannot be reached or opened.
     """
     config = alembic_config(url)
+    before: list[str] = []
 
     def upgrade() -> None:
-        asyncio.run(probe(url))
+        before.extend(asyncio.run(stored_revisions(url)))
         command.upgrade(config, revision)
 
     try:
         asyncio.get_running_loop()
     except RuntimeError:
         upgrade()
-        return
+        return tuple(before)
     errors: list[BaseException] = []
 
     def run() -> None:
@@ -94,6 +96,18 @@ def migrate(url: str, revision: str = "head") -> None:
     worker.join()
     if errors:
         raise errors[0]
+    return tuple(before)
+
+
+async def stored_revisions(url: str) -> tuple[str, ...]:
+    """The revisions the database at `url` is at (empty when never migrated); raises DatabaseUnavailable with the
+    reason when it cannot be opened."""
+    engine = create_engine(url)
+    try:
+        async with connected(engine) as conn:
+            return await conn.run_sync(current_revisions)
+    finally:
+        await engine.dispose()
 
 
 def current_revisions(connection: Connection) -> tuple[str, ...]:

@@ -17,6 +17,8 @@ from typing import Any
 
 import uvicorn
 
+from ..core.errors import PortUnavailable
+
 
 class _StripQuery(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
@@ -79,8 +81,18 @@ def make_server(app: Any, host: str, port: int) -> Server:
     return Server(config)
 
 
-async def serve(app: Any, host: str, port: int) -> None:
-    await make_server(app, host, port).serve()
+async def serve(app: Any, sock: socket.socket) -> None:
+    """Serve `app` on the bound socket `sock` until the server stops."""
+    host, port = sock.getsockname()[:2]
+    await make_server(app, host, port).serve(sockets=[sock])
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """`listening_socket`, with a failure to bind as PortUnavailable saying which address and why."""
+    try:
+        return listening_socket(host, port)
+    except OSError as exc:
+        raise PortUnavailable(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
 def listening_socket(host: str, port: int = 0) -> socket.socket:

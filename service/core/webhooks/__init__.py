@@ -29,8 +29,9 @@ Where an endpoint may point is the URL rule's (`core/urls.py: webhook_url_proble
 
 from __future__ import annotations
 
+from ..settings import DEFAULT_SECRET_OVERLAP, MAX_SECRET_OVERLAP
 from .dispatch import NO_ENDPOINT_RECHECK, WebhookDispatcher
-from .endpoints import DEFAULT_SECRET_OVERLAP, MAX_SECRET_OVERLAP, WebhookEndpoints, WebhookPolicy
+from .endpoints import WebhookEndpoints, WebhookPolicy
 from .payload import event_body, event_payload
 from .signing import WebhookVerificationError, signed_headers, verify_webhook
 

@@ -11,13 +11,11 @@ from datetime import datetime, timedelta
 from ..handles import new_id, webhook_secret_aad
 from ..ports import OutboxRepo, Vault, WebhookRepo
 from ..records import WebhookEndpointRecord
+from ..settings import DEFAULT_SECRET_OVERLAP, MAX_SECRET_OVERLAP
 from ..urls import webhook_url_problem
 from .signing import new_secret
 
 MAX_ENDPOINTS_PER_TENANT = 10
-# How long a rotated-out secret keeps signing alongside the new one, unless the rotation says otherwise.
-DEFAULT_SECRET_OVERLAP = timedelta(hours=24)
-MAX_SECRET_OVERLAP = timedelta(days=7)
 ROTATION_ATTEMPTS = 5  # a secret rotation racing a key rotation (or another rotation) reads the row again
 
 
