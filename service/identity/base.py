@@ -20,12 +20,10 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Annotated, Any, Protocol
+from typing import TYPE_CHECKING, Annotated, Any, Protocol
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict
 from pydantic_settings import NoDecode
-from starlette.requests import Request
-from starlette.responses import Response
 
 from service.config import Settings, optional_str, split_list
 from service.core.errors import FlowRefused
@@ -34,9 +32,14 @@ from service.core.records import VerificationRecord
 from service.core.settings import FlowSettings
 from service.core.urls import url_problem
 from service.core.verification import BrowserFacts, IdentityStep, VerificationAttempt, Verifier
-from service.oauth import ProviderGateway
-from service.store import Store
-from service.vault import Vault
+
+if TYPE_CHECKING:  # annotations only: reading a verifier's settings (the CLI) needs none of the web or the store
+    from starlette.requests import Request
+    from starlette.responses import Response
+
+    from service.oauth import ProviderGateway
+    from service.store import Store
+    from service.vault import Vault
 
 # How long the browser may spend at the identity provider or the operator's app.
 VERIFICATION_TTL = timedelta(minutes=10)
@@ -114,7 +117,7 @@ class RouteKit(Protocol):
         ...
 
 
-Endpoint = Callable[[Request], Awaitable[Response]]
+Endpoint = Callable[["Request"], Awaitable["Response"]]
 
 
 @dataclass(frozen=True)

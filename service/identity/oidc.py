@@ -16,12 +16,10 @@ from __future__ import annotations
 import logging
 import re
 import secrets
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import NoDecode
-from starlette.requests import Request
-from starlette.responses import Response
 
 from service.config import optional_secret
 from service.core.errors import ConnectorError, FlowRefused, ProviderError, VaultError
@@ -30,7 +28,6 @@ from service.core.identity import Identity
 from service.core.records import VerificationRecord
 from service.core.urls import origin
 from service.core.verification import RedirectFirst, Returned, VerificationAttempt
-from service.oauth import EndpointError, IdTokenError, IdTokenExpectations, ProviderGateway, ResolvedProvider
 from service.providers import ProviderEntry, TokenEndpointAuthMethod
 
 from .base import (
@@ -46,6 +43,12 @@ from .base import (
     insert_verification,
     own_verification,
 )
+
+if TYPE_CHECKING:  # the OAuth client and the web stack only when a sign-in runs, not to read the settings
+    from starlette.requests import Request
+    from starlette.responses import Response
+
+    from service.oauth import ProviderGateway, ResolvedProvider
 
 log = logging.getLogger("service.identity.oidc")
 
@@ -186,6 +189,8 @@ class OidcVerifier:
         self, provider: ResolvedProvider, code: str, code_verifier: str, record: VerificationRecord
     ) -> dict[str, Any]:
         """Redeem the code and check the ID token in full; its claims, or a refusal naming what failed."""
+        from service.oauth import EndpointError, IdTokenError, IdTokenExpectations
+
         now = self.ctx.now()
         try:
             tokens = await self.providers.exchange_code(
