@@ -1,6 +1,7 @@
-"""Configuration warnings: what the configuration sets that nothing reads, each with the nearest valid name.
+"""Configuration warnings: what the configuration sets that nothing reads, each with the nearest valid name, and a
+public_base_url that does not lead to a loopback listener.
 
-Three kinds: CONNECTOR_* variables that are no setting (nor a provider's or a verifier's), providers described by
+Three kinds of unread setting: CONNECTOR_* variables that are no setting (nor a provider's or a verifier's), providers described by
 the environment alone (a misspelt table name?), and `[identity.<name>]` tables of no verifier or with keys the
 verifier does not have (for the chosen verifier those are errors, raised when it is built). `CONNECTOR_TEST_*`
 is left to test suites.
@@ -48,7 +49,9 @@ def configuration_warnings(settings: Settings, catalog: ProviderCatalog | None =
         except ConnectorError:
             catalog = None
     plugins = verifiers.plugins()
+    disagreement = settings.public_url_disagreement()
     return [
+        *([("public_base_url", disagreement)] if disagreement else []),
         *_environment_only_providers(catalog),
         *_unread_variables(settings, _known_variables(plugins, catalog), catalog),
         *_unread_identity_tables(settings, plugins),

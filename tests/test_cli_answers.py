@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from service.cli import EXIT_OK, EXIT_RUNTIME, EXIT_USAGE
+from service.config import load_settings
 from service.store.schema import head_revision, migrate
 from service.vault import generate_key
 
@@ -215,3 +216,30 @@ def test_a_command_imports_what_it_uses_only() -> None:
     assert set(imported_by("providers", "list")).isdisjoint(
         {"sqlalchemy", "alembic", "acp", "uvicorn", "httpx", "authlib"}
     )
+
+
+# -- public_base_url and the listener --------------------------------------------------------------------------
+
+
+def test_an_unset_public_base_url_follows_a_loopback_listener() -> None:
+    assert load_settings(None, env={"CONNECTOR_SERVER__PORT": "8790"}).public_base_url == "http://127.0.0.1:8790"
+    assert load_settings(None, env={"CONNECTOR_SERVER__HOST": "::1"}).public_base_url == "http://[::1]:8700"
+    # Off loopback the listener's address is no URL a browser uses: 127.0.0.1 and the port, as before.
+    assert load_settings(None, env={"CONNECTOR_SERVER__HOST": "0.0.0.0"}).public_base_url == "http://127.0.0.1:8700"  # noqa: S104
+
+
+def test_a_public_base_url_that_misses_the_loopback_listener_is_warned_at_start(tmp_path: Path) -> None:
+    env = {
+        "CONNECTOR_DATABASE__URL": f"sqlite+aiosqlite:///{tmp_path}/c.db",
+        "CONNECTOR_SERVER__PORT": "8790",
+        "CONNECTOR_PUBLIC_BASE_URL": "http://127.0.0.1:8700",
+    }
+    ran = cli("migrate", env=env)
+    assert ran.code == EXIT_OK
+    assert "public_base_url (http://127.0.0.1:8700, set by CONNECTOR_PUBLIC_BASE_URL) names port 8700" in ran.err
+    assert "the server listens on 127.0.0.1:8790" in ran.err
+    agreeing = cli("migrate", env={**env, "CONNECTOR_PUBLIC_BASE_URL": "http://localhost:8790"})
+    assert agreeing.code == EXIT_OK and "names port" not in agreeing.err
+    # Behind a proxy or a published port the two differ on purpose: no warning off loopback.
+    published = cli("migrate", env={**env, "CONNECTOR_PUBLIC_BASE_URL": "https://connector.example.com"})
+    assert published.code == EXIT_OK and "names port" not in published.err

@@ -111,6 +111,8 @@ def _read_toml(path: Path) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as exc:
         # The decoder's message names line and column but never quotes the content.
         raise ConfigError(str(path), "<toml>", f"not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:  # TOML is UTF-8; the offset finds the byte without quoting the content
+        raise ConfigError(str(path), "<file>", f"not UTF-8 text (byte {exc.start} cannot be read as UTF-8)") from None
     except OSError as exc:
         raise ConfigError(str(path), "<file>", f"cannot be read: {exc.strerror or exc}") from None
     _refuse_provider_tables(data, path)
@@ -150,5 +152,6 @@ def _choose_config_file(path: str | Path | None, environ: Mapping[str, str]) -> 
         return None
     if not chosen.is_file():
         origin = CONFIG_ENV_VAR if path is None else "the given path"
-        raise ConfigError(str(chosen), "<file>", f"config file not found (from {origin})")
+        problem = "is a directory, not a config file" if chosen.is_dir() else "config file not found"
+        raise ConfigError(str(chosen), "<file>", f"{problem} (from {origin})")
     return chosen

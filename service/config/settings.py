@@ -86,7 +86,8 @@ class Settings(BaseSettings):
 
     public_base_url: str = "http://127.0.0.1:8700"
     """The URL at which browsers reach this service: links and the OAuth redirect URIs are built from it. https
-    unless the host is loopback; no query or fragment."""
+    unless the host is loopback; no query or fragment. Unset, it follows the listener: http://<server.host>:
+    <server.port> when server.host is loopback, else http://127.0.0.1:<server.port>."""
     agent_name: str = Field(default="ACP agent", min_length=1)
     """The agent's name as the user sees it on the consent page."""
     log_format: Literal["text", "json"] = "text"
@@ -120,6 +121,8 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _demo_only_where_nobody_else_reaches_it(self) -> Settings:
+        if "public_base_url" not in self.model_fields_set:  # unset: the URL of the listener (frozen: set once here)
+            object.__setattr__(self, "public_base_url", self.listener_url())
         problem = self.demo_problem()
         if problem is not None:
             detail = InitErrorDetails(
@@ -169,6 +172,25 @@ class Settings(BaseSettings):
             return
         self._warned.add((key, message))
         log.warning(message, extra={"config_key": key})
+
+    def listener_url(self) -> str:
+        """The http URL of the listener as seen from this machine (a loopback server.host, else 127.0.0.1)."""
+        host = self.server.host if is_loopback_host(self.server.host) else "127.0.0.1"
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.server.port}"
+
+    def public_url_disagreement(self) -> str | None:
+        """Why a public_base_url that was set does not reach the listener, when both are on loopback, or None."""
+        if "public_base_url" not in self.model_fields_set or not self.is_loopback_deployment:
+            return None
+        public = urlsplit(self.public_base_url)
+        public_port = public.port or (443 if public.scheme == "https" else 80)
+        if public_port == self.server.port:
+            return None
+        return (
+            f"public_base_url ({self.public_base_url}, set by {self.origin(('public_base_url',))}) names port "
+            f"{public_port}, but the server listens on {self.server.host}:{self.server.port}: links and redirect URIs "
+            "would lead elsewhere. Remove public_base_url to follow the listener, or make the two agree"
+        )
 
     @property
     def public_host(self) -> str:
