@@ -221,4 +221,3 @@ async def serve_runtime(runtime: Runtime, on_listening: Callable[[], None] | Non
     if on_listening is not None:
         on_listening()
     await asyncio.gather(*(serve(app, sock) for (app, _, _), sock in zip(apps, sockets, strict=True)))
-

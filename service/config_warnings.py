@@ -1,10 +1,10 @@
 """Configuration warnings: what the configuration sets that nothing reads, each with the nearest valid name, and a
 public_base_url that does not lead to a loopback listener.
 
-Three kinds of unread setting: CONNECTOR_* variables that are no setting (nor a provider's or a verifier's), providers described by
-the environment alone (a misspelt table name?), and `[identity.<name>]` tables of no verifier or with keys the
-verifier does not have (for the chosen verifier those are errors, raised when it is built). `CONNECTOR_TEST_*`
-is left to test suites.
+Three kinds of unread setting: CONNECTOR_* variables that are no setting (nor a provider's or a verifier's),
+providers described by the environment alone (a misspelt table name?), and `[identity.<name>]` tables of no
+verifier or with keys the verifier does not have (for the chosen verifier those are errors, raised when it is
+built). `CONNECTOR_TEST_*` is left to test suites.
 """
 
 from __future__ import annotations

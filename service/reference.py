@@ -166,7 +166,10 @@ def _commands() -> str:
         (f"`acp-connector {' '.join(path)}`", parser.description.split("\n\n")[0] if parser.description else "")
         for path, parser in iter_commands(build_parser())
     ]
-    intro = "Options (`--config`, `--log-format`, `--debug`) go before or after the command; each has `--help`.\n\n"
+    intro = (
+        "Options (`--config`, `--log-format`, `--verbose`, `--debug`) go before or after the command; each has "
+        "`--help`.\n\n"
+    )
     return "## Commands\n\n" + intro + _table(("command", "what it does"), rows)
 
 
