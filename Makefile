@@ -5,9 +5,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 RUNTIME_STAMP := $(VENV)/.runtime-installed
 STAMP := $(VENV)/.installed
+TESTING_STAMP := $(VENV)/.testing-installed
 CONFIG ?= config/connector.toml
 
-.PHONY: run test lint typecheck check migrate clean bench reference duplicates
+.PHONY: run test lint typecheck check migrate clean bench reference testing-kit duplicates
 
 # A venv without a pip of its own when the interpreter's pip can install into it (`pip --python`, pip >= 22.3):
 # seconds instead of the half minute ensurepip takes. Packages are not byte-compiled at install (Python compiles
@@ -25,7 +26,7 @@ $(RUNTIME_STAMP): pyproject.toml | $(BIN)/python
 
 $(STAMP): pyproject.toml | $(BIN)/python
 	@$(call pip_install,-e '.[dev]')
-	@touch $(STAMP) $(RUNTIME_STAMP)
+	@touch $(STAMP) $(RUNTIME_STAMP) $(TESTING_STAMP)
 
 # The independent OpenID Provider the tests run (tests/oidc_op, npm). Reinstalled when the lock file is newer than
 # the stamp (the same stamp tests/oidc_op_support.py checks). Without npm its tests skip and say why.
@@ -44,6 +45,15 @@ $(OIDC_OP_STAMP): $(OIDC_OP)/package-lock.json
 run: $(RUNTIME_STAMP)
 	$(BIN)/acp-connector --config $(CONFIG) migrate
 	exec $(BIN)/acp-connector --config $(CONFIG) serve --demo
+
+# The testing kit's example (examples/testing/README.md): the `testing` extra (pytest and the plugin) into .venv,
+# then the example's tests, which drive examples/github_agent through the plugin's fixtures.
+$(TESTING_STAMP): pyproject.toml | $(BIN)/python
+	@$(call pip_install,-e '.[testing]')
+	@touch $(TESTING_STAMP) $(RUNTIME_STAMP)
+
+testing-kit: $(TESTING_STAMP)
+	$(BIN)/python -m pytest -p no:cacheprovider examples/testing
 
 # One worker per core (pytest-xdist); an idle worker takes queued tests from a busy one (worksteal), since a few
 # tests (fresh clones, pip installs, two-process runs) take far longer than the rest.

@@ -1,10 +1,10 @@
 """Testing an agent with the connector's pytest plugin: the GitHub example agent, end to end.
 
-Everything here comes from the plugin (`pip install 'acp-oauth-connector[testing]'`): a mock OAuth provider on
-loopback, the connector environment bound to it, a scripted ACP client on the official SDK, and a scripted browser.
-The agent runs as its own process over stdio, exactly as an editor would start it.
+Everything here comes from the plugin (the `testing` extra; README.md beside this file installs it): a mock OAuth
+provider on loopback, the connector environment bound to it, a scripted ACP client on the official SDK, and a scripted
+browser. The agent runs as its own process over stdio, exactly as an editor would start it.
 
-    pytest examples/testing
+    make testing-kit
 """
 
 from __future__ import annotations

@@ -60,10 +60,10 @@ def register(commands: Commands) -> None:
 
 
 def run_create(invocation: Invocation) -> int:
+    from ..core.agent_api import new_api_key
+
     args = invocation.args
     try:
-        from ..core.agent_api import new_api_key
-
         key, record = new_api_key(args.tenant, args.agent_name or args.tenant, args.providers, datetime.now(UTC))
     except ValueError as exc:
         raise UsageError(f"api-keys create: {exc}") from None

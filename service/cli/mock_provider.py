@@ -37,6 +37,12 @@ def register(commands: Commands) -> None:
     mock.add_argument("--name", default="github", help="catalog name whose credentials it accepts (default: github)")
     mock.add_argument("--strict", action="store_true", help="behave like a strictly conformant OpenID provider")
     mock.add_argument("--narrow", nargs="*", default=[], metavar="SCOPE", help="scopes the consent refuses")
+    mock.add_argument(
+        "--sign-in-page",
+        action="store_true",
+        help="show a sign-in page at /authorize (choose a user, approve or deny, untick scopes) instead of "
+        "consenting at once",
+    )
 
 
 def run(invocation: Invocation) -> int:
@@ -54,7 +60,9 @@ def run(invocation: Invocation) -> int:
             f"set {id_var} and {secret_var} to any values; the agent's connector uses the same",
         )
     make = MockOAuthProvider.strict if args.strict else MockOAuthProvider
-    provider = make(client_id=client_id, client_secret=client_secret, narrow_scopes=set(args.narrow))
+    provider = make(
+        client_id=client_id, client_secret=client_secret, narrow_scopes=set(args.narrow), sign_in_page=args.sign_in_page
+    )
 
     def ready(base_url: str) -> None:
         entry = "\n".join(f"{key} = {json.dumps(value)}" for key, value in provider.catalog_entry().items())

@@ -121,11 +121,14 @@ async def _demo_provider(settings: Settings) -> AsyncIterator[dict[str, str]]:
         client_id=f"demo-{secrets.token_hex(4)}",
         client_secret=secrets.token_urlsafe(24),
         account={"id": 4242, "login": "demo-user", "name": "Demo User"},
+        users=[{"id": 4343, "login": "demo-user-2", "name": "Another Demo User"}],
         repos=[{"id": 1, "full_name": "demo-user/hello-world", "private": False}],
+        display_name="Demo provider (mock)",
+        sign_in_page=True,  # what a real provider shows: choose a user, approve or deny, narrow the scopes
     )
     host = settings.server.host if is_loopback_host(settings.server.host) else "127.0.0.1"
     async with provider.serve_http(host, 0):
-        catalog = _write_demo_catalog(settings, {**provider.catalog_entry(), "display_name": "Demo provider (mock)"})
+        catalog = _write_demo_catalog(settings, provider.catalog_entry())
         yield {
             "CONNECTOR_PROVIDERS__CATALOG": str(catalog),
             provider_env_var(DEMO_PROVIDER, "CLIENT_ID"): provider.client_id,

@@ -125,7 +125,13 @@ class MockOIDCProvider(MockOAuthProvider):
         return MockResponse.json(200, document)
 
     def _authorize(self, request: MockRequest) -> MockResponse:
-        answer = super()._authorize(request)
+        return self._with_issuer(super()._authorize(request))
+
+    def _signed_in(self, request: MockRequest) -> MockResponse:
+        return self._with_issuer(super()._signed_in(request))
+
+    def _with_issuer(self, answer: MockResponse) -> MockResponse:
+        """A redirect to the client with `iss` (RFC 9207), when `iss_in_authorization_response`."""
         location = answer.headers.get("location")
         if location is None:
             return answer

@@ -33,6 +33,9 @@ from urllib.parse import parse_qs, unquote_plus, urlencode, urlsplit
 
 import httpx
 
+from . import sign_in
+from .sign_in import SignInPages
+
 if TYPE_CHECKING:
     import respx
     from starlette.applications import Starlette
@@ -85,6 +88,7 @@ class _IssuedCode:
     scope: str  # as granted
     code_challenge: str | None
     nonce: str | None = None
+    account: dict[str, Any] | None = None  # whom the user signed in as (None: the provider's `account`)
     used: bool = False
 
 
@@ -95,6 +99,7 @@ class _Grant:
     scope: str
     nonce: str | None
     refreshable: bool
+    account: dict[str, Any] | None = None
     tokens: set[str] = field(default_factory=set)
 
 
@@ -103,6 +108,7 @@ class MockOAuthProvider:
     """A provider at `base_url` that issues real-looking, random tokens and validates every step."""
 
     base_url: str = "https://oauth.mock-provider.test"
+    display_name: str = "Mock Provider"
     client_id: str = "mock-client-id"
     client_secret: str = field(default_factory=lambda: "mock_secret_" + secrets.token_urlsafe(16))
     account: dict[str, Any] = field(default_factory=lambda: {"id": 4242, "login": "octocat", "name": "Mona"})
@@ -114,6 +120,10 @@ class MockOAuthProvider:
     issue_refresh_token: bool = True
     comma_scopes: bool = True  # answer `scope` GitHub-style, comma-separated
     deny_next: str | None = None  # e.g. "access_denied": the next authorize answers with this error
+    # A sign-in page at /authorize (choose a user, approve or deny, untick scopes), as a real provider shows one;
+    # off, consent is given at once (fast tests). `users` are the accounts to choose from besides `account`.
+    sign_in_page: bool = False
+    users: list[dict[str, Any]] = field(default_factory=list)
     # Over HTTP: seconds a refresh answer takes to leave, after the refresh token was already rotated.
     refresh_delay: float = 0.0
     # Refreshes whose answer is lost after the rotation: the client's call times out (respx: at once; over
@@ -143,6 +153,7 @@ class MockOAuthProvider:
     _access: set[str] = field(default_factory=set)
     _refresh: set[str] = field(default_factory=set)
     _grants: dict[str, _Grant] = field(default_factory=dict)  # token -> its grant
+    _sign_ins: SignInPages = field(default_factory=SignInPages.empty)
 
     STRICT: ClassVar[dict[str, Any]] = {
         "form_encoded_basic": True,
@@ -165,7 +176,7 @@ class MockOAuthProvider:
     def catalog_entry(self) -> dict[str, Any]:
         """The provider's table for a providers.toml (credentials go in the environment)."""
         return {
-            "display_name": "Mock Provider",
+            "display_name": self.display_name,
             "authorization_endpoint": f"{self.base_url}/authorize",
             "token_endpoint": f"{self.base_url}/token",
             "revocation_endpoint": f"{self.base_url}/revoke",
@@ -200,6 +211,7 @@ class MockOAuthProvider:
     def _routes(self) -> dict[tuple[str, str], Callable[[MockRequest], MockResponse]]:
         return {
             ("GET", "/authorize"): self._authorize,
+            ("POST", "/authorize"): self._signed_in,
             ("POST", "/token"): self._token,
             ("POST", "/revoke"): self._revoke,
             ("GET", "/api/user"): self._user,
@@ -322,11 +334,44 @@ class MockOAuthProvider:
         if self.require_pkce and (challenge is None or q.get("code_challenge_method") != "S256"):
             return MockResponse.redirect(redirect_uri, error="invalid_request", state=q.get("state"))
         self.authorization_requests.append({k: q[k] for k in ("scope", "prompt") if k in q})
+        if self.sign_in_page:
+            return self._sign_in_page(dict(q))
+        return self._consented(q, q.get("scope", ""), None)
+
+    def _consented(self, q: Mapping[str, str], scope: str, account: dict[str, Any] | None) -> MockResponse:
+        """Consent to `scope` of the request `q` as `account`: a code, redirected to the client."""
         code = "mock_code_" + secrets.token_urlsafe(24)
         self.issued_codes.append(code)
-        granted = self._granted_scope(q.get("scope", ""), q.get("prompt", ""))
-        self._codes[code] = _IssuedCode(self.client_id, redirect_uri, granted, challenge, q.get("nonce"))
+        granted = self._granted_scope(scope, q.get("prompt", ""))
+        redirect_uri = q["redirect_uri"]
+        challenge = q.get("code_challenge")
+        self._codes[code] = _IssuedCode(self.client_id, redirect_uri, granted, challenge, q.get("nonce"), account)
         return MockResponse.redirect(redirect_uri, code=code, state=q.get("state"))
+
+    def _sign_in_page(self, q: dict[str, str]) -> MockResponse:
+        html, headers = sign_in.page(
+            provider_name=self.display_name,
+            action=f"{urlsplit(self.base_url).path.rstrip('/')}/authorize",
+            request_id=self._sign_ins.open(q),
+            query=q,
+            users=[self.account, *self.users],
+        )
+        return MockResponse(200, headers, html.encode())
+
+    def _signed_in(self, request: MockRequest) -> MockResponse:
+        """The sign-in page's answer: deny, or approve as the chosen user with the scopes left ticked."""
+        form = parse_qs(request.body.decode("utf-8", errors="replace"))
+        pending = self._sign_ins.take(form.get("request", [""])[0])
+        if pending is None:
+            return MockResponse.text(400, "this sign-in is unknown or was already answered: start again")
+        q = pending.query
+        if form.get("action", [""])[0] != "approve":
+            return MockResponse.redirect(q["redirect_uri"], error="access_denied", state=q.get("state"))
+        accounts = [self.account, *self.users]
+        chosen = form.get("user", ["0"])[0]
+        account = accounts[int(chosen)] if chosen.isdigit() and int(chosen) < len(accounts) else self.account
+        ticked = set(form.get("scope", []))
+        return self._consented(q, " ".join(scope for scope in pending.scopes if scope in ticked), account)
 
     def _granted_scope(self, requested: str, prompt: str) -> str:
         """What the (automatic) consent grants of `requested`: less `narrow_scopes`, and `offline_access` only
@@ -379,7 +424,7 @@ class MockOAuthProvider:
             refreshable = self.issue_refresh_token and (
                 not self.refresh_token_needs_offline_access or "offline_access" in issued.scope.split()
             )
-            grant = _Grant(issued.scope, issued.nonce, refreshable)
+            grant = _Grant(issued.scope, issued.nonce, refreshable, issued.account)
             return MockResponse.json(200, self._issue(grant, with_scope=True))
         if grant_type == "refresh_token":
             old = form.get("refresh_token", "")
@@ -433,7 +478,8 @@ class MockOAuthProvider:
         self.api_calls.append(self._api_path(request))
         if not self._bearer_ok(request):
             return MockResponse.json(401, {"message": "Bad credentials"})
-        return MockResponse.json(200, self.account)
+        account = self._grants[request.header("authorization")[7:]].account
+        return MockResponse.json(200, account or self.account)
 
     def _repos(self, request: MockRequest) -> MockResponse:
         self.api_calls.append(self._api_path(request))
