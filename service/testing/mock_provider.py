@@ -33,8 +33,8 @@ from urllib.parse import parse_qs, unquote_plus, urlencode, urlsplit
 
 import httpx
 
-from . import sign_in
 from .sign_in import SignInPages
+from .sign_in import page as sign_in_page
 
 if TYPE_CHECKING:
     import respx
@@ -349,7 +349,7 @@ class MockOAuthProvider:
         return MockResponse.redirect(redirect_uri, code=code, state=q.get("state"))
 
     def _sign_in_page(self, q: dict[str, str]) -> MockResponse:
-        html, headers = sign_in.page(
+        html, headers = sign_in_page(
             provider_name=self.display_name,
             action=f"{urlsplit(self.base_url).path.rstrip('/')}/authorize",
             request_id=self._sign_ins.open(q),
