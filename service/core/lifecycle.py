@@ -97,9 +97,7 @@ class Elicitations:
     async def settled(
         self, user: Identity, provider: str, scopes: Sequence[str], *, ask_again: bool = False
     ) -> AuthorizationOutcome | None:
-        """The answer to a request that needs nobody asked, or None: ALREADY_AUTHORIZED when a stored grant covers
-        `scopes`; NARROWED when a stored grant lacks only scopes the provider refused when it was made (so asking
-        again would ask the user the same thing), unless `ask_again`."""
+        """The answer to a request that needs nobody asked (`coverage.settled_by`), or None."""
         grants = await self.store.grants.find(user, provider)
         return settled_by(grants, provider, self.display_name(provider), scopes, ask_again=ask_again)
 
