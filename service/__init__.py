@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .acp import AcpLink, ForegroundState, url_mode_advertised
     from .bootstrap import generate_key, migrate_database, use_development_key
+    from .client import SidecarClient
     from .config import Settings, load_settings
     from .connector import Connector
     from .core.errors import (
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
     from .core.scopes import RequestScope, SessionScope
     from .core.states import ElicitationStatus
     from .core.webhooks import WebhookVerificationError, verify_webhook
+    from .mcp import McpAuthorizer, McpSdkUnsupported, NoVerifiedUser, user_from_access_token
 
 _LAZY = {
     "AcpLink": ".acp",
@@ -67,6 +69,11 @@ _LAZY = {
     "ElicitationStatus": ".core.states",
     "WebhookVerificationError": ".core.webhooks",
     "verify_webhook": ".core.webhooks",
+    "SidecarClient": ".client",
+    "McpAuthorizer": ".mcp",
+    "McpSdkUnsupported": ".mcp",
+    "NoVerifiedUser": ".mcp",
+    "user_from_access_token": ".mcp",
 }
 
 
@@ -97,6 +104,9 @@ __all__ = [
     "ForegroundState",
     "GrantInfo",
     "Identity",
+    "McpAuthorizer",
+    "McpSdkUnsupported",
+    "NoVerifiedUser",
     "NotAuthorized",
     "ProviderError",
     "ProviderNotConfigured",
@@ -104,6 +114,7 @@ __all__ = [
     "SchemaNotCurrent",
     "SessionScope",
     "Settings",
+    "SidecarClient",
     "UnknownProvider",
     "WebhookVerificationError",
     "generate_key",
@@ -111,5 +122,6 @@ __all__ = [
     "migrate_database",
     "url_mode_advertised",
     "use_development_key",
+    "user_from_access_token",
     "verify_webhook",
 ]

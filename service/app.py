@@ -50,6 +50,8 @@ if TYPE_CHECKING:
     from starlette.applications import Starlette
 
     from .acp import AcpAuthorizer
+    from .mcp import McpAuthorizer
+    from .mcp.authorizer import Resolve
     from .rate_limiter import RateLimiter
 
 
@@ -78,6 +80,8 @@ class Runtime:
     webhook_worker: WebhookWorker | None  # None when this replica does not deliver (`webhooks.deliver`)
     # Built on first use: only a process that speaks ACP itself imports the SDK (a sidecar never does).
     _acp: AcpAuthorizer[ElicitationRecord, ElicitationEvent] | None = field(default=None, init=False, repr=False)
+    # Built on first use: only a process that serves MCP imports the `mcp` SDK (the [mcp] extra).
+    _mcp: McpAuthorizer[ElicitationRecord, ElicitationEvent] | None = field(default=None, init=False, repr=False)
     # Started by `start`: reads each configured provider's discovery document and logs what is wrong.
     provider_check: asyncio.Task[list[ProviderReport]] | None = field(default=None, init=False, repr=False)
 
@@ -98,6 +102,15 @@ class Runtime:
 
             self._acp = AcpAuthorizer(EmbeddedLifecycle(self.elicitations, self.bus, self.metrics))
         return self._acp
+
+    def mcp(self, resolve: Resolve | None = None) -> McpAuthorizer[ElicitationRecord, ElicitationEvent]:
+        """The embedded face's MCP side (built the first time, with `resolve` for the provider and scopes asked)."""
+        if self._mcp is None:
+            from .faces import EmbeddedLifecycle
+            from .mcp import McpAuthorizer
+
+            self._mcp = McpAuthorizer(EmbeddedLifecycle(self.elicitations, self.bus, self.metrics), resolve)
+        return self._mcp
 
     async def start(self) -> None:
         """Refuse to run on a database this code cannot run on; then hear the other replicas, join them, start
@@ -121,6 +134,8 @@ class Runtime:
             await self.webhook_worker.close()
         if self._acp is not None:
             await self._acp.close()
+        if self._mcp is not None:
+            await self._mcp.close()
         await self.replica.close()
         await self.bus.close()
         await self.providers.aclose()

@@ -16,12 +16,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mappin
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from .acp import AcpAuthorizer, AgentCalls, AuthorizationAsk
-from .acp.lifecycle import CompletionListener
 from .core.answers import AnswerKind, ClientAnswer
 from .core.coverage import covers
 from .core.errors import SidecarError
@@ -29,6 +28,10 @@ from .core.identity import Identity
 from .core.outcomes import NARROWED_BEFORE, AuthorizationOutcome, AuthorizationStatus, GrantInfo, StopCause
 from .core.scopes import SessionScope
 from .core.webhooks import WebhookVerificationError, verify_webhook
+from .faces import CompletionListener
+
+if TYPE_CHECKING:
+    from .mcp import McpAuthorizer
 
 # How long one long-poll asks the sidecar to hold (the connection ending wakes the waiting call at once).
 WAIT_SECONDS = 10.0
@@ -173,10 +176,23 @@ class SidecarClient(AgentCalls):
             timeout=httpx.Timeout(timeout, read=timeout + WAIT_SECONDS),
         )
         self._authorizer = AcpAuthorizer(SidecarLifecycle(self._call))
+        self._mcp: McpAuthorizer[SidecarElicitation, State] | None = None
 
     async def close(self) -> None:
         await self._authorizer.close()
+        if self._mcp is not None:
+            await self._mcp.close()
         await self._http.aclose()
+
+    @property
+    def mcp(self) -> McpAuthorizer[SidecarElicitation, State]:
+        """The MCP face over this sidecar, for MCP servers on the official `mcp` SDK (the `[mcp]` extra): in a tool,
+        `await sidecar.mcp.request_authorization(ctx, user=..., provider=...)` (or `require_authorization`)."""
+        if self._mcp is None:
+            from .mcp import McpAuthorizer
+
+            self._mcp = McpAuthorizer(SidecarLifecycle(self._call))
+        return self._mcp
 
     async def __aenter__(self) -> SidecarClient:
         return self

@@ -1,7 +1,8 @@
 """The embedded API an agent calls: request authorization over ACP, use a grant, disconnect.
 
 An agent builds one `Connector`, serves its web routes (`serve()` or `asgi_app()`), and for each tool that needs
-a provider calls `request_authorization(...)` with its ACP connection. Tokens never come back. `Connector` is a
+a provider calls `request_authorization(...)` with its ACP connection (an MCP server: `mcp.request_authorization(ctx,
+...)` in its tool). Tokens never come back. `Connector` is a
 thin facade: the work is done by the parts `service.app` wires (`runtime`).
 """
 
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 
     from .app import Runtime
     from .identity import IdentityVerifier
+    from .mcp import McpAuthorizer
 
 
 class Connector(AgentCalls):
@@ -98,6 +100,13 @@ class Connector(AgentCalls):
     @property
     def authorizer(self) -> AcpAuthorizer[ElicitationRecord, ElicitationEvent]:
         return self.runtime.acp
+
+    @property
+    def mcp(self) -> McpAuthorizer[ElicitationRecord, ElicitationEvent]:
+        """The MCP face, for MCP servers on the official `mcp` SDK (the `[mcp]` extra): in a tool,
+        `await connector.mcp.request_authorization(ctx, user=..., provider=...)` (or `require_authorization` for
+        the `-32042` path). Default scopes come from the catalog, as for ACP."""
+        return self.runtime.mcp(self.requested)
 
     def requested(self, provider: str, scopes: Sequence[str] | None) -> tuple[str, Sequence[str]]:
         """The catalog's name and, when none are given, default scopes (`ProviderNotConfigured`, `UnknownProvider`)."""

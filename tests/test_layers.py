@@ -27,7 +27,9 @@ LAYERS: list[set[str]] = [
         "service.oauth",
         "service.store",
         "service.events",
+        "service.faces",
         "service.acp",
+        "service.mcp",
         "service.identity",
         "service.tokens",
         "service.rotation",
@@ -48,12 +50,16 @@ ADAPTER_EDGES = {
     ("service.tokens", "service.events"),
     ("service.rotation", "service.store"),
     ("service.events", "service.store"),
+    ("service.acp", "service.faces"),  # the protocol faces share the Lifecycle port, never each other
+    ("service.mcp", "service.faces"),
     ("service.cli", "service.testing"),  # `acp-connector mock-provider` serves the test kit's mock provider
     ("service.reference", "service.cli"),  # docs/reference.md lists the commands
 }
 # Third-party packages and the only parts of service/ that may import them.
 CONFINED = {
     "acp": {"service.acp", "service.testing"},
+    "mcp": {"service.mcp"},  # the official MCP SDK: only the MCP face
+    "mcp_types": {"service.mcp"},
     "sqlalchemy": {"service.store"},
     "alembic": {"service.store"},
     "authlib": {"service.oauth"},
@@ -63,7 +69,7 @@ CONFINED = {
     "structlog": {"service.logs"},
     "limits": {"service.rate_limiter"},
 }
-CORE_FORBIDDEN = {"starlette", "acp", "httpx", "sqlalchemy", "authlib", "uvicorn", "jinja2"}
+CORE_FORBIDDEN = {"starlette", "acp", "mcp", "mcp_types", "httpx", "sqlalchemy", "authlib", "uvicorn", "jinja2"}
 
 
 def _module_name(path: Path) -> str:

@@ -7,19 +7,19 @@
 - `authorizer`: `AcpAuthorizer`, one authorization over one connection, and completion delivery;
 - `face`: `AgentCalls`, the agent's `attach` and `request_authorization`, declared once for the embedded
   connector and the sidecar client;
-- `lifecycle`: the `Lifecycle` port `AcpAuthorizer` drives; `embedded`: `EmbeddedLifecycle`, its in-process
-  implementation (the sidecar client's is over HTTP, in `service.client`);
+- the `Lifecycle` port `AcpAuthorizer` drives and `EmbeddedLifecycle`, its in-process implementation, are
+  protocol-neutral and live in `service.faces` (re-exported here);
 - `jsonrpc`, `wire`: the checks every incoming message passes, and `GuardedTransport`, the connector's own stream
   under the SDK's `Connection` (validation, `$/cancel_request` served, the end of the connection noticed);
 - `adapter`: the one module that touches SDK internals (and checks the SDK's version first).
 """
 
+from service.faces import AuthorizationAsk, EmbeddedLifecycle, Lifecycle
+
 from .adapter import AgentConnection, check_sdk_version
 from .authorizer import AcpAuthorizer
 from .capabilities import url_mode_advertised
-from .embedded import EmbeddedLifecycle
 from .face import AgentCalls
-from .lifecycle import AuthorizationAsk, Lifecycle
 from .link import AcpLink, ForegroundState, StateListener
 
 __all__ = [

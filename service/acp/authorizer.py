@@ -2,7 +2,7 @@
 
 `AcpAuthorizer` owns the agent's view of its client connections (`AcpLink`s, dropped when a connection ends),
 foreground state per session, and the delivery of `elicitation/complete` to the connection that asked. It drives
-the elicitation lifecycle through the `Lifecycle` port (`service.acp.lifecycle`): in process for the embedded
+the elicitation lifecycle through the `Lifecycle` port (`service.faces.lifecycle`): in process for the embedded
 connector, over the `/v1` API for the sidecar client; the ACP side, and so what the client sees, is the same.
 `request_authorization` runs one elicitation: settle it from stored grants or create it, send `elicitation/create`,
 record the answer, wait for the browser, and end it honestly when anything stops it early. What goes on the wire
@@ -33,11 +33,11 @@ from service.core.answers import ClientAnswer
 from service.core.identity import Identity
 from service.core.outcomes import CLIENT_DISCONNECTED, AuthorizationOutcome, AuthorizationStatus, StopCause
 from service.core.scopes import ElicitationScope, SessionScope
+from service.faces.lifecycle import AuthorizationAsk, E, H, Lifecycle
 
 from .adapter import AgentConnection, SdkConnection
 from .capabilities import url_mode_advertised
 from .foreground import ForegroundTracker
-from .lifecycle import AuthorizationAsk, E, H, Lifecycle
 from .link import AcpLink, StateListener
 from .messages import send_completion, send_url_elicitation
 from .wire import serving

@@ -1,4 +1,4 @@
-"""The `Lifecycle` port in process: the embedded connector's elicitations, on its own store and event bus.
+"""The `Lifecycle` port in process, for every face: the embedded connector's elicitations, on its store and bus.
 
 Completions are told once across replicas: the process holding the connection takes the telling by a conditional
 update (`claim_completion`), whoever asks again (the waiting call, a duplicate event, a catch-up).
@@ -22,7 +22,7 @@ from service.metrics import CompletionResult, Metrics
 
 from .lifecycle import AuthorizationAsk, CompletionListener
 
-log = logging.getLogger("service.acp")
+log = logging.getLogger("service.faces")
 
 
 class EmbeddedLifecycle:

@@ -1,13 +1,13 @@
-"""What `AcpAuthorizer` needs from the elicitation lifecycle, wherever that lifecycle runs.
+"""What a protocol face (`AcpAuthorizer`, `McpAuthorizer`) needs from the elicitation lifecycle, wherever it runs.
 
-`AcpAuthorizer` speaks ACP on the agent's connection; the lifecycle (grants, elicitation rows, their one terminal
+A face speaks its protocol on the client's connection; the lifecycle (grants, elicitation rows, their one terminal
 state) is behind the `Lifecycle` port. The embedded connector implements it in process over `Elicitations`
-(`service.acp.embedded`); the sidecar client implements it over the `/v1` HTTP API (`service.client`). The ACP
-side is written once, so both faces answer alike.
+(`service.faces.embedded`); the sidecar client implements it over the `/v1` HTTP API (`service.client`). Each face
+is written once over the port, so the embedded connector and the sidecar client answer alike.
 
 A lifecycle hands out a handle per elicitation it creates (`H`: what it needs to find it again, with the id,
-message and connection key the ACP side uses) and resolves each waiter with an end of its own kind (`E`: what it
-needs to tell the outcome), or with None when the ACP side wakes the waiter because the connection ended.
+message and connection key the face uses) and resolves each waiter with an end of its own kind (`E`: what it
+needs to tell the outcome), or with None when the face wakes the waiter because the connection ended.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class AuthorizationAsk:
 
 
 class Handle(Protocol):
-    """An elicitation as the ACP side needs it."""
+    """An elicitation as a face needs it."""
 
     @property
     def id(self) -> str: ...
@@ -46,7 +46,7 @@ class Handle(Protocol):
     def message(self) -> str: ...
     @property
     def connection_key(self) -> str:
-        """The `AcpLink.key` of the connection it was created for."""
+        """The key of the client connection it was created for (e.g. `AcpLink.key`)."""
         ...
 
 
@@ -80,7 +80,7 @@ class Lifecycle(Protocol[H, E]):
         ...
 
     def waiter(self, handle: H) -> AbstractContextManager[asyncio.Future[E | None]]:
-        """A future resolved when the elicitation ends; enter it before `elicitation/create` goes out."""
+        """A future resolved when the elicitation ends; enter it before the client is asked."""
         ...
 
     async def answered(self, handle: H, answer: ClientAnswer) -> AuthorizationOutcome | None:
@@ -102,7 +102,8 @@ class Lifecycle(Protocol[H, E]):
         ...
 
     async def tell_completion(self, elicitation_id: str, send: Callable[[], Awaitable[bool]]) -> None:
-        """Send `elicitation/complete` (`send`, False when the connection is gone) once, whoever asks again."""
+        """Tell the client the elicitation completed (`send`, False when the connection is gone) once, whoever asks
+        again."""
         ...
 
     def on_completed(self, listener: CompletionListener) -> None:
