@@ -229,6 +229,43 @@ def test_nothing_imports_private_sdk_modules() -> None:
     assert found == []
 
 
+MCP_SDK_PRIVATE = re.compile(r"\._connection\b")
+
+
+def test_only_the_mcp_adapter_touches_mcp_sdk_internals() -> None:
+    """Inside the MCP face (the only package with the SDK), the SDK's `ServerSession._connection` is read in
+    `mcp/adapter.py` only; nothing imports a private module of the SDK (`mcp._*`, `mcp.*._*`, `mcp_types._*`)."""
+    adapter = SERVICE / "mcp" / "adapter.py"
+    found = sorted(
+        f"{path.relative_to(SERVICE.parent)}:{number}"
+        for path in (SERVICE / "mcp").rglob("*.py")
+        if path != adapter
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if MCP_SDK_PRIVATE.search(line) or '"_connection"' in line
+    )
+    assert found == []
+    assert '"_connection"' in adapter.read_text()  # the adapter still names what it reads
+    private = sorted(
+        f"{module} imports {imported}"
+        for module, path in MODULES.items()
+        for imported in _imports(path)
+        if imported.split(".")[0] in ("mcp", "mcp_types") and any(p.startswith("_") for p in imported.split(".")[1:])
+    )
+    assert private == []
+
+
+def test_the_shared_lifecycle_knows_no_protocol() -> None:
+    """`service.faces` (the Lifecycle port both faces drive) imports neither protocol SDK nor either face."""
+    found = sorted(
+        f"{module} imports {imported}"
+        for module, path in MODULES.items()
+        if _area(module) == "service.faces"
+        for imported in _imports(path)
+        if imported.split(".")[0] in ("acp", "mcp", "mcp_types") or _area(imported) in ("service.acp", "service.mcp")
+    )
+    assert found == []
+
+
 ARCHITECTURE_DOC = SERVICE.parent / "docs" / "architecture.md"
 BEGIN, END = "<!-- layers: generated from tests/test_layers.py -->", "<!-- /layers -->"
 

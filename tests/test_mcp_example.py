@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import shutil
 import sys
 import uuid
 from collections.abc import AsyncIterator
@@ -235,9 +236,10 @@ async def test_http_flow_completes_once_to_the_asking_client_and_none_to_another
     user = sidecar.local_user
     async with (
         connected(http_server.transport(user), Asker("accept")) as asking,
-        connected(http_server.transport(user), Asker("accept")) as other,
+        connected(http_server.transport(user), Asker("decline")) as other,
     ):
-        await other.client.list_tools()  # connected, with its session and standalone stream
+        # The other client was asked too (and declined): the server knows both connections.
+        assert "declined access" in text_of(await asyncio.wait_for(other.client.call_tool("list_repositories", {}), 30))
         call = asking.call("list_repositories")
         url = await asking.asker.next_url()
         await authorize_in_browser(url)
@@ -250,7 +252,7 @@ async def test_http_flow_completes_once_to_the_asking_client_and_none_to_another
     (create,) = asking.wire.received("elicitation/create")
     elicitation_id = create["params"]["elicitationId"]
     assert [m["params"] for m in asking.wire.received(COMPLETE)] == [{"elicitationId": elicitation_id}]
-    assert other.wire.received(COMPLETE) == [] and other.wire.received("elicitation/create") == []
+    assert other.wire.received(COMPLETE) == [] and len(other.wire.received("elicitation/create")) == 1
     assert_no_secret(asking, provider)
     assert_no_secret(other, provider)
     for run in (asking, other):
@@ -279,11 +281,19 @@ async def test_http_browser_of_another_user_is_refused(sidecar: Sidecar, http_se
     assert run.wire.received(COMPLETE) == []
 
 
-async def test_http_without_a_bearer_is_refused(http_server: HttpServer) -> None:
+async def test_http_without_a_verified_bearer_is_refused(sidecar: Sidecar, http_server: HttpServer) -> None:
+    user = sidecar.local_user
+    other_audience = dev_token(http_server.jwks, issuer=user.issuer, audience="http://elsewhere/mcp", subject="alice")
+    other_issuer = dev_token(
+        http_server.jwks, issuer="https://elsewhere.example.com", audience=http_server.url, subject="alice"
+    )
+    expired = dev_token(http_server.jwks, issuer=user.issuer, audience=http_server.url, subject="alice", seconds=-60)
+    listing = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
     async with httpx.AsyncClient() as plain:
-        answer = await plain.post(http_server.url, json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
-    assert answer.status_code == 401
-    assert answer.headers["www-authenticate"].startswith("Bearer")
+        for headers in [{}, *({"Authorization": f"Bearer {t}"} for t in (other_audience, other_issuer, expired))]:
+            answer = await plain.post(http_server.url, json=listing, headers=headers)
+            assert answer.status_code == 401, headers
+            assert answer.headers["www-authenticate"].startswith("Bearer")
 
 
 # -- 2026-07-28: the input-required round trip (no server-to-client request, no completion notification) -------------
@@ -340,3 +350,42 @@ async def test_2026_decline_the_retry_tool_and_a_client_without_url_mode(
     assert "does not support URL-mode elicitation" in text_of(unsupported)
     assert input_required_results(form_only) == [] and form_only.asker.asked == []
     assert provider.api_calls == []
+
+
+# -- the browser step in a real browser (Debian's Chromium driven by Playwright) -----------------------------------
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+@pytest.mark.duration(10)
+async def test_http_flow_with_the_browser_step_in_chromium(
+    sidecar: Sidecar, provider: MockOAuthProvider, http_server: HttpServer
+) -> None:
+    playwright_api = pytest.importorskip("playwright.async_api", reason="Playwright (pip package) is not installed")
+    if shutil.which(CHROMIUM) is None:
+        pytest.skip(f"the real-browser run needs Debian's chromium at {CHROMIUM}")
+    async with connected(http_server.transport(sidecar.local_user), Asker("accept")) as run:
+        call = run.call("list_repositories")
+        url = await run.asker.next_url()
+        async with playwright_api.async_playwright() as pw:
+            browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+            page = await browser.new_page()
+            response = await page.goto(url)
+            assert response is not None and response.status == 200
+            await page.get_by_role("button", name="Continue to Mock Provider").click()
+            await page.wait_for_load_state()
+            assert await page.locator("h1").inner_text() == "Connected"
+            await browser.close()
+        result = await asyncio.wait_for(call, 30)
+        assert "octocat/hello-world" in text_of(result)
+    (create,) = run.wire.received("elicitation/create")
+    assert [m["params"] for m in run.wire.received(COMPLETE)] == [{"elicitationId": create["params"]["elicitationId"]}]
+    assert_no_secret(run, provider)
