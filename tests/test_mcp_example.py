@@ -33,6 +33,7 @@ from service import Identity
 from service.testing import MockOAuthProvider, ScriptedBrowser
 
 from .api_support import make_key
+from .chromium_support import CHROMIUM, FLAGS
 from .mcp_support import COMPLETE, Asker, McpRun, connected, text_of
 from .sidecar_support import Sidecar, free_port, running_sidecar
 
@@ -353,16 +354,6 @@ async def test_2026_decline_the_retry_tool_and_a_client_without_url_mode(
 
 
 # -- the browser step in a real browser (Debian's Chromium driven by Playwright) -----------------------------------
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 
 
 @pytest.mark.duration(10)
@@ -376,7 +367,7 @@ async def test_http_flow_with_the_browser_step_in_chromium(
         call = run.call("list_repositories")
         url = await run.asker.next_url()
         async with playwright_api.async_playwright() as pw:
-            browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+            browser = await pw.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
             page = await browser.new_page()
             response = await page.goto(url)
             assert response is not None and response.status == 200

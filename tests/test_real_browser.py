@@ -17,19 +17,9 @@ import pytest
 from service.testing import MockOAuthProvider, MockOIDCProvider
 
 from .acp_peers import RecordingClient, connect, prompt_text
+from .chromium_support import CHROMIUM, FLAGS
 from .conftest import deploy, write_catalog
 from .flow_support import asking
-
-CHROMIUM = "/usr/bin/chromium"
-FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 
 playwright_api = pytest.importorskip("playwright.async_api", reason="Playwright (pip package) is not installed")
 if shutil.which(CHROMIUM) is None:

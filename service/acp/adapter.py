@@ -17,14 +17,13 @@ whole conversation. Nothing outside this module names an SDK private attribute.
 from __future__ import annotations
 
 import asyncio
-import importlib.metadata
-import re
 from typing import Any, cast
 
 from acp.connection import Connection
 from acp.interfaces import Client
 
 from service.core.errors import AcpSdkUnsupported
+from service.faces.sdk import in_range, installed_version
 
 from .wire import GuardedTransport, NdjsonLines, Transport, WireListener, serving
 
@@ -37,18 +36,13 @@ SUPPORTED_TEXT = ">=0.12.1,<0.13"
 
 
 def sdk_version() -> str:
-    try:
-        return importlib.metadata.version(SDK_DISTRIBUTION)
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
+    return installed_version(SDK_DISTRIBUTION)
 
 
 def check_sdk_version(version: str | None = None) -> None:
     """Raise `AcpSdkUnsupported` unless the installed SDK is in the range this adapter was written for."""
     version = sdk_version() if version is None else version
-    match = re.match(r"(\d+)\.(\d+)\.(\d+)", version)
-    parsed = tuple(int(part) for part in match.groups()) if match else None
-    if parsed is None or not SUPPORTED[0] <= parsed < SUPPORTED[1]:
+    if not in_range(version, SUPPORTED):
         raise AcpSdkUnsupported(
             f"{SDK_DISTRIBUTION} {version} is not supported: the connector's ACP adapter was written for "
             f"{SDK_DISTRIBUTION} {SUPPORTED_TEXT} (install a version in that range)"

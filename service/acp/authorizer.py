@@ -33,12 +33,13 @@ from service.core.answers import ClientAnswer
 from service.core.identity import Identity
 from service.core.outcomes import CLIENT_DISCONNECTED, AuthorizationOutcome, AuthorizationStatus, StopCause
 from service.core.scopes import ElicitationScope, SessionScope
-from service.faces.lifecycle import AuthorizationAsk, E, H, Lifecycle
+from service.faces.completions import CompletionTeller
+from service.faces.lifecycle import AuthorizationAsk, E, H, Lifecycle, abandoned
 
 from .adapter import AgentConnection, SdkConnection
 from .capabilities import url_mode_advertised
 from .foreground import ForegroundTracker
-from .link import AcpLink, StateListener
+from .link import LINK_KEY_PREFIX, AcpLink, StateListener
 from .messages import send_completion, send_url_elicitation
 from .wire import serving
 
@@ -66,11 +67,11 @@ class AcpAuthorizer(Generic[H, E]):
         self.lifecycle = lifecycle
         self.foreground = ForegroundTracker()
         self._links: dict[str, AcpLink] = {}  # live connections by key; a link leaves when its connection ends
-        self._deliveries: dict[str, asyncio.Task[None]] = {}
+        self.completions = CompletionTeller(lifecycle, self._send_completion)
         lifecycle.on_completed(self._completed)
 
     async def close(self) -> None:
-        await asyncio.gather(*list(self._deliveries.values()), return_exceptions=True)
+        await self.completions.close()
 
     def attach(self, conn: AgentConnection, *, on_state: StateListener | None = None) -> AcpLink:
         """The connection's link, created (and put on the wire) the first time. Raises `AcpSdkUnsupported`."""
@@ -85,7 +86,7 @@ class AcpAuthorizer(Generic[H, E]):
 
     def tables(self) -> dict[str, int]:
         """How many entries each per-connection table holds (all zero when no connection is open)."""
-        return {"links": len(self._links), "deliveries": len(self._deliveries), **self.foreground.tables()}
+        return {"links": len(self._links), "deliveries": len(self.completions), **self.foreground.tables()}
 
     def _forget(self, link: AcpLink) -> None:
         self._links.pop(link.key, None)
@@ -200,49 +201,21 @@ class AcpAuthorizer(Generic[H, E]):
         end = ended.result()
         if end is not None:
             return await self._delivered(await self.lifecycle.outcome_of_end(handle, end), handle)
-        # The connection ended: nobody waits for the elicitation any more. A flow the user already took to the
-        # provider still stores its grant; nothing is sent.
-        if await self.lifecycle.cancel(handle, StopCause.CLIENT_DISCONNECTED):
-            return AuthorizationOutcome(
-                AuthorizationStatus.DISCONNECTED,
-                provider,
-                handle.id,
-                reason=CLIENT_DISCONNECTED,
-                provider_display_name=display_name,
-            )
-        return await self.lifecycle.current_outcome(handle)
+        # The connection ended: nobody waits for the elicitation any more.
+        return await abandoned(self.lifecycle, handle, provider)
 
     async def _delivered(self, outcome: AuthorizationOutcome, handle: H) -> AuthorizationOutcome:
-        """Let `elicitation/complete` reach the client before the waiting work resumes.
-
-        The waiting call tells the client itself when nothing else has started telling it; the lifecycle makes
-        sure that happens once, whoever gets there first.
-        """
-        completed = outcome.status in (AuthorizationStatus.AUTHORIZED, AuthorizationStatus.NARROWED)
-        if completed and outcome.elicitation_id is not None:
-            await asyncio.shield(self._tell(outcome.elicitation_id, handle.connection_key))
-        return outcome
+        """Let `elicitation/complete` reach the client before the waiting work resumes (once, whoever tells it)."""
+        return await self.completions.delivered(outcome, handle)
 
     def _completed(self, elicitation_id: str, connection_key: str, created_here: bool) -> None:
-        if connection_key in self._links or created_here:
-            self._tell(elicitation_id, connection_key)
-        # Otherwise another replica holds the connection: that one tells it.
+        if connection_key in self._links or (created_here and connection_key.startswith(LINK_KEY_PREFIX)):
+            self.completions.tell(elicitation_id, connection_key)
+        # Otherwise another replica (or the MCP face) holds the connection: that one tells it.
 
-    def _tell(self, elicitation_id: str, connection_key: str) -> asyncio.Task[None]:
-        """Tell the connection that the elicitation completed: one task per elicitation in this process."""
-        task = self._deliveries.get(elicitation_id)
-        if task is None:
-            task = asyncio.get_running_loop().create_task(self._deliver(elicitation_id, connection_key))
-            self._deliveries[elicitation_id] = task
-            task.add_done_callback(lambda _t: self._deliveries.pop(elicitation_id, None))
-        return task
-
-    async def _deliver(self, elicitation_id: str, connection_key: str) -> None:
-        async def send() -> bool:
-            link = self._links.get(connection_key)
-            return link is not None and await send_completion(link, elicitation_id)
-
-        await self.lifecycle.tell_completion(elicitation_id, send)
+    async def _send_completion(self, elicitation_id: str, connection_key: str) -> bool:
+        link = self._links.get(connection_key)
+        return link is not None and await send_completion(link, elicitation_id)
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:

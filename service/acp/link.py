@@ -25,6 +25,10 @@ from .jsonrpc import CANCEL_REQUEST, RequestId, valid_id
 
 log = logging.getLogger("service.acp")
 
+# Every ACP connection key starts so: a completion this process created for a key it no longer holds is an ACP
+# connection's (told undeliverable here), not another face's.
+LINK_KEY_PREFIX = "acp-link-"
+
 
 class ForegroundState(StrEnum):
     RUNNING = "running"
@@ -44,7 +48,7 @@ class AcpLink:
     """One client connection as the connector sees it (create it with `AcpAuthorizer.attach`)."""
 
     def __init__(self, conn: AgentConnection, *, on_closed: Callable[[AcpLink], None] | None = None) -> None:
-        self.key = secrets.token_urlsafe(12)
+        self.key = LINK_KEY_PREFIX + secrets.token_urlsafe(12)
         self.initialize_params: dict[str, Any] | None = None
         self.negotiated_version: int | None = None
         self._on_closed = on_closed

@@ -20,7 +20,7 @@ from typing import Protocol, TypeVar
 
 from service.core.answers import ClientAnswer
 from service.core.identity import Identity
-from service.core.outcomes import AuthorizationOutcome, StopCause
+from service.core.outcomes import CLIENT_DISCONNECTED, AuthorizationOutcome, AuthorizationStatus, StopCause
 from service.core.scopes import ElicitationScope
 
 
@@ -109,3 +109,18 @@ class Lifecycle(Protocol[H, E]):
     def on_completed(self, listener: CompletionListener) -> None:
         """Have `listener` hear elicitations that complete while nobody here waits for them."""
         ...
+
+
+async def abandoned(lifecycle: Lifecycle[H, E], handle: H, provider: str) -> AuthorizationOutcome:
+    """The outcome when the connection ended while its work waited: the elicitation is cancelled
+    (`client_disconnected`; a flow the user already took to the provider still stores its grant, nothing is sent), or
+    what ended it first."""
+    if await lifecycle.cancel(handle, StopCause.CLIENT_DISCONNECTED):
+        return AuthorizationOutcome(
+            AuthorizationStatus.DISCONNECTED,
+            provider,
+            handle.id,
+            reason=CLIENT_DISCONNECTED,
+            provider_display_name=lifecycle.display_name(provider),
+        )
+    return await lifecycle.current_outcome(handle)

@@ -9,11 +9,10 @@ this module names an SDK private attribute.
 
 from __future__ import annotations
 
-import importlib.metadata
-import re
-
 from mcp.server.connection import Connection
 from mcp.server.session import ServerSession
+
+from service.faces.sdk import in_range, installed_version
 
 from .errors import McpSdkUnsupported
 
@@ -23,18 +22,13 @@ SUPPORTED_TEXT = ">=2.3,<2.4"
 
 
 def sdk_version() -> str:
-    try:
-        return importlib.metadata.version(SDK_DISTRIBUTION)
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
+    return installed_version(SDK_DISTRIBUTION)
 
 
 def check_sdk_version(version: str | None = None) -> None:
-    """Raise `McpSdkUnsupported` unless the installed SDK is in the range this adapter was written for."""
+    """Raise `McpSdkUnsupported` unless the installed SDK is in the range this face was written for."""
     version = sdk_version() if version is None else version
-    match = re.match(r"(\d+)\.(\d+)\.(\d+)", version)
-    parsed = tuple(int(part) for part in match.groups()) if match else None
-    if parsed is None or not SUPPORTED[0] <= parsed < SUPPORTED[1]:
+    if not in_range(version, SUPPORTED):
         raise McpSdkUnsupported(
             f"{SDK_DISTRIBUTION} {version} is not supported: the connector's MCP face was written for "
             f"{SDK_DISTRIBUTION} {SUPPORTED_TEXT} (install a version in that range)"

@@ -35,14 +35,14 @@ from pydantic import ValidationError
 
 from service.core.answers import AnswerKind, ClientAnswer
 from service.core.identity import Identity
-from service.core.outcomes import CLIENT_DISCONNECTED, AuthorizationOutcome, AuthorizationStatus, StopCause
+from service.core.outcomes import AuthorizationOutcome, StopCause
 from service.core.scopes import RequestScope
-from service.faces.lifecycle import AuthorizationAsk, E, H, Lifecycle
+from service.faces.completions import CompletionTeller, completed
+from service.faces.lifecycle import AuthorizationAsk, E, H, Lifecycle, abandoned
 
 from .adapter import connection_of
-from .answers import read_answer
-from .capabilities import url_mode_advertised
-from .link import McpLink
+from .answers import read_answer, without_asking
+from .link import LINK_KEY_PREFIX, McpLink
 from .rounds import InputRounds
 
 log = logging.getLogger("service.mcp")
@@ -50,10 +50,6 @@ log = logging.getLogger("service.mcp")
 McpContext = Context[Any, Any]  # what an `MCPServer` tool receives
 # The provider and scopes to ask for, from what the tool asked (the embedded connector fills in default scopes).
 Resolve = Callable[[str, Sequence[str] | None], tuple[str, Sequence[str] | None]]
-
-
-def _completed(outcome: AuthorizationOutcome) -> bool:
-    return outcome.status in (AuthorizationStatus.AUTHORIZED, AuthorizationStatus.NARROWED)
 
 
 class McpAuthorizer(Generic[H, E]):
@@ -64,19 +60,20 @@ class McpAuthorizer(Generic[H, E]):
         self._resolve = resolve
         self.rounds: InputRounds[H, E] = InputRounds(lifecycle)
         self._links: dict[str, McpLink] = {}  # live connections by key; a link leaves when its connection closes
-        self._deliveries: dict[str, asyncio.Task[None]] = {}
+        self.completions = CompletionTeller(lifecycle, self._send_completion)
         self._watches: set[asyncio.Task[None]] = set()
         lifecycle.on_completed(self._completed)
 
     async def close(self) -> None:
         for watch in list(self._watches):
             watch.cancel()
-        await asyncio.gather(*self._watches, *self._deliveries.values(), return_exceptions=True)
+        await asyncio.gather(*self._watches, return_exceptions=True)
+        await self.completions.close()
         await self.rounds.close()
 
     def tables(self) -> dict[str, int]:
         """How many entries each per-connection table holds (all zero when nothing is open)."""
-        return {"links": len(self._links), "deliveries": len(self._deliveries), "watches": len(self._watches)}
+        return {"links": len(self._links), "deliveries": len(self.completions), "watches": len(self._watches)}
 
     def link(self, session: ServerSession) -> McpLink:
         """The link of the connection `session` belongs to (made the first time). Raises `McpSdkUnsupported`."""
@@ -111,12 +108,10 @@ class McpAuthorizer(Generic[H, E]):
         ask = self._ask(ctx, user, provider, scopes, message, ask_again)
         if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
             return await self.rounds.round(ctx, ask)
-        settled = await self.lifecycle.settled(ask)
-        if settled is not None:
-            return settled
         session = ctx.session
-        if not url_mode_advertised(session.client_capabilities):
-            return await self._unsupported(ask)
+        answered = await without_asking(self.lifecycle, ask, session.client_capabilities)
+        if answered is not None:
+            return answered
         link = self.link(session)
         created = await self.lifecycle.create(ask, link.key)
         if isinstance(created, AuthorizationOutcome):
@@ -130,15 +125,15 @@ class McpAuthorizer(Generic[H, E]):
             with self.lifecycle.waiter(handle) as ended:
                 answer = await self._elicit(session, request_id, handle, ended)
                 if isinstance(answer, AuthorizationOutcome):
-                    return await self._delivered(answer, handle)
+                    return await self.completions.delivered(answer, handle)
                 outcome = await self.lifecycle.answered(handle, answer)
                 if outcome is not None:
                     return outcome
                 await asyncio.wait([ended])  # accepted: the browser decides now
                 end = ended.result()
                 if end is None:
-                    return await self._gone(handle, provider)
-                return await self._delivered(await self.lifecycle.outcome_of_end(handle, end), handle)
+                    return await abandoned(self.lifecycle, handle, ask.provider)
+                return await self.completions.delivered(await self.lifecycle.outcome_of_end(handle, end), handle)
         except asyncio.CancelledError:
             cause = StopCause.CLIENT_DISCONNECTED if link.closed else StopCause.AGENT
             await asyncio.shield(self.lifecycle.cancel(handle, cause))
@@ -168,11 +163,9 @@ class McpAuthorizer(Generic[H, E]):
         ask = self._ask(ctx, user, provider, scopes, message, ask_again)
         if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
             return await self.rounds.round(ctx, ask)
-        settled = await self.lifecycle.settled(ask)
-        if settled is not None:
-            return settled
-        if not url_mode_advertised(ctx.session.client_capabilities):
-            return await self._unsupported(ask)
+        answered = await without_asking(self.lifecycle, ask, ctx.session.client_capabilities)
+        if answered is not None:
+            return answered
         link = self.link(ctx.session)
         created = await self.lifecycle.create(ask, link.key)
         if isinstance(created, AuthorizationOutcome):
@@ -201,11 +194,6 @@ class McpAuthorizer(Generic[H, E]):
             provider, scopes = self._resolve(provider, scopes)
         return AuthorizationAsk(user, provider, scopes, scope, message, ask_again)
 
-    async def _unsupported(self, ask: AuthorizationAsk) -> AuthorizationOutcome:
-        await self.lifecycle.unsupported(ask)
-        display_name = self.lifecycle.display_name(ask.provider)
-        return AuthorizationOutcome(AuthorizationStatus.UNSUPPORTED, ask.provider, provider_display_name=display_name)
-
     async def _elicit(
         self, session: ServerSession, request_id: RequestId, handle: H, ended: asyncio.Future[E | None]
     ) -> ClientAnswer | AuthorizationOutcome:
@@ -230,24 +218,6 @@ class McpAuthorizer(Generic[H, E]):
         finally:
             ask.cancel()
 
-    async def _gone(self, handle: H, provider: str) -> AuthorizationOutcome:
-        """The waiter was woken without an end: nobody waits for the elicitation any more."""
-        if await self.lifecycle.cancel(handle, StopCause.CLIENT_DISCONNECTED):
-            return AuthorizationOutcome(
-                AuthorizationStatus.DISCONNECTED,
-                provider,
-                handle.id,
-                reason=CLIENT_DISCONNECTED,
-                provider_display_name=self.lifecycle.display_name(provider),
-            )
-        return await self.lifecycle.current_outcome(handle)
-
-    async def _delivered(self, outcome: AuthorizationOutcome, handle: H) -> AuthorizationOutcome:
-        """Let `notifications/elicitation/complete` reach the client before the waiting tool call returns."""
-        if _completed(outcome) and outcome.elicitation_id is not None:
-            await asyncio.shield(self._tell(outcome.elicitation_id, handle.connection_key))
-        return outcome
-
     def _watch(self, handle: H) -> None:
         """Follow an elicitation nobody waits on inline (the `-32042` path) and tell its completion."""
 
@@ -257,8 +227,8 @@ class McpAuthorizer(Generic[H, E]):
             if end is None:
                 return
             outcome = await self.lifecycle.outcome_of_end(handle, end)
-            if _completed(outcome):
-                await self._tell(handle.id, handle.connection_key)
+            if completed(outcome):
+                await self.completions.tell(handle.id, handle.connection_key)
 
         task = asyncio.get_running_loop().create_task(watch())
         self._watches.add(task)
@@ -271,25 +241,13 @@ class McpAuthorizer(Generic[H, E]):
 
     # -- completions ----------------------------------------------------------------------------------------------
     def _completed(self, elicitation_id: str, connection_key: str, created_here: bool) -> None:
-        if connection_key in self._links:
-            self._tell(elicitation_id, connection_key)
-        # Otherwise another process (or another face) holds the connection: that one tells it.
+        if connection_key in self._links or (created_here and connection_key.startswith(LINK_KEY_PREFIX)):
+            self.completions.tell(elicitation_id, connection_key)
+        # Otherwise another process (or the ACP face) holds the connection: that one tells it.
 
-    def _tell(self, elicitation_id: str, connection_key: str) -> asyncio.Task[None]:
-        """Tell the connection that the elicitation completed: one task per elicitation in this process."""
-        task = self._deliveries.get(elicitation_id)
-        if task is None:
-            task = asyncio.get_running_loop().create_task(self._deliver(elicitation_id, connection_key))
-            self._deliveries[elicitation_id] = task
-            task.add_done_callback(lambda _t: self._deliveries.pop(elicitation_id, None))
-        return task
-
-    async def _deliver(self, elicitation_id: str, connection_key: str) -> None:
-        async def send() -> bool:
-            link = self._links.get(connection_key)
-            return link is not None and await link.send_completion(elicitation_id)
-
-        await self.lifecycle.tell_completion(elicitation_id, send)
+    async def _send_completion(self, elicitation_id: str, connection_key: str) -> bool:
+        link = self._links.get(connection_key)
+        return link is not None and await link.send_completion(elicitation_id)
 
 
 def _answer_of(ask: asyncio.Future[Any]) -> ClientAnswer:

@@ -22,12 +22,15 @@ log = logging.getLogger("service.mcp")
 
 COMPLETE_METHOD = "notifications/elicitation/complete"
 _STATE_KEY = "service.mcp.link"
+# Every MCP connection key starts so: a completion this process created for a key it no longer holds is an MCP
+# connection's (told undeliverable here), not another face's.
+LINK_KEY_PREFIX = "mcp-link-"
 
 
 @dataclass(eq=False)
 class McpLink:
     connection: Connection
-    key: str = field(default_factory=lambda: f"mcp_{uuid.uuid4().hex}")
+    key: str = field(default_factory=lambda: f"{LINK_KEY_PREFIX}{uuid.uuid4().hex}")
     closed: bool = False
     _waiting: dict[str, tuple[ServerSession, RequestId]] = field(default_factory=dict)
 

@@ -23,17 +23,18 @@ from typing import TYPE_CHECKING, Any, Generic
 
 from mcp_types import ElicitRequest, ElicitRequestURLParams, InputRequiredResult
 
-from service.core.outcomes import CLIENT_DISCONNECTED, AuthorizationOutcome, AuthorizationStatus, StopCause
-from service.faces.lifecycle import AuthorizationAsk, E, H, Lifecycle
+from service.core.outcomes import AuthorizationOutcome, StopCause
+from service.faces.completions import completed
+from service.faces.lifecycle import AuthorizationAsk, E, H, Lifecycle, abandoned
 
-from .answers import read_answer
-from .capabilities import url_mode_advertised
+from .answers import read_answer, without_asking
 
 if TYPE_CHECKING:
     from .authorizer import McpContext
 
 ROUND_KEY = "authorization"  # the input request's key in `inputRequests` / `inputResponses`
 ROUND_STATE_SECONDS = 24 * 3600.0  # how long an unanswered round's state is kept here at most
+ROUND_KEY_PREFIX = "mcp-round-"  # the connection key of a round's elicitation (no face tells it on a connection)
 
 
 @dataclass
@@ -79,23 +80,20 @@ class InputRounds(Generic[H, E]):
             raise
         self._drop(token)
         if end is None:
-            return await self._gone(open_round)
-        return await self.lifecycle.outcome_of_end(open_round.handle, end)
+            return await abandoned(self.lifecycle, open_round.handle, ask.provider)
+        outcome = await self.lifecycle.outcome_of_end(open_round.handle, end)
+        if completed(outcome):  # the result tells it: there is no completion notification at 2026-07-28
+            await self.lifecycle.tell_completion(open_round.handle.id, _told_in_the_result)
+        return outcome
 
     async def _first(self, ctx: McpContext, ask: AuthorizationAsk) -> AuthorizationOutcome | InputRequiredResult:
-        settled = await self.lifecycle.settled(ask)
-        if settled is not None:
-            return settled
-        if not url_mode_advertised(ctx.session.client_capabilities):
-            await self.lifecycle.unsupported(ask)
-            display_name = self.lifecycle.display_name(ask.provider)
-            return AuthorizationOutcome(
-                AuthorizationStatus.UNSUPPORTED, ask.provider, provider_display_name=display_name
-            )
+        answered = await without_asking(self.lifecycle, ask, ctx.session.client_capabilities)
+        if answered is not None:
+            return answered
         self._expire()
         token = secrets.token_urlsafe(32)
         # No connection outlives a 2026-07-28 call, so nothing is told on one: the key only names the round.
-        created = await self.lifecycle.create(ask, f"mcp_round_{token[:16]}")
+        created = await self.lifecycle.create(ask, f"{ROUND_KEY_PREFIX}{token[:16]}")
         if isinstance(created, AuthorizationOutcome):
             return created
         handle: H = created
@@ -114,19 +112,6 @@ class InputRounds(Generic[H, E]):
         params = ElicitRequestURLParams(message=handle.message, url=self.lifecycle.url(handle))
         return InputRequiredResult(input_requests={ROUND_KEY: ElicitRequest(params=params)}, request_state=token)
 
-    async def _gone(self, open_round: _Round[H, E]) -> AuthorizationOutcome:
-        handle, provider = open_round.handle, open_round.ask.provider
-        if await self.lifecycle.cancel(handle, StopCause.CLIENT_DISCONNECTED):
-            display_name = self.lifecycle.display_name(provider)
-            return AuthorizationOutcome(
-                AuthorizationStatus.DISCONNECTED,
-                provider,
-                handle.id,
-                reason=CLIENT_DISCONNECTED,
-                provider_display_name=display_name,
-            )
-        return await self.lifecycle.current_outcome(handle)
-
     def _drop(self, token: str) -> None:
         dropped = self._rounds.pop(token, None)
         if dropped is not None:
@@ -138,6 +123,10 @@ class InputRounds(Generic[H, E]):
         for token, open_round in list(self._rounds.items()):
             if open_round.started < oldest:
                 self._drop(token)
+
+
+async def _told_in_the_result() -> bool:
+    return True
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:
