@@ -82,7 +82,7 @@ class Asker:
         self._event.set()
         return types.ElicitResult(action=self.action)  # type: ignore[arg-type]
 
-    async def next_url(self, within: float = 30) -> str:
+    async def next_url(self, within: float = 120) -> str:
         """The URL of the first elicitation, once the client was asked."""
         await asyncio.wait_for(self._event.wait(), within)
         return str(self.asked[0]["url"])
@@ -120,7 +120,7 @@ async def connected(
     """The SDK's client over `transport` (recorded), with `asker` answering elicitations."""
     wire = RecordedWire(transport)
     kind = FormOnlyClient if form_only else Client
-    async with kind(wire, elicitation_callback=asker, mode=mode, read_timeout_seconds=60) as client:  # type: ignore[arg-type]
+    async with kind(wire, elicitation_callback=asker, mode=mode, read_timeout_seconds=300) as client:  # type: ignore[arg-type]
         yield McpRun(client, wire, asker)
 
 

@@ -107,10 +107,10 @@ async def test_stdio_flow_asks_once_waits_for_the_browser_and_completes_once(
         call = run.call("list_repositories")
         url = await run.asker.next_url()
         await authorize_in_browser(url)
-        result = await asyncio.wait_for(call, 30)
+        result = await asyncio.wait_for(call, 120)
         assert not result.is_error and "octocat/hello-world" in text_of(result)
         # Asked again, a stored grant answers at once: nothing more is sent.
-        again = await asyncio.wait_for(run.client.call_tool("list_repositories", {}), 30)
+        again = await asyncio.wait_for(run.client.call_tool("list_repositories", {}), 120)
         assert "octocat/hello-world" in text_of(again)
 
     creates = run.wire.received("elicitation/create")
@@ -132,9 +132,9 @@ async def test_stdio_decline_and_cancel_end_it_without_a_completion(
 ) -> None:
     asker = Asker("decline")
     async with connected(stdio(sidecar), asker) as run:
-        declined = await asyncio.wait_for(run.client.call_tool("list_repositories", {}), 30)
+        declined = await asyncio.wait_for(run.client.call_tool("list_repositories", {}), 120)
         asker.action = "cancel"
-        dismissed = await asyncio.wait_for(run.client.call_tool("list_repositories", {}), 30)
+        dismissed = await asyncio.wait_for(run.client.call_tool("list_repositories", {}), 120)
     assert "declined access" in text_of(declined), text_of(declined)
     assert "was dismissed" in text_of(dismissed), text_of(dismissed)
     creates = run.wire.received("elicitation/create")
@@ -148,7 +148,7 @@ async def test_stdio_decline_and_cancel_end_it_without_a_completion(
 @pytest.mark.duration(4)
 async def test_stdio_client_without_url_mode_is_not_asked(sidecar: Sidecar, provider: MockOAuthProvider) -> None:
     async with connected(stdio(sidecar), Asker("accept"), form_only=True) as run:
-        result = await asyncio.wait_for(run.client.call_tool("list_repositories", {}), 30)
+        result = await asyncio.wait_for(run.client.call_tool("list_repositories", {}), 120)
     initialize = run.wire.sent("initialize")[0]
     assert initialize["params"]["capabilities"]["elicitation"] == {}  # MCP: form mode only
     assert run.wire.received("elicitation/create") == [] and run.asker.asked == []
@@ -162,7 +162,7 @@ async def test_stdio_url_elicitation_required_error_then_the_clients_retry(
 ) -> None:
     async with connected(stdio(sidecar), Asker("accept")) as run:
         with pytest.raises(MCPError) as raised:
-            await asyncio.wait_for(run.client.call_tool("list_repositories_after_retry", {}), 30)
+            await asyncio.wait_for(run.client.call_tool("list_repositories_after_retry", {}), 120)
         assert raised.value.error.code == -32042
         (elicitation,) = raised.value.error.data["elicitations"]
         assert elicitation["mode"] == "url"
@@ -173,7 +173,7 @@ async def test_stdio_url_elicitation_required_error_then_the_clients_retry(
             if run.wire.received(COMPLETE):
                 break
             await asyncio.sleep(0.05)
-        retried = await asyncio.wait_for(run.client.call_tool("list_repositories_after_retry", {}), 30)
+        retried = await asyncio.wait_for(run.client.call_tool("list_repositories_after_retry", {}), 120)
         assert "octocat/hello-world" in text_of(retried)
     assert run.wire.received("elicitation/create") == [] and run.asker.asked == []
     assert [m["params"] for m in run.wire.received(COMPLETE)] == [{"elicitationId": elicitation_id}]
@@ -240,14 +240,16 @@ async def test_http_flow_completes_once_to_the_asking_client_and_none_to_another
         connected(http_server.transport(user), Asker("decline")) as other,
     ):
         # The other client was asked too (and declined): the server knows both connections.
-        assert "declined access" in text_of(await asyncio.wait_for(other.client.call_tool("list_repositories", {}), 30))
+        assert "declined access" in text_of(
+            await asyncio.wait_for(other.client.call_tool("list_repositories", {}), 120)
+        )
         call = asking.call("list_repositories")
         url = await asking.asker.next_url()
         await authorize_in_browser(url)
-        result = await asyncio.wait_for(call, 30)
+        result = await asyncio.wait_for(call, 120)
         assert "octocat/hello-world" in text_of(result)
         # The other client of the same server and user: the stored grant answers it without asking.
-        answered = await asyncio.wait_for(other.client.call_tool("list_repositories", {}), 30)
+        answered = await asyncio.wait_for(other.client.call_tool("list_repositories", {}), 120)
         assert "octocat/hello-world" in text_of(answered)
         await asyncio.sleep(0.5)  # time for a stray notification to arrive, if one were sent
     (create,) = asking.wire.received("elicitation/create")
@@ -321,7 +323,7 @@ async def test_2026_round_trip_asks_in_the_result_and_the_retry_waits_for_the_br
         call = run.call("list_repositories")
         url = await run.asker.next_url()
         await authorize_in_browser(url)
-        result = await asyncio.wait_for(call, 30)
+        result = await asyncio.wait_for(call, 120)
         assert "octocat/hello-world" in text_of(result)
     (asked,) = run.asker.asked
     assert asked == {"mode": "url", "message": asked["message"], "url": url}  # no elicitationId at 2026-07-28
@@ -340,14 +342,14 @@ async def test_2026_decline_the_retry_tool_and_a_client_without_url_mode(
 ) -> None:
     user = sidecar.local_user
     async with connected(http_server.transport(user), Asker("decline"), mode=MODERN) as run:
-        declined = await asyncio.wait_for(run.client.call_tool("list_repositories", {}), 30)
+        declined = await asyncio.wait_for(run.client.call_tool("list_repositories", {}), 120)
         # Where -32042 no longer exists, the retry tool asks with the same round trip.
-        again = await asyncio.wait_for(run.client.call_tool("list_repositories_after_retry", {}), 30)
+        again = await asyncio.wait_for(run.client.call_tool("list_repositories_after_retry", {}), 120)
     assert "declined access" in text_of(declined) and "declined access" in text_of(again)
     assert len(input_required_results(run)) == 2
     assert [e.get("error") for d, e in run.wire.messages if d == "in" and "error" in e] == []
     async with connected(http_server.transport(user), Asker("accept"), mode=MODERN, form_only=True) as form_only:
-        unsupported = await asyncio.wait_for(form_only.client.call_tool("list_repositories", {}), 30)
+        unsupported = await asyncio.wait_for(form_only.client.call_tool("list_repositories", {}), 120)
     assert "does not support URL-mode elicitation" in text_of(unsupported)
     assert input_required_results(form_only) == [] and form_only.asker.asked == []
     assert provider.api_calls == []
@@ -375,7 +377,7 @@ async def test_http_flow_with_the_browser_step_in_chromium(
             await page.wait_for_load_state()
             assert await page.locator("h1").inner_text() == "Connected"
             await browser.close()
-        result = await asyncio.wait_for(call, 30)
+        result = await asyncio.wait_for(call, 120)
         assert "octocat/hello-world" in text_of(result)
     (create,) = run.wire.received("elicitation/create")
     assert [m["params"] for m in run.wire.received(COMPLETE)] == [{"elicitationId": create["params"]["elicitationId"]}]

@@ -104,7 +104,7 @@ async def run_client(
     )  # fmt: skip
     assert process.stdout is not None and process.stderr is not None
     run = Run()
-    async with asyncio.timeout(90):
+    async with asyncio.timeout(300):
         while line := await process.stdout.readline():
             event = json.loads(line)
             run.events.append(event)
