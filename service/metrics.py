@@ -42,7 +42,10 @@ class ProviderEndpoint(StrEnum):
 class RefreshResult(StrEnum):
     REFRESHED = "refreshed"  # this process called the provider and stored the new set
     REUSED = "reused"  # another process or task had refreshed it first: its set was used
-    FAILED = "failed"
+    NEEDS_USER = "needs_user"  # the provider refused the grant for good: marked needs_user (reason: why)
+    UNAVAILABLE = "unavailable"  # the provider could not answer (5xx, 429, timeout, no connection): backing off
+    REJECTED = "rejected"  # the provider refused the refresh otherwise (e.g. invalid_client): backing off
+    BACKED_OFF = "backed_off"  # not attempted: an earlier failure's backoff had not run out
 
 
 class CompletionResult(StrEnum):
@@ -106,6 +109,13 @@ class Metrics:
             f"{PREFIX}_token_refreshes",
             "Token refreshes, by provider and result.",
             ["provider", "result"],
+            registry=registry,
+        )
+        self.refresh_failures = Counter(
+            f"{PREFIX}_token_refresh_failures",
+            "Failed token refreshes, by provider and reason (revoked, account_changed, http_429, http_5xx, timeout, "
+            "connection, oauth_error, bad_answer).",
+            ["provider", "reason"],
             registry=registry,
         )
         self.provider_latency = Histogram(
@@ -185,8 +195,11 @@ class Metrics:
         if seconds is not None:
             self.completion_delivery.observe(max(seconds, 0.0))
 
-    def refresh(self, provider: str, result: RefreshResult) -> None:
+    def refresh(self, provider: str, result: RefreshResult, reason: str | None = None) -> None:
+        """Count a refresh's result; a failure also by its reason (a bounded set of codes)."""
         self.refreshes.labels(self.provider(provider), result.value).inc()
+        if reason is not None:
+            self.refresh_failures.labels(self.provider(provider), reason).inc()
 
     @contextmanager
     def provider_call(self, provider: str, endpoint: ProviderEndpoint) -> Iterator[None]:

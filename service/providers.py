@@ -94,6 +94,9 @@ class ProviderEntry:
     # https://www.googleapis.com/auth/userinfo.email): either counts as granted.
     scope_aliases: Mapping[str, str] = field(default_factory=dict, hash=False)
     token_endpoint_auth_method: TokenEndpointAuthMethod | None = None  # unset: chosen at resolution (oauth)
+    # OAuth errors of a refresh that mean the refresh token is dead and the user must authorize again (RFC 6749's
+    # invalid_grant, and a provider's own form such as GitHub's bad_refresh_token, which comes with HTTP 200).
+    dead_refresh_token_errors: tuple[str, ...] = ("invalid_grant",)
     client_id: str | None = None
     client_secret: SecretStr | None = field(default=None, repr=False)
     # Described only by CONNECTOR_PROVIDERS__<NAME>__* variables: the catalog file has no table of this name.
@@ -105,6 +108,7 @@ class ProviderEntry:
         if self.token_endpoint_auth_method is not None and self.token_endpoint_auth_method not in _AUTH_METHODS:
             raise ValueError(f"token_endpoint_auth_method must be one of {', '.join(_AUTH_METHODS)}")
         object.__setattr__(self, "default_scopes", tuple(self.default_scopes))
+        object.__setattr__(self, "dead_refresh_token_errors", tuple(self.dead_refresh_token_errors))
         object.__setattr__(self, "extra_authorize_params", MappingProxyType(dict(self.extra_authorize_params)))
         object.__setattr__(self, "scope_aliases", MappingProxyType(dict(self.scope_aliases)))
 
@@ -246,6 +250,7 @@ class _ProviderTable(BaseModel):
     extra_authorize_params: dict[StrictStr, StrictStr] = Field(default_factory=dict)
     scope_aliases: dict[StrictStr, StrictStr] = Field(default_factory=dict)
     token_endpoint_auth_method: TokenEndpointAuthMethod | None = None
+    dead_refresh_token_errors: list[StrictStr] = Field(default_factory=lambda: ["invalid_grant"])
     tenant: StrictStr | None = None
 
 

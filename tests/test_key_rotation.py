@@ -319,8 +319,16 @@ class Racing:
 async def refresh_elsewhere(url: str, grant_id: str, key_id: str, blob: bytes) -> None:
     other = Store.from_url(url)
     try:
+        stored = await other.grants.get(grant_id)
+        assert stored is not None
         await other.grants.update_tokens(
-            grant_id, token_key_id=key_id, token_ciphertext=blob, token_expires_at=None, scopes=("repo",), now=NOW
+            grant_id,
+            token_key_id=key_id,
+            token_ciphertext=blob,
+            token_expires_at=None,
+            scopes=("repo",),
+            now=NOW,
+            replacing=stored.token_ciphertext,
         )
     finally:
         await other.close()

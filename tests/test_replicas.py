@@ -98,7 +98,13 @@ async def expire_stored_tokens(deployment: Deployment) -> TokenSet:
     expired = TokenSet.from_json({**tokens.to_json(), "expires_at": past.timestamp()})
     key_id, blob = runtime.vault.encrypt_json(expired.to_json(), aad=aad)
     await runtime.store.grants.update_tokens(
-        grant.id, token_key_id=key_id, token_ciphertext=blob, token_expires_at=past, scopes=grant.scopes, now=past
+        grant.id,
+        token_key_id=key_id,
+        token_ciphertext=blob,
+        token_expires_at=past,
+        scopes=grant.scopes,
+        now=past,
+        replacing=grant.token_ciphertext,
     )
     deployment.provider.expire_access_tokens()
     return expired

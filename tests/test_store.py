@@ -14,6 +14,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError, StatementError
 
 from service import Identity
+from service.core.health import GrantHealth
 from service.core.records import ElicitationRecord, FlowRecord, GrantRecord
 from service.core.states import ALLOWED, RESTART_FROM, START_FROM, TERMINAL, ElicitationStatus, can_transition
 from service.store import Store, display_url, migrate
@@ -384,6 +385,17 @@ async def test_grant_update_tokens_and_delete(store: Store) -> None:
         token_expires_at=later + timedelta(hours=1),
         scopes=("read:user", "gist"),
         now=later,
+        replacing=rec.token_ciphertext,
+    )
+    # Only over the set it was read with: a refresh that started from an older set stores nothing.
+    assert not await store.grants.update_tokens(
+        rec.id,
+        token_key_id="k1",
+        token_ciphertext=b"older",
+        token_expires_at=later,
+        scopes=("read:user",),
+        now=later,
+        replacing=rec.token_ciphertext,
     )
     assert await store.grants.get(rec.id) == replace(
         rec,
@@ -392,6 +404,7 @@ async def test_grant_update_tokens_and_delete(store: Store) -> None:
         token_expires_at=later + timedelta(hours=1),
         scopes=("read:user", "gist"),
         updated_at=later,
+        health=GrantHealth(last_refresh_at=later),
     )
 
     assert await store.grants.delete(rec.id) is True

@@ -67,7 +67,15 @@ _EVENTS: dict[str, str] = {
     "provider_error": "The provider answered with an error, or redeeming the code failed (detail: the error).",
     # Using and removing grants.
     "refreshed": "An access token was refreshed.",
-    "refresh_failed": "Refreshing an access token failed (detail: why).",
+    "refresh_failed": (
+        "Refreshing an access token failed (detail: the error code, the verdict: needs_user, unavailable or "
+        "rejected, and for the last two the failures in a row and the backoff)."
+    ),
+    "grant_needs_user": (
+        "The provider refused a grant for good: it is kept, never refreshed again, and needs the user to authorize "
+        "again (detail: the grant and the reason code: revoked, account_changed)."
+    ),
+    "grant_recovered": "The user authorized again: a grant that needed the user is active (detail: the grant).",
     "disconnected": "A grant was revoked (where the provider allows) and deleted.",
     # Operations.
     "keys_rotated": (

@@ -114,6 +114,19 @@ class NotAuthorized(ConnectorError):
     code = "not_authorized"
 
 
+class GrantNeedsUser(NotAuthorized):
+    """The user's grant exists but cannot be used until the user authorizes again (`service.core.health`):
+    `reason` is the stable code, `sentence` says it in words safe for the user and the model."""
+
+    code = "grant_needs_user"
+
+    def __init__(self, provider: str, *, grant_id: str, reason: str, sentence: str) -> None:
+        super().__init__(f"the {provider} grant needs to be authorized again: {sentence}")
+        self.grant_id = grant_id
+        self.reason = reason
+        self.sentence = sentence
+
+
 class ProviderError(ConnectorError):
     """The provider refused or failed a request. Never carries the provider's token payload."""
 
@@ -125,17 +138,28 @@ class EndpointError(ProviderError):
     """A provider endpoint refused or failed: `error` is its OAuth error code, `status` the HTTP status (if any).
 
     `transport` is true when the endpoint could not be reached or answered with something that is not an OAuth
-    answer (a sign that its address may have changed)."""
+    answer (a sign that its address may have changed); `timed_out` when no answer came in time; `retry_after` is
+    the answer's Retry-After in seconds (RFC 9110 §10.2.3: seconds or an HTTP date), when it had a usable one."""
 
     code = "provider_token_error"
 
     def __init__(
-        self, message: str, *, error: str | None, status: int | None, transport: bool, code: str | None = None
+        self,
+        message: str,
+        *,
+        error: str | None,
+        status: int | None,
+        transport: bool,
+        code: str | None = None,
+        timed_out: bool = False,
+        retry_after: float | None = None,
     ) -> None:
         super().__init__(message, code=code)
         self.error = error
         self.status = status
         self.transport = transport
+        self.timed_out = timed_out
+        self.retry_after = retry_after
 
 
 class IdTokenError(ProviderError):
@@ -161,6 +185,17 @@ class DiscoveryError(ConnectorError):
         self.url = url
         self.problem = problem
         self.field = field
+
+
+class ProviderUnavailable(ProviderError):
+    """The provider could not serve a refresh just now (5xx, 429, a timeout, no connection): nothing stored changed,
+    and the call may be retried, not before `retry_after` seconds when that is known."""
+
+    code = "provider_unavailable"
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class AcpSdkUnsupported(ConnectorError):

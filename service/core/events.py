@@ -1,8 +1,10 @@
 """Events: what changed, never a secret. Published after the change is committed.
 
-Two kinds travel on the bus (`service.events`): an elicitation reached a state (`ElicitationEvent`), and a grant
+Three kinds travel on the bus (`service.events`): an elicitation reached a state (`ElicitationEvent`); a grant
 was stored, refreshed or deleted (`GrantChanged`, so that caches of grants and tokens, in this process and in
-others sharing the database, drop what they hold for it).
+others sharing the database, drop what they hold for it); and a grant's health changed in a way agents and
+operators are told about (`GrantEvent`, written to the event log like an elicitation's end: `/v1/events`,
+webhooks and the embedded API's `grant_events()` carry it).
 """
 
 from __future__ import annotations
@@ -54,4 +56,42 @@ class GrantChanged:
     change: GrantChange
 
 
-Event = ElicitationEvent | GrantChanged
+class GrantEventKind(StrEnum):
+    NEEDS_USER = "grant.needs_user"  # the provider refused the grant for good; `reason` says why
+    RECOVERED = "grant.recovered"  # the user authorized again: the same grant is active
+    REVOKED = "grant.revoked"  # disconnected, and the provider confirmed the revocation
+    DELETED = "grant.deleted"  # disconnected (deleted here; revoked at the provider or not)
+
+
+@dataclass(frozen=True, slots=True)
+class GrantEvent:
+    """`kind` happened to the grant `grant_id` of `identity` at `provider` (`account_id` there), for `reason`.
+
+    Ids and a reason code only: never a token. `id`, `at` and `origin` place it in the event log, as for an
+    `ElicitationEvent`; `tenant` names the `/v1` tenant it belongs to (None: every tenant that may see the grant).
+    """
+
+    kind: GrantEventKind
+    grant_id: str
+    identity: Identity
+    provider: str
+    account_id: str
+    reason: str | None = None
+    tenant: str | None = None
+    id: int | None = None
+    at: datetime | None = None
+    origin: str | None = None
+
+    def detail(self) -> dict[str, str]:
+        """What the log's `detail` column and an event's JSON hold (no id of the log, no time)."""
+        body = {
+            "issuer": self.identity.issuer,
+            "subject": self.identity.subject,
+            "provider": self.provider,
+            "account_id": self.account_id,
+        }
+        return body if self.reason is None else {**body, "reason": self.reason}
+
+
+LoggedEvent = ElicitationEvent | GrantEvent
+Event = ElicitationEvent | GrantChanged | GrantEvent

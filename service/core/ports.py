@@ -13,9 +13,9 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
-from .events import ElicitationEvent, Event
+from .events import ElicitationEvent, Event, GrantEvent, LoggedEvent
 from .identity import Identity
 from .records import (
     ApiElicitationRecord,
@@ -103,11 +103,14 @@ class AuditRepo(Protocol):
     ) -> list[AuditRecord]: ...
 
 
+Logged = TypeVar("Logged", ElicitationEvent, GrantEvent)
+
+
 class OutboxRepo(Protocol):
     """The durable, ordered event log of terminal changes (see `service.store.outbox`)."""
 
-    async def append(self, events: Sequence[ElicitationEvent], *, at: datetime, conn: Tx) -> list[ElicitationEvent]: ...
-    async def after(self, last_id: int, *, limit: int = ..., conn: Tx = None) -> list[ElicitationEvent]: ...
+    async def append(self, events: Sequence[Logged], *, at: datetime, conn: Tx) -> list[Logged]: ...
+    async def after(self, last_id: int, *, limit: int = ..., conn: Tx = None) -> list[LoggedEvent]: ...
     async def last_id(self, conn: Tx = None) -> int: ...
 
 

@@ -9,6 +9,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal
 
+from .health import GrantHealth, GrantStatus, HealthReason
 from .identity import Identity
 from .states import DeliveryStatus, ElicitationStatus
 
@@ -106,6 +107,16 @@ class GrantRecord:
     created_at: datetime
     updated_at: datetime
     refused_scopes: tuple[str, ...] = ()  # asked for when it was made, refused by the provider (a narrowed grant)
+    health: GrantHealth = GrantHealth()
+
+    def status_at(self, now: datetime) -> tuple[GrantStatus, HealthReason | None]:
+        """The grant's status and its reason at `now`: `needs_user` as stored, `expired` once the access token of a
+        grant without a refresh token has expired, else `active`."""
+        if self.health.needs_user:
+            return GrantStatus.NEEDS_USER, self.health.reason
+        if self.needs_user_again and self.token_expires_at is not None and self.token_expires_at <= now:
+            return GrantStatus.EXPIRED, HealthReason.NO_REFRESH_TOKEN
+        return GrantStatus.ACTIVE, None
 
     @property
     def needs_user_again(self) -> bool:

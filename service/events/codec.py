@@ -1,6 +1,6 @@
 """What replicas tell each other in a notification: ids and states only, never a secret.
 
-An elicitation event travels as its id in the event log (the receiver reads the log from its cursor, in order);
+An elicitation event (or a grant event) travels as its id in the event log (the receiver reads the log from its cursor, in order);
 a grant change, which the log does not hold, travels whole (ids: grant, user, provider).
 """
 
@@ -9,14 +9,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from service.core.events import ElicitationEvent, Event, GrantChange, GrantChanged
+from service.core.events import ElicitationEvent, Event, GrantChange, GrantChanged, GrantEvent
 from service.core.identity import Identity
 
 
 def encode(event: Event, origin: str) -> str:
     """The payload announcing `event`, sent by the replica `origin`."""
     body: dict[str, Any]
-    if isinstance(event, ElicitationEvent):
+    if isinstance(event, ElicitationEvent | GrantEvent):  # both are in the event log: its id is enough
         body = {"t": "e", "n": event.id}
     else:
         body = {

@@ -17,7 +17,7 @@ import asyncio
 import logging
 from typing import Protocol
 
-from service.core.events import ElicitationEvent
+from service.core.events import LoggedEvent
 from service.util.periodic import Periodic
 
 from .bus import LocalBus
@@ -31,7 +31,7 @@ MAX_BACKOFF_SECONDS = 30.0
 class EventLog(Protocol):
     origin: str
 
-    async def after(self, last_id: int, *, limit: int = ...) -> list[ElicitationEvent]: ...
+    async def after(self, last_id: int, *, limit: int = ...) -> list[LoggedEvent]: ...
 
     async def last_id(self) -> int: ...
 

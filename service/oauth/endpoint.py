@@ -7,7 +7,9 @@ a token or a secret.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Mapping
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 import httpx
@@ -18,6 +20,20 @@ from .client_auth import authenticate
 from .resolved import ResolvedProvider
 
 _ERROR_CODE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+
+
+def retry_after(response: httpx.Response, now: float | None = None) -> float | None:
+    """The response's Retry-After in seconds from now (None when absent or unreadable; never negative)."""
+    value = response.headers.get("retry-after", "").strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(when.timestamp() - (time.time() if now is None else now), 0.0)
 
 
 def endpoint_error(
@@ -46,6 +62,8 @@ def endpoint_error(
         error=error,
         status=response.status_code if response is not None else None,
         transport=transport,
+        timed_out=isinstance(exc, httpx.TimeoutException),
+        retry_after=retry_after(response) if response is not None else None,
     )
 
 

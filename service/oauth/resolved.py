@@ -72,6 +72,10 @@ class ResolvedProvider:
         return self.entry.default_scopes
 
     @property
+    def dead_refresh_token_errors(self) -> tuple[str, ...]:
+        return self.entry.dead_refresh_token_errors
+
+    @property
     def client_id(self) -> str:
         assert self.entry.client_id is not None  # resolve() refuses entries without credentials
         return self.entry.client_id

@@ -14,6 +14,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.core.errors import ConnectorError
+from service.core.health import GrantHealth, GrantStatus, known_reason
 from service.core.identity import Identity
 from service.core.records import GrantRecord
 
@@ -33,6 +34,12 @@ _REPLACED_ON_CONFLICT = (
     "token_ciphertext",
     "token_expires_at",
     "updated_at",
+    # The user authorized again: the grant is healthy (its refresh history, last_*, stays).
+    "health_status",
+    "health_reason",
+    "health_changed_at",
+    "next_refresh_at",
+    "refresh_failures",
 )
 
 
@@ -60,6 +67,10 @@ _FIND = (
 class GrantRepository:
     def __init__(self, db: Database) -> None:
         self._db = db
+
+    @property
+    def db(self) -> Database:
+        return self._db
 
     async def upsert(self, rec: GrantRecord, conn: AsyncConnection | None = None) -> GrantRecord:
         """Insert the grant, or when the account has one, replace its scopes, tokens, expiry and key id.
@@ -147,22 +158,72 @@ class GrantRepository:
         token_expires_at: datetime | None,
         scopes: tuple[str, ...],
         now: datetime,
+        replacing: bytes,
         conn: AsyncConnection | None = None,
-    ) -> None:
-        """Store a refreshed token set (and the scopes it carries) on an existing grant."""
+    ) -> bool:
+        """Store a refreshed token set (and the scopes it carries) on an existing grant, if it still holds the
+        ciphertext `replacing` (the set the refresh started from): an older set never overwrites a newer one, on
+        any replica. The refresh succeeded, so the grant is active and its backoff is over. False if it changed."""
         statement = (
             update(grants)
-            .where(grants.c.id == id)
+            .where(grants.c.id == id, grants.c.token_ciphertext == replacing)
             .values(
                 token_key_id=token_key_id,
                 token_ciphertext=token_ciphertext,
                 token_expires_at=token_expires_at,
                 scopes=dump_json(list(scopes)),
                 updated_at=now,
+                last_refresh_at=now,
+                health_status=None,
+                health_reason=None,
+                health_changed_at=None,
+                next_refresh_at=None,
+                refresh_failures=None,
             )
         )
         async with self._db.write(conn) as c:
+            result = await c.execute(statement)
+        return result.rowcount > 0
+
+    async def refresh_failed(
+        self,
+        id: str,
+        *,
+        now: datetime,
+        next_refresh_at: datetime,
+        failures: int,
+        conn: AsyncConnection | None = None,
+    ) -> None:
+        """A transient refresh failure: no refresh of the grant before `next_refresh_at`; its tokens stay."""
+        statement = (
+            update(grants)
+            .where(grants.c.id == id)
+            .values(last_failure_at=now, next_refresh_at=next_refresh_at, refresh_failures=failures)
+        )
+        async with self._db.write(conn) as c:
             await c.execute(statement)
+
+    async def mark_needs_user(
+        self, id: str, *, reason: str, now: datetime, tokens: bytes, conn: AsyncConnection | None = None
+    ) -> bool:
+        """The provider refused the grant for good: `needs_user` for `reason`, if it still holds the ciphertext
+        `tokens` (a newer set stored meanwhile was not refused). Its tokens, account and scopes stay; `updated_at`
+        too (a later change of tokens, by any release, makes it active again). False if it changed or is gone."""
+        statement = (
+            update(grants)
+            .where(grants.c.id == id, grants.c.token_ciphertext == tokens)
+            .values(
+                health_status="needs_user",
+                health_reason=reason,
+                health_changed_at=now,
+                last_failure_at=now,
+                next_refresh_at=None,
+                refresh_failures=None,
+            )
+        )
+        async with self._db.write(conn) as c:
+            result = await c.execute(statement)
+        return result.rowcount > 0
 
     async def count_by_key(self, conn: AsyncConnection | None = None) -> dict[str, int]:
         """How many grants each vault key id encrypts."""
@@ -215,11 +276,25 @@ class GrantRepository:
 
 @dataclass
 class LockedGrant:
-    """A grant read under its refresh lock; `update_tokens` stores a refreshed set before the lock is released."""
+    """A grant read under its refresh lock; what a refresh learned is stored before the lock is released.
+
+    Every write is conditional on the tokens read here (`replacing`/`tokens`): on SQLite, where nothing is held
+    across the provider call, another process may have stored newer ones meanwhile."""
 
     grant: GrantRecord
     _repo: GrantRepository
     _tx: AsyncConnection | None
+
+    @property
+    def tx(self) -> AsyncConnection | None:
+        """The lock's transaction on PostgreSQL (write in it: committed before the lock is released); else None."""
+        return self._tx
+
+    @asynccontextmanager
+    async def writing(self) -> AsyncIterator[AsyncConnection]:
+        """The lock's transaction (PostgreSQL), or a write transaction of its own (SQLite)."""
+        async with self._repo.db.write(self._tx) as conn:
+            yield conn
 
     async def update_tokens(
         self,
@@ -229,15 +304,26 @@ class LockedGrant:
         token_expires_at: datetime | None,
         scopes: tuple[str, ...],
         now: datetime,
-    ) -> None:
-        await self._repo.update_tokens(
+    ) -> bool:
+        return await self._repo.update_tokens(
             self.grant.id,
             token_key_id=token_key_id,
             token_ciphertext=token_ciphertext,
             token_expires_at=token_expires_at,
             scopes=scopes,
             now=now,
+            replacing=self.grant.token_ciphertext,
             conn=self._tx,
+        )
+
+    async def refresh_failed(self, *, now: datetime, next_refresh_at: datetime, failures: int) -> None:
+        await self._repo.refresh_failed(
+            self.grant.id, now=now, next_refresh_at=next_refresh_at, failures=failures, conn=self._tx
+        )
+
+    async def mark_needs_user(self, *, reason: str, now: datetime, conn: AsyncConnection) -> bool:
+        return await self._repo.mark_needs_user(
+            self.grant.id, reason=reason, now=now, tokens=self.grant.token_ciphertext, conn=conn
         )
 
 
@@ -255,7 +341,32 @@ def _to_row(rec: GrantRecord) -> dict[str, Any]:
         "token_expires_at": rec.token_expires_at,
         "created_at": rec.created_at,
         "updated_at": rec.updated_at,
+        "health_status": None if rec.health.status is GrantStatus.ACTIVE else rec.health.status.value,
+        "health_reason": rec.health.reason.value if rec.health.reason is not None else None,
+        "health_changed_at": rec.health.changed_at,
+        "last_refresh_at": rec.health.last_refresh_at,
+        "last_failure_at": rec.health.last_failure_at,
+        "next_refresh_at": rec.health.next_attempt_at,
+        "refresh_failures": rec.health.failures or None,
     }
+
+
+def _health(row: RowMapping) -> GrantHealth:
+    changed_at = row["health_changed_at"]
+    status = GrantStatus.ACTIVE
+    # `needs_user` holds for the tokens it was marked on: stored anew since (by any release), the grant is active.
+    if row["health_status"] == GrantStatus.NEEDS_USER and changed_at is not None and changed_at >= row["updated_at"]:
+        status = GrantStatus.NEEDS_USER
+    reason = row["health_reason"] if status is GrantStatus.NEEDS_USER else None
+    return GrantHealth(
+        status=status,
+        reason=known_reason(reason),
+        changed_at=changed_at if status is GrantStatus.NEEDS_USER else None,
+        last_refresh_at=row["last_refresh_at"],
+        last_failure_at=row["last_failure_at"],
+        next_attempt_at=row["next_refresh_at"],
+        failures=row["refresh_failures"] or 0,
+    )
 
 
 def _from_row(row: RowMapping) -> GrantRecord:
@@ -271,4 +382,5 @@ def _from_row(row: RowMapping) -> GrantRecord:
         token_expires_at=row["token_expires_at"],
         created_at=row["created_at"],
         updated_at=row["updated_at"],
+        health=_health(row),
     )

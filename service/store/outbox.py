@@ -12,11 +12,15 @@ an id is drawn only by the lock holder. On SQLite the one writer at a time gives
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime
+from typing import TypeVar
 
 from sqlalchemy import (
     BigInteger,
+    RowMapping,
     String,
+    Text,
     column,
     func,
     insert,
@@ -27,17 +31,63 @@ from sqlalchemy import (
 )
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from service.core.events import ElicitationEvent
+from service.core.events import ElicitationEvent, GrantEvent, GrantEventKind, LoggedEvent
+from service.core.identity import Identity
 from service.core.states import ElicitationStatus
 
-from .engine import Database
+from .engine import Database, dump_json, load_json
 from .tables import UTCDateTime
 from .tables import elicitation_events as table
 
 # pg_advisory_xact_lock key of the event log: any fixed 64-bit number no other lock in the database uses.
 ORDER_LOCK_KEY = 0x6163_706F_7574_6278  # "acpoutbx"
-_COLUMNS = ("elicitation_id", "connection_key", "status", "at", "origin")
-_APPEND = insert(table).returning(table.c.id, table.c.elicitation_id, sort_by_parameter_order=True)
+_COLUMNS = ("elicitation_id", "connection_key", "status", "at", "origin", "kind", "detail")
+_APPEND = insert(table).returning(table.c.id, table.c.elicitation_id, table.c.kind, sort_by_parameter_order=True)
+E = TypeVar("E", ElicitationEvent, GrantEvent)
+# A grant event's row, as the previous release reads it (migration 0012): the end of an elicitation that nobody
+# waits for (its id is the grant's), on a connection key that names no tenant, so it is routed nowhere.
+GRANT_ROW_STATUS = ElicitationStatus.FAILED.value
+GRANT_ROW_KEY = "grant"
+
+
+def _row(event: LoggedEvent, at: datetime, origin: str) -> tuple[object, ...]:
+    if isinstance(event, GrantEvent):
+        key = GRANT_ROW_KEY if event.tenant is None else f"v1:{event.tenant}:{GRANT_ROW_KEY}"
+        detail = dump_json(event.detail())
+        return (event.grant_id, key, GRANT_ROW_STATUS, at, origin, event.kind.value, detail)
+    return (event.elicitation_id, event.connection_key, event.status.value, at, origin, None, None)
+
+
+def _key(event: LoggedEvent) -> tuple[str, str | None]:
+    if isinstance(event, GrantEvent):
+        return event.grant_id, event.kind.value
+    return event.elicitation_id, None
+
+
+def _from_row(row: RowMapping) -> LoggedEvent:
+    if row["kind"] is None:
+        return ElicitationEvent(
+            row["elicitation_id"],
+            ElicitationStatus(row["status"]),
+            row["connection_key"],
+            id=row["id"],
+            at=row["at"],
+            origin=row["origin"],
+        )
+    detail = load_json(row["detail"] or "{}")
+    key = row["connection_key"]
+    return GrantEvent(
+        GrantEventKind(row["kind"]),
+        row["elicitation_id"],
+        Identity(str(detail.get("issuer", "")), str(detail.get("subject", ""))),
+        str(detail.get("provider", "")),
+        str(detail.get("account_id", "")),
+        reason=detail.get("reason"),
+        tenant=key[3:].partition(":")[0] if key.startswith("v1:") else None,
+        id=row["id"],
+        at=row["at"],
+        origin=row["origin"],
+    )
 
 
 class OutboxRepository:
@@ -45,14 +95,12 @@ class OutboxRepository:
         self._db = db
         self.origin = origin
 
-    async def append(
-        self, events: Sequence[ElicitationEvent], *, at: datetime, conn: AsyncConnection
-    ) -> list[ElicitationEvent]:
+    async def append(self, events: Sequence[E], *, at: datetime, conn: AsyncConnection) -> list[E]:
         """Log `events` in the caller's transaction (make it the transaction's last statement: on PostgreSQL
-        it holds the log's order lock until the commit). Returns the events with their `id` and `at`."""
+        it holds the log's order lock until the commit). Returns the events with their `id`, `at` and `origin`."""
         if not events:
             return []
-        rows = [(e.elicitation_id, e.connection_key, e.status.value, at, self.origin) for e in events]
+        rows = [_row(e, at, self.origin) for e in events]
         if conn.dialect.name == "postgresql":
             given = values(
                 column("elicitation_id", String),
@@ -60,6 +108,8 @@ class OutboxRepository:
                 column("status", String),
                 column("at", UTCDateTime),
                 column("origin", String),
+                column("kind", String),
+                column("detail", Text),
                 name="given",
             ).data(rows)
             # OFFSET 0 keeps the lock in its own subquery, evaluated before the row (and its id) is produced.
@@ -68,42 +118,18 @@ class OutboxRepository:
                 ordered.subquery("ordered").join(given, true())
             )
             statement = insert(table).from_select(list(_COLUMNS), source)
-            result = await conn.execute(statement.returning(table.c.id, table.c.elicitation_id))
+            result = await conn.execute(statement.returning(table.c.id, table.c.elicitation_id, table.c.kind))
         else:
             result = await conn.execute(_APPEND, [dict(zip(_COLUMNS, row, strict=True)) for row in rows])
-        ids = {elicitation_id: id for id, elicitation_id in result.all()}
-        return [
-            ElicitationEvent(
-                e.elicitation_id,
-                e.status,
-                e.connection_key,
-                id=ids[e.elicitation_id],
-                at=at,
-                origin=self.origin,
-                reason=e.reason,
-                grant=e.grant,
-            )
-            for e in events
-        ]
+        ids = {(logged, kind): id for id, logged, kind in result.all()}
+        return [replace(e, id=ids[_key(e)], at=at, origin=self.origin) for e in events]
 
-    async def after(
-        self, last_id: int, *, limit: int = 500, conn: AsyncConnection | None = None
-    ) -> list[ElicitationEvent]:
+    async def after(self, last_id: int, *, limit: int = 500, conn: AsyncConnection | None = None) -> list[LoggedEvent]:
         """Events with an id greater than `last_id`, oldest first (at most `limit`)."""
         statement = select(table).where(table.c.id > last_id).order_by(table.c.id).limit(limit)
         async with self._db.read(conn) as c:
             rows = (await c.execute(statement)).mappings().all()
-        return [
-            ElicitationEvent(
-                row["elicitation_id"],
-                ElicitationStatus(row["status"]),
-                row["connection_key"],
-                id=row["id"],
-                at=row["at"],
-                origin=row["origin"],
-            )
-            for row in rows
-        ]
+        return [_from_row(row) for row in rows]
 
     async def last_id(self, conn: AsyncConnection | None = None) -> int:
         """The id of the newest event (0 when the log is empty): where a new reader starts."""

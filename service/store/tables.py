@@ -172,6 +172,15 @@ grants = Table(
     Column("token_expires_at", UTCDateTime, nullable=True),
     Column("created_at", UTCDateTime, nullable=False),
     Column("updated_at", UTCDateTime, nullable=False),
+    # Health (service.core.health; NULL: active, as every grant stored before 0012 is). `needs_user` holds only
+    # while the tokens are the ones it was marked on: `health_changed_at` >= `updated_at`.
+    Column("health_status", String(16), nullable=True),
+    Column("health_reason", String(32), nullable=True),
+    Column("health_changed_at", UTCDateTime, nullable=True),
+    Column("last_refresh_at", UTCDateTime, nullable=True),
+    Column("last_failure_at", UTCDateTime, nullable=True),
+    Column("next_refresh_at", UTCDateTime, nullable=True),  # no refresh before (backoff after transient failures)
+    Column("refresh_failures", Integer, nullable=True),  # transient failures in a row
     # Also serves find(identity, provider): its leading columns are issuer, subject, provider.
     UniqueConstraint(
         "identity_issuer", "identity_subject", "provider", "provider_account_id", name="uq_grants_account"
@@ -217,6 +226,10 @@ elicitation_events = Table(
     Column("status", String(16), nullable=False),
     Column("at", UTCDateTime, nullable=False),
     Column("origin", String(32), nullable=False),  # the writing process (`Store.origin`): it skips its own events
+    # NULL: an elicitation's terminal change. Else a grant event (`grant.needs_user`, ...): `elicitation_id` holds
+    # the grant's id and `detail` its JSON (ids and a reason code, never a token); see migration 0012.
+    Column("kind", String(32), nullable=True),
+    Column("detail", Text, nullable=True),
     Index(None, "at"),
     sqlite_autoincrement=True,
 )

@@ -1,4 +1,4 @@
-"""Using a stored grant: find it, decrypt its tokens, refresh them single-flight, inject them, disconnect it.
+"""Using a stored grant: find it, decrypt its tokens, refresh them single-flight, disconnect it.
 
 Tokens leave this module only inside the Authorization header of a request to the provider's own API host.
 Two caches keep token use cheap: grant lookups by (user, provider, scopes) and decrypted token sets by grant.
@@ -8,26 +8,24 @@ this process or, with a bus that crosses processes, from any other sharing the d
 
 from __future__ import annotations
 
-import functools
 import logging
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, Callable, Sequence
-from datetime import UTC, datetime
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from datetime import datetime
 
-import httpx
+from service.core.errors import ConnectorError, NotAuthorized
+from service.core.events import Event, GrantChange, GrantChanged, GrantEvent, GrantEventKind
+from service.core.health import RefreshBackoff
+from service.core.identity import Identity
+from service.core.coverage import find_grant
+from service.core.records import GrantRecord, TokenSet
+from service.metrics import Metrics, RefreshResult
+from service.oauth import ProviderGateway, ResolvedProvider
+from service.store import Store
+from service.util.locks import KeyedLocks
+from service.vault import Vault
 
-from .core.coverage import find_grant
-from .core.errors import ConnectorError, NotAuthorized, ProviderError
-from .core.events import Event, GrantChange, GrantChanged
-from .core.handles import grant_aad
-from .core.identity import Identity
-from .core.records import GrantRecord, TokenSet
-from .metrics import Metrics, RefreshResult
-from .oauth import ProviderGateway, ResolvedProvider
-from .store import Store
-from .util.locks import KeyedLocks
-from .vault import Vault
+from .refresh import EventBus, Refreshed, Refresher, needs_user_error
 
 log = logging.getLogger("service.tokens")
 
@@ -38,20 +36,11 @@ REFRESH_AHEAD_MAX_SECONDS = 60.0
 GRANT_LOOKUPS_KEPT = 10_000
 
 
-class EventBus(Protocol):
-    def publish(self, event: Event) -> None: ...
-    def add_listener(self, listener: Callable[[Event], None]) -> None: ...
-
-
 def refresh_margin(tokens: TokenSet) -> float:
     """How many seconds before its expiry the access token is refreshed."""
     if tokens.expires_at is None or tokens.issued_at is None or tokens.expires_at <= tokens.issued_at:
         return REFRESH_AHEAD_MAX_SECONDS  # a lifetime we do not know (grants stored before issued_at was kept)
     return min(REFRESH_AHEAD_MAX_SECONDS, REFRESH_AHEAD_SHARE * (tokens.expires_at - tokens.issued_at))
-
-
-def _aad(grant: GrantRecord) -> bytes:
-    return grant_aad(grant.identity.issuer, grant.identity.subject, grant.provider, grant.provider_account_id)
 
 
 class TokenAccess:
@@ -63,6 +52,7 @@ class TokenAccess:
         events: EventBus,
         clock: Callable[[], datetime],
         metrics: Metrics | None = None,
+        backoff: RefreshBackoff | None = None,
     ) -> None:
         self.store = store
         self.vault = vault
@@ -70,6 +60,7 @@ class TokenAccess:
         self.events = events
         self.now = clock
         self.metrics = metrics or providers.metrics
+        self.refresher = Refresher(store, vault, providers, events, clock, self.metrics, backoff or RefreshBackoff())
         self._locks = KeyedLocks[str]()  # one per grant being refreshed; gone when no one uses it
         # Decrypted token sets by grant id, so a request does not cost a database read and a decryption.
         # A set is used from here only while it is not due for refresh; a refresh (due, or a 401 on the cached
@@ -111,7 +102,7 @@ class TokenAccess:
 
     # -- tokens ----------------------------------------------------------------------------------------------
     def decrypt(self, grant: GrantRecord) -> TokenSet:
-        return TokenSet.from_json(self.vault.decrypt_json(grant.token_key_id, grant.token_ciphertext, aad=_aad(grant)))
+        return self.refresher.decrypt(grant)
 
     def _due(self, tokens: TokenSet) -> bool:
         return tokens.expires_within(refresh_margin(tokens), now=self.now().timestamp())
@@ -133,6 +124,8 @@ class TokenAccess:
                 grant = await self.store.grants.get(grant_id)
                 if grant is None:
                     raise NotAuthorized("the grant was disconnected")
+                if grant.health.needs_user:  # never refreshed again, nor used, until the user authorizes anew
+                    raise needs_user_error(grant, provider.display_name, grant.health.reason)
                 cached = self._tokens[grant_id] = self.decrypt(grant)
                 if not self._must_refresh(cached, stale):
                     return cached.access_token
@@ -143,14 +136,16 @@ class TokenAccess:
 
         The set read once the lock is held is the newest: a replica that refreshed first stored its result (with
         a rotated refresh token) before it released the lock, and so does this one. A failed or timed-out
-        provider call changes nothing stored (README, Operations: Replicas).
+        provider call changes no stored token (README, Operations: Replicas); `Refresher` says what it records.
         """
-        failure: ProviderError | None = None
         async with self.store.grants.locked_for_refresh(grant_id) as locked:
             if locked is None:
                 self._tokens.pop(grant_id, None)
                 raise NotAuthorized("the grant was disconnected")
             grant, tokens = locked.grant, self.decrypt(locked.grant)
+            if grant.health.needs_user:
+                self._tokens.pop(grant_id, None)
+                raise needs_user_error(grant, provider.display_name, grant.health.reason)
             if not self._must_refresh(tokens, stale):
                 self.metrics.refresh(grant.provider, RefreshResult.REUSED)  # another replica refreshed first
                 self._tokens[grant_id] = tokens
@@ -160,46 +155,25 @@ class TokenAccess:
                 if stale is not None:
                     raise NotAuthorized(f"the {provider.display_name} token was rejected and cannot be refreshed")
                 return tokens.access_token
-            try:
-                fresh = await self.providers.refresh(
-                    provider, tokens, account_id=grant.provider_account_id, now=self.now()
-                )
-            except ProviderError as exc:
-                failure = exc
-            else:
-                key_id, blob = self.vault.encrypt_json(fresh.to_json(), aad=_aad(grant))
-                await locked.update_tokens(
-                    token_key_id=key_id,
-                    token_ciphertext=blob,
-                    token_expires_at=None
-                    if fresh.expires_at is None
-                    else datetime.fromtimestamp(fresh.expires_at, UTC),
-                    scopes=fresh.scopes if fresh.scopes is not None else grant.scopes,
-                    now=self.now(),
-                )
-        if failure is not None:
-            await self._refresh_failed(grant, failure)
-            raise NotAuthorized(f"the {provider.display_name} grant needs to be authorized again ({failure})")
-        self.metrics.refresh(grant.provider, RefreshResult.REFRESHED)
-        self._tokens[grant_id] = fresh
-        await self.store.audit.record(
-            "refreshed", identity=grant.identity, provider=grant.provider, detail={"grant_id": grant.id}, now=self.now()
-        )
-        self._changed(grant, GrantChange.REFRESHED)
-        return fresh.access_token
+            result = await self.refresher.attempt(locked, tokens, provider)
+        return self._settle(grant_id, tokens, result, stale)
 
-    async def _refresh_failed(self, grant: GrantRecord, exc: ProviderError) -> None:
-        self.metrics.refresh(grant.provider, RefreshResult.FAILED)
-        check = exc.check
-        if check is not None:
-            log.warning("refused a refresh of grant %s: %s", grant.id, exc)
-        await self.store.audit.record(
-            "refresh_failed",
-            identity=grant.identity,
-            provider=grant.provider,
-            detail={"grant_id": grant.id, "reason": exc.code, **({"check": check} if check else {})},
-            now=self.now(),
-        )
+    def _settle(self, grant_id: str, before: TokenSet, result: Refreshed, stale: str | None) -> str:
+        """After the lock's commit: publish what changed, then answer. A transient failure still answers with the
+        token it had when that one has not expired and was not just rejected (it is only due for refresh)."""
+        for event in result.published:
+            self.events.publish(event)
+        if result.tokens is not None:
+            self._tokens[grant_id] = result.tokens
+            return result.tokens.access_token
+        assert result.error is not None
+        if isinstance(result.error, NotAuthorized):
+            self._tokens.pop(grant_id, None)
+            raise result.error
+        usable = stale != before.access_token and not before.expires_within(0, now=self.now().timestamp())
+        if usable:
+            return before.access_token
+        raise result.error
 
     # -- disconnecting -------------------------------------------------------------------------------------
     async def disconnect(self, user: Identity, provider: str) -> int:
@@ -225,63 +199,28 @@ class TokenAccess:
             return None
 
     async def _disconnect(self, grant: GrantRecord, resolved: ResolvedProvider | None) -> bool:
+        """Revoke, then delete the row, audit it and log `grant.revoked` (the provider confirmed the revocation) or
+        `grant.deleted` (it did not, or cannot) in one transaction."""
         revoked = False
         if resolved is not None:
             revoked = await self.providers.revoke(resolved, self.decrypt(grant))
-        deleted = await self.store.grants.delete(grant.id)
-        if deleted:
-            await self.store.audit.record(
-                "disconnected",
-                identity=grant.identity,
-                provider=grant.provider,
-                detail={"grant_id": grant.id, "revoked": revoked},
-                now=self.now(),
-            )
+        kind = GrantEventKind.REVOKED if revoked else GrantEventKind.DELETED
+        event = GrantEvent(kind, grant.id, grant.identity, grant.provider, grant.provider_account_id)
+        now = self.now()
+        logged: list[GrantEvent] = []
+        async with self.store.transaction() as tx:
+            deleted = await self.store.grants.delete(grant.id, conn=tx)
+            if deleted:
+                await self.store.audit.record(
+                    "disconnected",
+                    identity=grant.identity,
+                    provider=grant.provider,
+                    detail={"grant_id": grant.id, "revoked": revoked},
+                    now=now,
+                    conn=tx,
+                )
+                logged = await self.store.outbox.append([event], at=now, conn=tx)
         self._changed(grant, GrantChange.DELETED)
+        for logged_event in logged:
+            self.events.publish(logged_event)
         return deleted
-
-
-@functools.lru_cache(maxsize=64)
-def api_origin(api_base_url: str) -> httpx.URL:
-    """A provider's API base URL, parsed once (httpx.URL is immutable): every request that carries a token is
-    checked against it."""
-    return httpx.URL(api_base_url)
-
-
-class GrantAuth(httpx.Auth):
-    """httpx auth that adds the grant's bearer token, only for the provider's API host, and retries once on 401."""
-
-    def __init__(self, tokens: TokenAccess, grant_id: str, provider: ResolvedProvider) -> None:
-        self._tokens = tokens
-        self._grant_id = grant_id
-        self._provider = provider
-        if not provider.api_base_url:
-            raise ConnectorError(
-                f"{provider.display_name} has no api_base_url (provider '{provider.name}')",
-                code="provider_misconfigured",
-            )
-        self._origin = api_origin(provider.api_base_url)
-
-    def _check_destination(self, url: httpx.URL) -> None:
-        if (url.scheme, url.host, url.port) != (self._origin.scheme, self._origin.host, self._origin.port):
-            raise ConnectorError(
-                f"refusing to send {self._provider.display_name} credentials to {url.scheme}://{url.host}: "
-                f"only {self._origin.scheme}://{self._origin.host} receives them",
-                code="credential_host_not_allowed",
-            )
-
-    async def async_auth_flow(self, request: httpx.Request) -> AsyncGenerator[httpx.Request, httpx.Response]:
-        self._check_destination(request.url)
-        token = await self._tokens.access_token(self._grant_id, self._provider)
-        request.headers["Authorization"] = f"Bearer {token}"
-        response = yield request
-        if response.status_code == 401:
-            await response.aread()
-            try:
-                fresh = await self._tokens.access_token(self._grant_id, self._provider, stale=token)
-            except NotAuthorized:
-                return
-            # A streamed body was spent on the first attempt: the refreshed token serves the next request.
-            if fresh != token and isinstance(request.stream, httpx.ByteStream):
-                request.headers["Authorization"] = f"Bearer {fresh}"
-                yield request
