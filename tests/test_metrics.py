@@ -18,7 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import event, func, select
 
-from service import AuthorizationStatus, ElicitationStatus
+from service import AuthorizationStatus, ElicitationStatus, GrantNeedsUser
 from service.store import Store, tables
 from service.testing import ScriptedBrowser
 from service.web.server import make_server
@@ -80,7 +80,8 @@ async def test_each_metric_holds_what_a_known_sequence_of_flows_implies(deployme
         assert (await github.get("user")).status_code == 200  # a 401, one refresh, the retry
         provider.expire_access_tokens()
         provider.revoke_refresh_tokens()
-        assert (await github.get("user")).status_code == 401  # a 401, a refused refresh: the 401 stands
+        with pytest.raises(GrantNeedsUser):  # a 401, a refused refresh: the grant needs the user, and says so
+            await github.get("user")
 
     # One elicitation left open: the client accepted, the browser never came.
     accepting = RecordingClient(answer="accept")
@@ -110,7 +111,8 @@ async def test_each_metric_holds_what_a_known_sequence_of_flows_implies(deployme
     assert value(found, "acp_connector_pending_elicitations", status="consented") == 1
     assert value(found, "acp_connector_pending_elicitations", status="pending") == 0
     assert value(found, "acp_connector_token_refreshes_total", provider="github", result="refreshed") == 1
-    assert value(found, "acp_connector_token_refreshes_total", provider="github", result="failed") == 1
+    assert value(found, "acp_connector_token_refreshes_total", provider="github", result="needs_user") == 1
+    assert value(found, "acp_connector_token_refresh_failures_total", provider="github", reason="revoked") == 1
     for endpoint, calls, errors in (("token", 1, 0), ("userinfo", 1, 0), ("refresh", 2, 1)):
         labels = {"provider": "github", "endpoint": endpoint}
         assert value(found, "acp_connector_provider_request_seconds_count", **labels) == calls, endpoint

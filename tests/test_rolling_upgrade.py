@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import shutil
 from collections.abc import AsyncIterator, Iterator
-from datetime import UTC, datetime
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -14,9 +15,11 @@ import pytest
 from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
-from sqlalchemy import MetaData, Table, insert, select
+from sqlalchemy import MetaData, Table, insert, select, update
 
-from service import AuthorizationStatus
+from service import AuthorizationStatus, ElicitationStatus, GrantEvent, GrantEventKind, GrantStatus, Identity
+from service.core.agent_api import tenant_of
+from service.core.records import GrantRecord
 from service.core.webhooks import WebhookEndpoints, WebhookPolicy
 from service.store import Store, alembic_config, head_revision, migrate, tables
 from service.store.schema import OLDEST_SCHEMA_REVISION, declared_oldest_code_revision, script_location
@@ -162,7 +165,19 @@ async def test_a_replica_is_unready_on_a_schema_older_than_the_oldest_it_declare
 PREVIOUS_RELEASE_LACKS = {
     "0011": {
         "webhook_endpoints": ("previous_secret_key_id", "previous_secret_ciphertext", "previous_secret_expires_at")
-    }
+    },
+    "0012": {
+        "grants": (
+            "health_status",
+            "health_reason",
+            "health_changed_at",
+            "last_refresh_at",
+            "last_failure_at",
+            "next_refresh_at",
+            "refresh_failures",
+        ),
+        "elicitation_events": ("kind", "detail"),
+    },
 }
 
 
@@ -178,7 +193,7 @@ async def test_the_previous_release_works_on_the_webhook_secret_rotation_columns
     the endpoints and their current secrets."""
     script = ScriptDirectory.from_config(alembic_config())
     assert declared_oldest_code_revision(script, "0011") == declared_oldest_code_revision(script, "0010")
-    assert OLDEST_SCHEMA_REVISION == "0011"  # this code reads the new columns: it needs them
+    assert OLDEST_SCHEMA_REVISION >= "0011"  # this code reads the new columns: it needs them
     migrate(database_url)
     old_table = as_before("0011", tables.webhook_endpoints)
     vault = Vault(KeyRing.from_strings([generate_key("k1")]))
@@ -203,5 +218,73 @@ async def test_the_previous_release_works_on_the_webhook_secret_rotation_columns
         async with store.engine.connect() as conn:
             kept = (await conn.execute(select(old_table).where(old_table.c.id == mine.id))).mappings().one()
         assert (kept["secret_key_id"], kept["tenant"]) == ("k1", "agent-a")
+    finally:
+        await store.close()
+
+
+async def test_the_previous_release_works_on_the_grant_health_columns_and_grant_events(database_url: str) -> None:
+    """0012 is expand-only: it promises what 0011 promised; a previous-release replica stores and reads grants
+    beside this one, which marks one needs_user (a grant the previous release stores anew is active again), and
+    reads the event log with a grant event in it as the end of an elicitation nobody waits for, on no tenant's
+    connection; downgrading keeps the grants."""
+    script = ScriptDirectory.from_config(alembic_config())
+    assert declared_oldest_code_revision(script, "0012") == declared_oldest_code_revision(script, "0011")
+    assert OLDEST_SCHEMA_REVISION == "0012"  # this code reads the new columns: it needs them
+    migrate(database_url)
+    old_grants = as_before("0012", tables.grants)
+    old_log = as_before("0012", tables.elicitation_events)
+    store = Store.from_url(database_url)
+    alice = Identity("https://login.example.com", "alice")
+    try:
+        mine = GrantRecord(
+            id="g-new",
+            identity=alice,
+            provider="github",
+            provider_account_id="1001",
+            scopes=("read:user",),
+            token_key_id="k1",
+            token_ciphertext=b"tokens-1",
+            token_expires_at=None,
+            created_at=NOW,
+            updated_at=NOW,
+        )
+        await store.grants.upsert(mine)
+        marked_at = NOW + timedelta(minutes=1)
+        assert await store.grants.mark_needs_user(mine.id, reason="revoked", now=marked_at, tokens=b"tokens-1")
+        event = GrantEvent(GrantEventKind.NEEDS_USER, mine.id, alice, "github", "1001", reason="revoked")
+        async with store.transaction() as tx:
+            await store.outbox.append([event], at=marked_at, conn=tx)
+        async with store.engine.begin() as conn:
+            # The previous release stores a grant of its own and reads them all...
+            row = (await conn.execute(select(old_grants).where(old_grants.c.id == mine.id))).mappings().one()
+            await conn.execute(insert(old_grants).values({**row, "id": "g-old", "provider_account_id": "2"}))
+            listed = (await conn.execute(select(old_grants).order_by(old_grants.c.id))).mappings().all()
+            # ...and reads the log as it always did: a status it knows, a connection key of no tenant.
+            logged = (await conn.execute(select(old_log))).mappings().all()
+        assert [r["id"] for r in listed] == ["g-new", "g-old"]
+        assert [
+            (r["elicitation_id"], ElicitationStatus(r["status"]), tenant_of(r["connection_key"])) for r in logged
+        ] == [(mine.id, ElicitationStatus.FAILED, None)]
+        assert (await store.grants.get(mine.id)).health.status is GrantStatus.NEEDS_USER  # type: ignore[union-attr]
+        assert (await store.grants.get("g-old")).health.status is GrantStatus.ACTIVE  # type: ignore[union-attr]
+        # The previous release authorizes the user again (its upsert knows nothing of health): active again.
+        async with store.engine.begin() as conn:
+            await conn.execute(
+                update(old_grants)
+                .where(old_grants.c.id == mine.id)
+                .values(token_ciphertext=b"tokens-2", updated_at=marked_at + timedelta(minutes=1))
+            )
+        assert (await store.grants.get(mine.id)).health.status is GrantStatus.ACTIVE  # type: ignore[union-attr]
+        (read_back,) = await store.outbox.after(0)
+        assert read_back == replace(event, id=read_back.id, at=marked_at, origin=store.outbox.origin)
+    finally:
+        await store.close()
+
+    await asyncio.to_thread(command.downgrade, alembic_config(database_url), "0011")
+    store = Store.from_url(database_url)
+    try:
+        async with store.engine.connect() as conn:
+            kept = (await conn.execute(select(old_grants.c.id).order_by(old_grants.c.id))).scalars().all()
+        assert kept == ["g-new", "g-old"]
     finally:
         await store.close()

@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 
-from service import ConnectorError, NotAuthorized, SessionScope
+from service import ConnectorError, GrantNeedsUser, NotAuthorized, ProviderUnavailable, SessionScope
 from service.core.handles import grant_aad
 from service.testing import ScriptedBrowser
 
@@ -97,23 +97,28 @@ async def test_failed_refresh_asks_for_authorization_again(deployment: Deploymen
 
 async def test_a_refresh_answer_lost_after_rotation_changes_nothing_stored(deployment: Deployment) -> None:
     """The provider rotated the refresh token, but its answer never arrived (a timeout). The connector never
-    received the new token, so it cannot have stored it: what is stored stays the newest set it received, and
-    once the provider refuses the old refresh token the grant needs the user again (README, Operations)."""
+    received the new token, so it cannot have stored it: what is stored stays the newest set it received, the
+    call raises the retryable error, and once the provider refuses the old refresh token the grant needs the user
+    again (README, Operations)."""
     deployment.provider.expires_in = 30
     await authorize(deployment)
     before = await stored_tokens(deployment)
-    deployment.connector.clock.advance(timedelta(seconds=28))
+    deployment.connector.clock.advance(timedelta(seconds=31))  # expired: the old token cannot serve meanwhile
     deployment.provider.lose_refresh_answers = 1
     async with deployment.connector.http(deployment.local_user, "github") as github:
-        with pytest.raises(NotAuthorized, match="ReadTimeout"):
+        with pytest.raises(ProviderUnavailable, match="ReadTimeout"):
             await github.get("user")
         assert await stored_tokens(deployment) == before  # nothing half-written, nothing dropped
-        with pytest.raises(NotAuthorized, match="invalid_grant"):
+        deployment.connector.clock.advance(timedelta(minutes=6))  # past the backoff
+        with pytest.raises(GrantNeedsUser, match="access was revoked or has expired on Mock Provider's side"):
             await github.get("user")  # the provider had rotated: the stored refresh token is dead there
     assert await stored_tokens(deployment) == before
     assert refreshes(deployment) == 2
     failures = await deployment.connector.runtime.store.audit.list(event="refresh_failed")
-    assert [e.detail["reason"] for e in failures] == ["provider_token_error"] * 2
+    assert [(e.detail["reason"], e.detail["verdict"]) for e in failures] == [
+        ("provider_token_error", "unavailable"),
+        ("provider_token_error", "needs_user"),
+    ]
 
 
 async def test_token_is_never_sent_to_another_host(deployment: Deployment) -> None:

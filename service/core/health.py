@@ -29,7 +29,7 @@ class HealthReason(StrEnum):
 
     REVOKED = "revoked"  # the provider refused the refresh token (invalid_grant or its own "bad refresh token")
     ACCOUNT_CHANGED = "account_changed"  # a refresh answered for another account (the ID token's `sub` changed)
-    NO_REFRESH_TOKEN = "no_refresh_token"  # the access token expired and there is nothing to refresh it with
+    NO_REFRESH_TOKEN = "no_refresh_token"  # noqa: S105 - a reason code. The access token expired and there is nothing to refresh it with
 
 
 def known_reason(value: str | None) -> HealthReason | None:
@@ -87,9 +87,11 @@ class RefreshBackoff:
     base: timedelta = timedelta(seconds=2)
     cap: timedelta = timedelta(minutes=5)
 
-    def wait(self, failures: int, retry_after: float | None = None, rand: Callable[[], float] = random.random) -> timedelta:
-        ceiling = min(self.cap, self.base * (2 ** max(failures - 1, 0)))
-        drawn = ceiling * (0.5 + 0.5 * rand())
+    def wait(
+        self, failures: int, retry_after: float | None = None, rand: Callable[[], float] = random.random
+    ) -> timedelta:
+        ceiling: timedelta = min(self.cap, self.base * (2 ** max(failures - 1, 0)))
+        drawn: timedelta = ceiling * (0.5 + 0.5 * rand())
         if retry_after is not None:
             drawn = max(drawn, timedelta(seconds=max(retry_after, 0.0)))
         return min(drawn, self.cap)

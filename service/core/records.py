@@ -107,7 +107,7 @@ class GrantRecord:
     created_at: datetime
     updated_at: datetime
     refused_scopes: tuple[str, ...] = ()  # asked for when it was made, refused by the provider (a narrowed grant)
-    health: GrantHealth = GrantHealth()
+    health: GrantHealth = field(default_factory=GrantHealth)
 
     def status_at(self, now: datetime) -> tuple[GrantStatus, HealthReason | None]:
         """The grant's status and its reason at `now`: `needs_user` as stored, `expired` once the access token of a

@@ -1,7 +1,7 @@
 """What replicas tell each other in a notification: ids and states only, never a secret.
 
-An elicitation event (or a grant event) travels as its id in the event log (the receiver reads the log from its cursor, in order);
-a grant change, which the log does not hold, travels whole (ids: grant, user, provider).
+An elicitation event or a grant event travels as its id in the event log (the receiver reads the log from its
+cursor, in order); a grant change, which the log does not hold, travels whole (ids: grant, user, provider).
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from __future__ import annotations
 from ..settings import DEFAULT_SECRET_OVERLAP, MAX_SECRET_OVERLAP
 from .dispatch import NO_ENDPOINT_RECHECK, WebhookDispatcher
 from .endpoints import WebhookEndpoints, WebhookPolicy
-from .payload import event_body, event_payload
+from .payload import event_body, event_payload, for_tenant
 from .signing import WebhookVerificationError, signed_headers, verify_webhook
 
 __all__ = [
@@ -45,6 +45,7 @@ __all__ = [
     "WebhookVerificationError",
     "event_body",
     "event_payload",
+    "for_tenant",
     "signed_headers",
     "verify_webhook",
 ]

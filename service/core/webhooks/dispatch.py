@@ -10,13 +10,13 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 
-from ..agent_api import tenant_of
+from ..events import GrantEvent
 from ..handles import new_id
 from ..ports import OutboxRepo, WebhookMetrics, WebhookSender
 from ..records import AttemptRecord, AttemptResult, WebhookDeliveryRecord, WebhookEndpointRecord
 from ..states import DeliveryStatus
 from .endpoints import WebhookEndpoints
-from .payload import event_body
+from .payload import event_body, for_tenant
 from .signing import signed_headers
 
 log = logging.getLogger("service.webhooks")
@@ -102,16 +102,13 @@ class WebhookDispatcher:
         events = await self.outbox.after(cursor, limit=FAN_OUT_BATCH)
         if not events:
             return 0
-        by_tenant: dict[str, list[WebhookEndpointRecord]] = {}
-        for endpoint in endpoints:
-            by_tenant.setdefault(endpoint.tenant, []).append(endpoint)
         now = self.now()
         deliveries = [
             WebhookDeliveryRecord(
                 id="whd_" + new_id(12),
                 endpoint_id=endpoint.id,
                 event_id=event.id or 0,
-                elicitation_id=event.elicitation_id,
+                elicitation_id=event.grant_id if isinstance(event, GrantEvent) else event.elicitation_id,
                 body=event_body(event),
                 status=DeliveryStatus.PENDING,
                 attempts=0,
@@ -125,8 +122,8 @@ class WebhookDispatcher:
                 delivered_at=None,
             )
             for event in events
-            for endpoint in by_tenant.get(tenant_of(event.connection_key) or "", ())
-            if (event.id or 0) > endpoint.after_event_id
+            for endpoint in endpoints
+            if for_tenant(event, endpoint.tenant) and (event.id or 0) > endpoint.after_event_id
         ]
         moved = await self.repo.enqueue(deliveries, from_cursor=cursor, to_cursor=events[-1].id or cursor)
         return len(events) if moved else 0

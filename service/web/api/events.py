@@ -1,10 +1,12 @@
-"""`GET /v1/events`: Server-Sent Events of the caller's elicitations, read from the durable event log.
+"""`GET /v1/events`: Server-Sent Events of the caller's elicitations and of grants, read from the durable event log.
 
-Each terminal change is one event whose SSE `id` is its id in the log (`elicitation_events`, ordered by commit), so
+Each terminal change of an elicitation (SSE `event: elicitation`) and each change of a grant's health that agents
+are told about (`event: grant`: `grant.needs_user`, `grant.recovered`, `grant.revoked`, `grant.deleted`) is one
+event whose SSE `id` is its id in the log (`elicitation_events`, ordered by commit), so
 a client that reconnects with `Last-Event-ID` (or `?after=`) gets every later event exactly once, whichever replica
-made the change or serves the stream. Without either, the stream starts at the newest event. Events carry ids and
-statuses only. The stream reads the log when this process's bus hears an event (its own changes, and other
-replicas' when the bus carries them), and at least every `POLL_SECONDS`; it sends a comment every
+made the change or serves the stream. Without either, the stream starts at the newest event. Events carry ids,
+statuses and reason codes only. The stream reads the log when this process's bus hears an event (its own changes,
+and other replicas' when the bus carries them), and at least every `POLL_SECONDS`; it sends a comment every
 `HEARTBEAT_SECONDS` of silence so proxies keep it open.
 """
 
@@ -16,10 +18,10 @@ from collections.abc import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from service.core.agent_api import AgentApi, tenant_of
-from service.core.events import ElicitationEvent
+from service.core.agent_api import AgentApi
+from service.core.events import ElicitationEvent, GrantEvent, LoggedEvent
 from service.core.records import ApiKeyRecord
-from service.core.webhooks import event_body
+from service.core.webhooks import event_body, for_tenant
 from service.events import LocalBus
 
 from ..inputs import invalid
@@ -55,7 +57,7 @@ class EventStream:
         wake = asyncio.Event()
 
         def heard(event: object) -> None:
-            if isinstance(event, ElicitationEvent):
+            if isinstance(event, ElicitationEvent | GrantEvent):
                 wake.set()
 
         self.bus.add_listener(heard)
@@ -68,7 +70,7 @@ class EventStream:
                 events = await self.api.store.outbox.after(last, limit=BATCH)
                 for event in events:
                     last = max(last, event.id or 0)
-                    if tenant_of(event.connection_key) == key.tenant:
+                    if for_tenant(event, key.tenant) and _allowed(event, key):
                         yield frame(event)
                 if len(events) == BATCH:
                     continue
@@ -85,6 +87,12 @@ class EventStream:
             self.bus.remove_listener(heard)
 
 
-def frame(event: ElicitationEvent) -> bytes:
-    """One SSE frame; its data is the same JSON a webhook sends (`models.Event`)."""
-    return f"id: {event.id or 0}\nevent: elicitation\ndata: {event_body(event)}\n\n".encode()
+def _allowed(event: LoggedEvent, key: ApiKeyRecord) -> bool:
+    """A grant event only for a key that may use its provider (its elicitations are its own already)."""
+    return not isinstance(event, GrantEvent) or key.allows(event.provider)
+
+
+def frame(event: LoggedEvent) -> bytes:
+    """One SSE frame; its data is the same JSON a webhook sends (`models.Event`, `models.GrantEventBody`)."""
+    kind = "grant" if isinstance(event, GrantEvent) else "elicitation"
+    return f"id: {event.id or 0}\nevent: {kind}\ndata: {event_body(event)}\n\n".encode()
