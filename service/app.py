@@ -171,7 +171,7 @@ def build_runtime(settings: Settings) -> Runtime:
         browser=browser,
         verifier=verifier,
         verification=IdentityStep(browser, verifier),
-        tokens=TokenAccess(store, vault, providers, bus, clock, metrics),
+        tokens=TokenAccess(store, vault, providers, bus, clock, metrics, settings.grants.backoff()),
         metrics=metrics,
         feed=feed,
         replica=replica,

@@ -8,7 +8,8 @@ thin facade: the work is done by the parts `service.app` wires (`runtime`).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+import asyncio
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,7 +19,7 @@ import httpx
 from .acp import AcpAuthorizer, AgentCalls
 from .config import Settings, load_settings
 from .core.errors import NotAuthorized
-from .core.events import ElicitationEvent
+from .core.events import ElicitationEvent, Event, GrantEvent
 from .core.identity import Identity
 from .core.outcomes import GrantInfo
 from .core.records import ElicitationRecord
@@ -144,6 +145,29 @@ class Connector(AgentCalls):
     async def disconnect(self, user: Identity, provider: str) -> int:
         """Revoke (where the provider allows) and delete every grant of `user` at `provider`."""
         return await self.runtime.tokens.disconnect(user, provider)
+
+    def on_grant_event(self, callback: Callable[[GrantEvent], None]) -> Callable[[], None]:
+        """Call `callback` (synchronously, on the event loop) with every grant event this process hears:
+        `grant.needs_user` (with its reason), `grant.recovered`, `grant.revoked`, `grant.deleted`; ids and reason
+        codes, never a token. Events another replica logged arrive while this process reads the event log (with
+        PostgreSQL's bus, when it is told of them). Returns the function that stops the calls."""
+
+        def heard(event: Event) -> None:
+            if isinstance(event, GrantEvent):
+                callback(event)
+
+        self.runtime.bus.add_listener(heard)
+        return lambda: self.runtime.bus.remove_listener(heard)
+
+    async def grant_events(self) -> AsyncIterator[GrantEvent]:
+        """The grant events of `on_grant_event`, as an async iterator (from now on, until the loop stops)."""
+        queue: asyncio.Queue[GrantEvent] = asyncio.Queue()
+        stop = self.on_grant_event(queue.put_nowait)
+        try:
+            while True:
+                yield await queue.get()
+        finally:
+            stop()
 
 
 __all__ = ["Connector"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from .framework import Commands, Invocation
@@ -24,7 +25,9 @@ def register(commands: Commands) -> None:
         help="list grants, newest first",
         description=(
             "One line per grant (at most 1000, newest first): its id, the user (issuer and subject), provider,\n"
-            "account, scopes, when its access token expires, and a note when it was stored without the refresh\n"
+            "account, scopes, when its access token expires, its status (active; needs_user with the reason code:\n"
+            "revoked, account_changed; expired: no_refresh_token), the last refresh that succeeded, and a note:\n"
+            "when a refresh may next be tried after transient failures, or when it was stored without the refresh\n"
             "token it was asked with (offline_access): it will need the user again at that expiry."
         ),
         examples=["acp-connector grants list --user alice --provider github"],
@@ -51,8 +54,10 @@ def run_list(invocation: Invocation) -> int:
             await store.close()
 
     found = asyncio.run(read())
-    rows = [("ID", "ISSUER", "SUBJECT", "PROVIDER", "ACCOUNT", "SCOPES", "EXPIRES", "NOTE")]
+    now = datetime.now(UTC)
+    rows = [("ID", "ISSUER", "SUBJECT", "PROVIDER", "ACCOUNT", "SCOPES", "EXPIRES", "STATUS", "REFRESHED", "NOTE")]
     for grant in found:
+        status, reason = grant.status_at(now)
         rows.append(
             (
                 grant.id,
@@ -61,11 +66,24 @@ def run_list(invocation: Invocation) -> int:
                 grant.provider,
                 grant.provider_account_id,
                 ",".join(grant.scopes) or "-",
-                grant.token_expires_at.strftime("%Y-%m-%dT%H:%M:%SZ") if grant.token_expires_at else "-",
-                grant.renewal_note() or "-",
+                _time(grant.token_expires_at),
+                status.value if reason is None else f"{status.value}:{reason.value}",
+                _time(grant.health.last_refresh_at),
+                _note(grant, now) or "-",
             )
         )
     invocation.table(rows)
     if len(found) == LIMIT:
         invocation.note(f"only the newest {LIMIT} are listed: narrow with --user, --issuer or --provider")
     return 0
+
+
+def _time(at: datetime | None) -> str:
+    return at.strftime("%Y-%m-%dT%H:%M:%SZ") if at is not None else "-"
+
+
+def _note(grant: GrantRecord, now: datetime) -> str | None:
+    waiting = grant.health.next_attempt_at
+    if waiting is not None and waiting > now:
+        return f"{grant.health.failures} refresh failures in a row; next try after {_time(waiting)}"
+    return grant.renewal_note()

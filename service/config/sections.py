@@ -17,6 +17,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import NoDecode
 
+from service.core.health import RefreshBackoff
 from service.core.retention import RetentionPolicy
 from service.core.webhooks import WebhookPolicy
 
@@ -350,6 +351,26 @@ class ApiSettings(_Section):
     """Proxy timeout to connect, and between two reads or writes."""
     proxy_max_seconds: float = Field(default=600.0, gt=0, le=86400)
     """Longest a whole proxied exchange may take."""
+
+
+class GrantSettings(_Section):
+    """`[grants]`: how grants are kept alive. After a refresh failed for a transient reason (5xx, 429, a timeout,
+    no connection), the grant's next refresh waits, on every replica: a jittered wait that doubles with each failure
+    in a row, from `refresh_retry_initial_seconds` up to `refresh_retry_max_seconds` (a provider's longer
+    Retry-After is honoured up to that bound too). Meanwhile a call whose token has expired raises
+    `ProviderUnavailable` without calling the provider."""
+
+    refresh_retry_initial_seconds: float = Field(default=2.0, gt=0, le=3600)
+    """The wait after the first transient refresh failure (drawn between half of it and all of it)."""
+    refresh_retry_max_seconds: float = Field(default=300.0, gt=0, le=86400)
+    """The longest wait between two refresh attempts of one grant."""
+
+    def backoff(self) -> RefreshBackoff:
+        """The refresh backoff, as plain values."""
+        return RefreshBackoff(
+            base=timedelta(seconds=self.refresh_retry_initial_seconds),
+            cap=timedelta(seconds=self.refresh_retry_max_seconds),
+        )
 
 
 class WebhookSettings(_Section):

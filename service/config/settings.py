@@ -45,6 +45,7 @@ from .sections import (
     DatabaseSettings,
     ElicitationSettings,
     EventsSettings,
+    GrantSettings,
     IdentitySettings,
     MetricsSettings,
     ProvidersSettings,
@@ -108,6 +109,7 @@ class Settings(BaseSettings):
     api: ApiSettings = Field(default_factory=ApiSettings)
     replicas: ReplicaSettings = Field(default_factory=ReplicaSettings)
     webhooks: WebhookSettings = Field(default_factory=WebhookSettings)
+    grants: GrantSettings = Field(default_factory=GrantSettings)
     config_file: Path | None = None
 
     @field_validator("public_base_url")

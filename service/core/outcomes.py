@@ -6,9 +6,10 @@ The same outcomes serve the embedded API and the `/v1` API: one mapping from an 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
 
+from .health import GrantStatus, HealthReason, reason_sentence
 from .records import ElicitationRecord, GrantRecord
 from .states import ElicitationStatus
 
@@ -97,17 +98,41 @@ TERMINAL_OUTCOMES: dict[ElicitationStatus, AuthorizationStatus] = {
 
 @dataclass(frozen=True, slots=True)
 class GrantInfo:
-    """What an agent may know about a grant: never the token."""
+    """What an agent may know about a grant: never the token. `status` is its health (`service.core.health`):
+    `active`, `needs_user` (with `reason`) or `expired`; the times say when it was last refreshed, when a refresh
+    last failed, and when the next one may be tried (after transient failures)."""
 
     id: str
     provider: str
     account_id: str
     scopes: tuple[str, ...]
     token_expires_at: datetime | None
+    status: GrantStatus = GrantStatus.ACTIVE
+    reason: HealthReason | None = None
+    last_refresh_at: datetime | None = None
+    last_failure_at: datetime | None = None
+    next_refresh_at: datetime | None = None
 
     @classmethod
-    def of(cls, grant: GrantRecord) -> GrantInfo:
-        return cls(grant.id, grant.provider, grant.provider_account_id, grant.scopes, grant.token_expires_at)
+    def of(cls, grant: GrantRecord, now: datetime | None = None) -> GrantInfo:
+        status, reason = grant.status_at(now if now is not None else datetime.now(UTC))
+        health = grant.health
+        return cls(
+            grant.id,
+            grant.provider,
+            grant.provider_account_id,
+            grant.scopes,
+            grant.token_expires_at,
+            status=status,
+            reason=reason,
+            last_refresh_at=health.last_refresh_at,
+            last_failure_at=health.last_failure_at,
+            next_refresh_at=health.next_attempt_at,
+        )
+
+    def describe_health(self, display_name: str | None = None) -> str | None:
+        """Why the grant is not active, in a sentence safe for the user and the model (None when it is)."""
+        return reason_sentence(self.reason, display_name or self.provider)
 
 
 @dataclass(frozen=True, slots=True)

@@ -140,6 +140,12 @@ class MockOAuthProvider:
     # OAuth errors the next token-endpoint calls answer, one per call, e.g. ["invalid_grant"] or
     # ["temporarily_unavailable"] (server_error: 500, temporarily_unavailable: 503, invalid_client: 401, else 400).
     token_errors: list[str] = field(default_factory=list)
+    # HTTP answers without an OAuth body the next token-endpoint calls get, one per call, as (status, headers):
+    # e.g. [(503, {}), (429, {"retry-after": "7"})]: an outage, not a refusal. Nothing is issued or rotated.
+    token_outages: list[tuple[int, dict[str, str]]] = field(default_factory=list)
+    # Token-endpoint calls that get no answer at all (respx: the call times out at once; over HTTP: the client's
+    # own timeout ends it). Nothing is issued or rotated.
+    token_timeouts: int = 0
     # Over HTTP: seconds every answer waits before it leaves (a slow provider).
     response_delay: float = 0.0
     issued_access_tokens: list[str] = field(default_factory=list)
@@ -225,6 +231,14 @@ class MockOAuthProvider:
             return MockResponse.json(404, {"error": "not_found"})
         return endpoint(request)
 
+    def _timed_out(self, request: MockRequest) -> bool:
+        """Whether the token endpoint leaves this call unanswered (while `token_timeouts` lasts; counted)."""
+        if self.token_timeouts <= 0 or request.path != "/token":
+            return False
+        self.token_timeouts -= 1
+        self.token_requests.append({"grant_type": request.form().get("grant_type", ""), "client_auth": "timed_out"})
+        return True
+
     def _answer_lost(self, request: MockRequest, answer: MockResponse) -> bool:
         """Whether to drop this answer (a successful refresh, while `lose_refresh_answers` lasts)."""
         if self.lose_refresh_answers <= 0 or request.path != "/token" or answer.status != 200:
@@ -252,6 +266,8 @@ class MockOAuthProvider:
             headers={k.lower(): v for k, v in request.headers.items()},
             body=request.content,
         )
+        if self._timed_out(mock_request):
+            raise httpx.ReadTimeout("the provider did not answer", request=request)
         answer = self.handle(mock_request)
         if self._answer_lost(mock_request, answer):
             raise httpx.ReadTimeout("the provider's answer was lost", request=request)
@@ -272,6 +288,8 @@ class MockOAuthProvider:
                 headers={k.lower(): v for k, v in request.headers.items()},
                 body=await request.body(),
             )
+            if self._timed_out(mock_request):
+                await asyncio.Event().wait()  # never answer: the client's timeout ends the call
             answer = self.handle(mock_request)
             if self._answer_lost(mock_request, answer):
                 await asyncio.Event().wait()  # never answer: the client's timeout ends the call
@@ -405,6 +423,9 @@ class MockOAuthProvider:
         self.token_requests.append({"grant_type": form.get("grant_type", ""), "client_auth": method or "failed"})
         if method is None:
             return MockResponse.json(401, {"error": "invalid_client"})
+        if self.token_outages:
+            status, headers = self.token_outages.pop(0)
+            return MockResponse(status, headers, b"<html>unavailable</html>")
         if self.token_errors:
             error = self.token_errors.pop(0)
             status = _TOKEN_ERROR_STATUS.get(error, 400)
@@ -492,7 +513,12 @@ class MockOAuthProvider:
         return urlsplit(self.base_url).path.rstrip("/") + request.path
 
 
-_TOKEN_ERROR_STATUS = {"server_error": 500, "temporarily_unavailable": 503, "invalid_client": 401}
+_TOKEN_ERROR_STATUS = {
+    "server_error": 500,
+    "temporarily_unavailable": 503,
+    "invalid_client": 401,
+    "bad_refresh_token": 200,  # GitHub answers its dead refresh token with HTTP 200
+}
 
 
 def _first_values(query: str) -> dict[str, str]:

@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 from pydantic.alias_generators import to_camel
 
+from service.core.health import GrantStatus, HealthReason
 from service.core.outcomes import AuthorizationStatus
 from service.core.states import DeliveryStatus, ElicitationStatus
 
@@ -131,6 +132,19 @@ class Grant(_Model):
         default=False,
         description="Stored without a refresh token although offline_access was asked: when the access token "
         "expires (`expiresAt`), the user must authorize again.",
+    )
+    status: GrantStatus = Field(
+        default=GrantStatus.ACTIVE,
+        description="active: usable; needs_user: the provider refused it for good (`reason`), the user must "
+        "authorize again (creating an elicitation for it says why); expired: its access token expired and it has "
+        "no refresh token.",
+    )
+    reason: HealthReason | None = Field(default=None, description="Why it is not active: a stable code.")
+    reason_text: str | None = Field(default=None, description="Why it is not active, in a sentence for people.")
+    last_refresh_at: datetime | None = Field(default=None, description="The last refresh that succeeded.")
+    last_failure_at: datetime | None = Field(default=None, description="The last refresh that failed.")
+    next_refresh_at: datetime | None = Field(
+        default=None, description="After transient failures: no refresh is tried before this time."
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from pydantic import BaseModel
 from starlette.requests import Request
@@ -14,7 +15,7 @@ from service.core.agent_api import AgentApi, Created
 from service.core.answers import AnswerKind, ClientAnswer
 from service.core.errors import FlowRefused
 from service.core.identity import Identity
-from service.core.outcomes import AuthorizationOutcome, StopCause
+from service.core.outcomes import AuthorizationOutcome, GrantInfo, StopCause
 from service.core.records import ApiElicitationRecord, ApiKeyRecord, ElicitationRecord, GrantRecord
 from service.core.scopes import ElicitationScope, RequestScope, SessionScope
 from service.tokens import TokenAccess
@@ -60,7 +61,8 @@ class Operation:
     stream_model: type[BaseModel] | None = None  # what each streamed item is (an event's `data`)
 
 
-def grant_model(grant: GrantRecord) -> models.Grant:
+def grant_model(grant: GrantRecord, display_name: str | None = None, now: datetime | None = None) -> models.Grant:
+    info = GrantInfo.of(grant, now)
     return models.Grant(
         grant_id=grant.id,
         provider=grant.provider,
@@ -70,6 +72,12 @@ def grant_model(grant: GrantRecord) -> models.Grant:
         updated_at=grant.updated_at,
         expires_at=grant.token_expires_at,
         needs_user_again=grant.needs_user_again,
+        status=info.status,
+        reason=info.reason,
+        reason_text=info.describe_health(display_name),
+        last_refresh_at=info.last_refresh_at,
+        last_failure_at=info.last_failure_at,
+        next_refresh_at=info.next_refresh_at,
     )
 
 
@@ -91,7 +99,7 @@ class ElicitationRoutes:
         grant = None
         if outcome is not None and outcome.grant is not None:
             stored = await self.api.store.grants.get(outcome.grant.id)
-            grant = grant_model(stored) if stored is not None else None
+            grant = self.grant_model(stored) if stored is not None else None
         return models.ElicitationState(
             elicitation_id=record.id,
             status=record.status,
@@ -147,7 +155,7 @@ class ElicitationRoutes:
             return models.Created(
                 status="narrowed" if created.refused_scopes else "already_authorized",
                 provider_display_name=display_name,
-                grant=grant_model(created.grant),
+                grant=self.grant_model(created.grant),
                 refused_scopes=list(created.refused_scopes),
             )
         if created.elicitation is None or created.owner is None:
@@ -214,7 +222,11 @@ class ElicitationRoutes:
         found: list[GrantRecord] = []
         for name in names:
             found.extend(await self.api.store.grants.find(user, name))
-        return answer(models.GrantList(grants=[grant_model(g) for g in found]))
+        return answer(models.GrantList(grants=[self.grant_model(g) for g in found]))
+
+    def grant_model(self, grant: GrantRecord) -> models.Grant:
+        elicitations = self.api.elicitations
+        return grant_model(grant, elicitations.display_name(grant.provider), elicitations.now())
 
     async def delete_grant(self, request: Request) -> Response:
         key = await caller(request, self.api)
