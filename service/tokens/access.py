@@ -13,11 +13,11 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from datetime import datetime
 
+from service.core.coverage import find_grant
 from service.core.errors import ConnectorError, NotAuthorized
 from service.core.events import Event, GrantChange, GrantChanged, GrantEvent, GrantEventKind
 from service.core.health import RefreshBackoff
 from service.core.identity import Identity
-from service.core.coverage import find_grant
 from service.core.records import GrantRecord, TokenSet
 from service.metrics import Metrics, RefreshResult
 from service.oauth import ProviderGateway, ResolvedProvider
