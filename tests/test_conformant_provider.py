@@ -17,6 +17,7 @@ automatic), and the agent side is a real ACP connection.
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -25,16 +26,28 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import pytest_asyncio
 
-from service import AuthorizationOutcome, AuthorizationStatus, Identity, NotAuthorized, SessionScope
+from service import (
+    AuthorizationOutcome,
+    AuthorizationStatus,
+    GrantNeedsUser,
+    GrantStatus,
+    Identity,
+    NotAuthorized,
+    SessionScope,
+)
 from service.core.handles import grant_aad
 from service.testing import MockOIDCProvider, ScriptedBrowser
 
 from .acp_peers import RecordingClient, Wire, connect
+from .api_support import api_client, make_key
 from .conftest import Deployment, deploy, write_catalog
-from .oidc_op_support import OidcOp
+from .oidc_op_support import OidcOp, basic_auth_header
+from .test_api_events import stream
+from .test_api_webhooks import receiving
 
 NAME = "sso"
 METHODS = ("client_secret_basic", "client_secret_post")
@@ -153,6 +166,19 @@ class Conformant:
             assert self.mock is not None
             self.mock.narrow_scopes = set(scopes)
 
+    async def revoke_outside(self, token: str, method: str = "client_secret_basic") -> None:
+        """Revoke `token` (and with it its grant) at the provider's RFC 7009 revocation endpoint, as the client, but
+        not through the connector: what a user revoking the app at the provider amounts to."""
+        client_id, secret = self.client(method)
+        async with httpx.AsyncClient() as http:
+            endpoint = (await http.get(self.discovery_url)).json()["revocation_endpoint"]
+            answer = await http.post(
+                endpoint,
+                data={"token": token, "token_type_hint": "refresh_token"},
+                headers={"Authorization": basic_auth_header(client_id, secret)},
+            )
+        assert answer.status_code == 200, answer.text
+
     async def override_next_refresh_sub(self, sub: str) -> None:
         if self.op is not None:
             await self.op.override_sub(sub)
@@ -196,6 +222,7 @@ async def connector_for(
     method: str = "client_secret_basic",
     scopes: list[str],
     identity_verifier: bool = False,
+    **extra: str,
 ) -> AsyncIterator[Deployment]:
     """A connector whose catalog names the provider by its discovery URL only (and its API: the issuer's origin)."""
     entry = {"discovery_url": provider.discovery_url, "oidc": True, "account_id_field": "sub"}
@@ -207,6 +234,7 @@ async def connector_for(
         "CONNECTOR_PROVIDER_SSO_CLIENT_SECRET": secret,
         "CONNECTOR_PROVIDERS__SSO__TOKEN_ENDPOINT_AUTH_METHOD": method,
         "CONNECTOR_PROVIDERS__SSO__DEFAULT_SCOPES": ",".join(scopes),
+        **extra,
     }
     user = None
     if identity_verifier:
@@ -422,3 +450,77 @@ async def test_a_narrowed_grant_is_the_documented_outcome_and_is_not_asked_for_a
         asked = await agent.authorize(wanted, ask_again=True)
         assert asked.status is AuthorizationStatus.AUTHORIZED, asked.describe()
         assert agent.elicitations_sent() == 2
+
+
+async def test_a_grant_revoked_at_the_provider_needs_the_user_says_why_and_heals_when_asked_again(
+    provider: Conformant, connector_env: dict[str, str], tmp_path: Path, loopback_socket: socket.socket
+) -> None:
+    """Revoked at the provider (RFC 7009, outside the connector): the next use says `needs_user` and why, once on
+    /v1/events and to a webhook, and nothing is refreshed again; asked again, the user heals the same grant."""
+    webhooks = {
+        "CONNECTOR_WEBHOOKS__ALLOW_PRIVATE_ADDRESSES": "true",
+        "CONNECTOR_WEBHOOKS__POLL_INTERVAL_SECONDS": "0.05",
+    }
+    async with (
+        receiving() as receiver,
+        connector_for(provider, connector_env, tmp_path, loopback_socket, scopes=REFRESHABLE, **webhooks) as deployment,
+        agent_of(deployment) as agent,
+    ):
+        first = await agent.authorize()
+        assert first.status is AuthorizationStatus.AUTHORIZED and first.grant is not None
+        store = deployment.connector.runtime.store
+        key = await make_key(store)
+        user = {"issuer": deployment.local_user.issuer, "subject": deployment.local_user.subject}
+        async with api_client(deployment.base_url, key) as api, stream(deployment.base_url, key) as sse:
+            assert (await api.post("/v1/webhooks", json={"url": receiver.url})).status_code == 201
+            tokens = await stored_tokens(deployment)
+            await provider.revoke_outside(tokens["refresh_token"])
+
+            expire(deployment)  # the next use refreshes
+            with pytest.raises(GrantNeedsUser) as refused:
+                await userinfo(deployment, provider)
+            assert refused.value.reason == "revoked" and "revoked or has expired" in refused.value.sentence
+            for _ in range(2):  # never refreshed again: every use says why at once
+                with pytest.raises(GrantNeedsUser):
+                    await userinfo(deployment, provider)
+            assert await provider.token_requests("refresh_token") == 1
+            assert await stored_tokens(deployment) == tokens  # kept as it was
+
+            ((_, told),) = await sse.wait_for(1)
+            await receiver.wait_until(lambda r: len(r.requests) >= 1)
+            (hooked,) = receiver.requests
+            assert json.loads(hooked.body) == told
+            assert told == {
+                "id": told["id"],
+                "type": "grant.needs_user",
+                "grantId": first.grant.id,
+                "provider": NAME,
+                "accountId": first.grant.account_id,
+                "issuer": user["issuer"],
+                "subject": user["subject"],
+                "reason": "revoked",
+            }
+            (listed,) = (await api.get("/v1/grants", params=user)).json()["grants"]
+            assert (listed["status"], listed["reason"]) == ("needs_user", "revoked")
+            assert listed["reasonText"] == refused.value.sentence
+
+            # Asked again: a new elicitation that says why (not already_authorized), and the same grant heals.
+            again = await agent.authorize()
+            assert again.status is AuthorizationStatus.AUTHORIZED and again.grant is not None
+            assert again.grant.id == first.grant.id and again.grant.status is GrantStatus.ACTIVE
+            message = agent.wire.received("elicitation/create")[-1]["params"]["message"]
+            assert refused.value.sentence in message
+            (_, (_, recovered)) = await sse.wait_for(2)
+            assert (recovered["type"], recovered["grantId"], recovered["reason"]) == (
+                "grant.recovered",
+                first.grant.id,
+                "revoked",
+            )
+            (healed,) = (await api.get("/v1/grants", params=user)).json()["grants"]
+            assert healed["status"] == "active" and healed["grantId"] == first.grant.id
+            assert await userinfo(deployment, provider) == 200
+        audit = [e.event for e in await store.audit.list() if e.event.startswith("grant_")]
+        assert audit == ["grant_needs_user", "grant_recovered"]
+        # No secret in anything the reason went into.
+        told_everywhere = json.dumps([told, recovered, listed, str(refused.value), message])
+        assert tokens["refresh_token"] not in told_everywhere and tokens["access_token"] not in told_everywhere

@@ -18,6 +18,7 @@ from .identity import Identity
 from .lifecycle import Elicitations, Written
 from .ports import Provider, ProviderGateway, Store, Tx, Vault
 from .records import OFFLINE_ACCESS, ElicitationRecord, FlowRecord, GrantRecord, Intent, TokenSet
+from .renewal import carried_over, previous_grant, record_recovery
 from .settings import FlowSettings
 from .states import RESTART_FROM, START_FROM, ElicitationStatus
 
@@ -319,6 +320,8 @@ class BrowserFlow:
         self, record: ElicitationRecord, provider: Provider, tokens: TokenSet, account_id: str
     ) -> ElicitationRecord:
         now = self.now()
+        previous = await previous_grant(self.store, record.identity, provider.name, account_id)
+        tokens = carried_over(tokens, previous, self.vault)
         aad = grant_aad(record.identity.issuer, record.identity.subject, provider.name, account_id)
         key_id, blob = self.vault.encrypt_json(tokens.to_json(), aad=aad)
         # Without a `scope` in the token response the grant is what was asked (RFC 6749 §5.1).
@@ -347,13 +350,14 @@ class BrowserFlow:
 
         async def store_grant(tx: Tx) -> Written:
             stored = await self.store.grants.upsert(grant, conn=tx)
+            recovered = await record_recovery(self.store, previous, stored, now=now, conn=tx)
             detail = {
                 "grant_id": stored.id,
                 "scopes": list(stored.scopes),
                 **({"refused_scopes": list(refused)} if refused else {}),
                 "refreshable": tokens.refresh_token is not None,
             }
-            return Written(detail=detail, grant=stored)
+            return Written(detail=detail, grant=stored, logged=recovered)
 
         # The agent may have cancelled while the user was at the provider. The user did authorize, so the grant is
         # kept (`within` writes it either way), but the cancelled elicitation stays cancelled and resumes nothing.

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from .answers import AnswerKind, ClientAnswer, ending_of
-from .coverage import find_grant, settled_by
+from .coverage import default_message, find_grant, request_plan, settled_by
 from .errors import FlowRefused
-from .events import ElicitationEvent, GrantChange, GrantChanged
+from .events import ElicitationEvent, GrantChange, GrantChanged, GrantEvent
 from .handles import new_id
 from .identity import Identity
 from .outcomes import (
@@ -43,10 +43,12 @@ CONNECTION_CLOSED = "connection_closed"  # why a completion is undeliverable: th
 @dataclass(frozen=True, slots=True)
 class Written:
     """What a final change's `within` wrote in its transaction, for the audit line and the event: more audit detail,
-    and the grant stored (the event carries it, and grant caches hear of it)."""
+    the grant stored (the event carries it, and grant caches hear of it), and grant events it logged (published
+    after the commit)."""
 
     detail: Mapping[str, object] = field(default_factory=dict)
     grant: GrantRecord | None = None
+    logged: Sequence[GrantEvent] = ()
 
 
 class Elicitations:
@@ -151,8 +153,7 @@ class Elicitations:
 
     # -- changes ----------------------------------------------------------------------------------------
     def default_message(self, provider: str, scopes: Sequence[str]) -> str:
-        listed = ", ".join(scopes) if scopes else "basic access"
-        return f"Authorize access to your {self.display_name(provider)} account ({listed})."
+        return default_message(self.display_name(provider), scopes)
 
     async def create(
         self,
@@ -167,26 +168,28 @@ class Elicitations:
         within: Callable[[ElicitationRecord, Tx], Awaitable[None]] | None = None,
         replica_id: str | None = None,
     ) -> ElicitationRecord:
-        """A new pending elicitation; its time (`elicitation_ttl`) runs from now.
+        """A new pending elicitation; its time (`elicitation_ttl`) runs from now. With a grant already at the
+        provider, it asks for the union of its scopes and `scopes`, and its message says why (`request_plan`).
 
         `agent_name` is who the consent page says asks (default: the configured agent name). `within` runs in
         the creating transaction, to write what belongs with the new row; if it raises, nothing is written.
         `replica_id` names the replica whose process holds the connection `connection_key`: the one that tells
         the client when it completes (None: no process here holds it, e.g. a `/v1` agent's own connection).
         """
+        plan = request_plan(await self.store.grants.find(user, provider), self.display_name(provider), scopes, message)
         now = self.now()
         record = ElicitationRecord(
             id=new_id(24),  # 192 random bits
             connection_key=connection_key,
             identity=user,
             provider=provider,
-            scopes=tuple(scopes),
+            scopes=plan.scopes,
             scope_kind="session" if isinstance(scope, SessionScope) else "request",
             session_id=scope.session_id if isinstance(scope, SessionScope) else None,
             tool_call_id=scope.tool_call_id if isinstance(scope, SessionScope) else None,
             request_id=scope.request_id if isinstance(scope, RequestScope) else None,
             agent_name=agent_name or self.settings.agent_name,
-            message=message or self.default_message(provider, scopes),
+            message=plan.message,
             status=ElicitationStatus.PENDING,
             failure_reason=None,
             created_at=now,
@@ -266,6 +269,8 @@ class Elicitations:
                 logged = await self.store.outbox.append([ending], at=now, conn=tx)
         if (stored := written.grant) is not None:
             self.events.publish(GrantChanged(stored.id, stored.identity, stored.provider, GrantChange.STORED))
+        for grant_event in written.logged:
+            self.events.publish(grant_event)
         if updated is not None:
             self.ended(record, logged[0])
         return updated

@@ -198,6 +198,16 @@ REFUSALS: dict[str, Refusal] = {
     "grant_unusable": Refusal(
         403, "Not authorized", "The user's grant can no longer be used; the user must authorize again."
     ),
+    "grant_needs_user": Refusal(
+        403,
+        "Authorization needed again",
+        "The user must authorize again ({reason}): {sentence}. Creating an elicitation for the provider asks them.",
+    ),
+    "provider_unavailable": Refusal(
+        503,
+        "Provider unavailable",
+        "The provider could not renew the access token just now; nothing changed. Try again after Retry-After.",
+    ),
     "proxy_not_available": Refusal(404, "No API to proxy", "This provider has no API base URL to proxy to."),
     "proxy_path_refused": Refusal(400, "Path refused", "The path must stay under the provider's API base URL."),
     "upstream_unavailable": Refusal(502, "Provider unavailable", "The provider's API could not be reached."),

@@ -30,7 +30,9 @@ def browser_facts(request: Request, trusted_proxies: Sequence[str]) -> BrowserFa
 def api_error(exc: FlowRefused, **extra: Any) -> JSONResponse:
     """The JSON answer for a refused API call: {"error": {"code", "message"}, ...extra}."""
     refusal, text = describe(exc, for_api=True)
-    headers = {"WWW-Authenticate": 'Bearer realm="acp-connector"'} if refusal.status == 401 else None
+    headers = {"WWW-Authenticate": 'Bearer realm="acp-connector"'} if refusal.status == 401 else {}
+    if "retry_after" in exc.detail:
+        headers["Retry-After"] = exc.detail["retry_after"]
     return JSONResponse({"error": {"code": exc.code, "message": text}, **extra}, refusal.status, headers=headers)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import re
 from collections.abc import AsyncIterator
 from urllib.parse import unquote
@@ -23,7 +24,14 @@ from starlette.responses import Response, StreamingResponse
 
 from service.config import ApiSettings
 from service.core.agent_api import AgentApi
-from service.core.errors import ConnectorError, FlowRefused, NotAuthorized
+from service.core.errors import (
+    ConnectorError,
+    FlowRefused,
+    GrantNeedsUser,
+    NotAuthorized,
+    ProviderError,
+    ProviderUnavailable,
+)
 from service.core.identity import Identity
 from service.oauth import ProviderGateway
 from service.tokens import GrantAuth, TokenAccess, api_origin
@@ -135,8 +143,14 @@ class ProxyRoute:
             response = await self.providers.http.send_bare(
                 provider.name, upstream, GrantAuth(self.tokens, grant.id, provider)
             )
+        except GrantNeedsUser as exc:
+            raise FlowRefused("grant_needs_user", detail={"reason": exc.reason, "sentence": exc.sentence}) from None
         except NotAuthorized:
             raise FlowRefused("grant_unusable") from None
+        except ProviderError as exc:  # the refresh failed for now (ProviderUnavailable) or was refused: backing off
+            retry = exc.retry_after if isinstance(exc, ProviderUnavailable) else None
+            wait = str(max(1, math.ceil(retry or 1)))
+            raise FlowRefused("provider_unavailable", detail={"retry_after": wait}) from None
         except httpx.TimeoutException:
             raise FlowRefused("upstream_timeout") from None
         except httpx.HTTPError:
