@@ -58,8 +58,19 @@ async def test_full_flow_over_the_api(deployment: Deployment) -> None:
             "updatedAt",
             "expiresAt",
             "needsUserAgain",
+            "status",
+            "reason",
+            "reasonText",
+            "lastRefreshAt",
+            "lastFailureAt",
+            "nextRefreshAt",
         }
         assert state["grant"]["needsUserAgain"] is False
+        assert (state["grant"]["status"], state["grant"]["reason"], state["grant"]["reasonText"]) == (
+            "active",
+            None,
+            None,
+        )
 
         again = await api.post("/v1/elicitations", json=create_body(user))
         assert again.status_code == 200

@@ -14,10 +14,21 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from service import GrantEvent, GrantEventKind, GrantNeedsUser, GrantStatus, HealthReason, ProviderUnavailable
+from service import (
+    AuthorizationStatus,
+    GrantEvent,
+    GrantEventKind,
+    GrantNeedsUser,
+    GrantStatus,
+    HealthReason,
+    ProviderUnavailable,
+    SessionScope,
+)
 from service.core.health import reason_sentence
 from service.store import tables
+from service.testing import ScriptedBrowser
 
+from .acp_peers import RecordingClient, connect
 from .conftest import Deploy, Deployment
 from .test_tokens import authorize, refreshes, stored_tokens
 
@@ -209,3 +220,45 @@ async def test_metrics_count_refresh_outcomes_by_reason(deployment: Deployment) 
         'acp_connector_token_refresh_failures_total{provider="github",reason="revoked"} 1.0',
     ):
         assert line in rendered, line
+
+
+async def ask(deployment: Deployment, scopes: list[str]) -> tuple[Any, list[str]]:
+    """Ask for `scopes` over a real ACP connection; walk the browser if an elicitation comes. (outcome, messages)."""
+    client = RecordingClient(answer="accept")
+    wire = await connect(deployment.connector, deployment.local_user, client)
+    assert wire.agent.conn is not None
+    request = asyncio.create_task(
+        deployment.connector.request_authorization(
+            wire.agent.conn, user=deployment.local_user, provider="github", scopes=scopes, scope=SessionScope("s")
+        )
+    )
+    link = asyncio.ensure_future(client.urls.get())
+    await asyncio.wait({request, link}, return_when="FIRST_COMPLETED")
+    if link.done():
+        async with ScriptedBrowser() as browser:
+            assert (await browser.authorize(link.result())).status_code == 200
+    link.cancel()
+    outcome = await asyncio.wait_for(request, 10)
+    messages = [m["params"]["message"] for m in wire.received("elicitation/create")]
+    await wire.close()
+    return outcome, messages
+
+
+async def test_one_more_scope_updates_the_same_grant_and_keeps_what_it_held(deployment: Deployment) -> None:
+    provider = deployment.provider
+    first, _ = await ask(deployment, ["repo"])
+    assert first.ok and first.grant is not None
+    provider.issue_refresh_token = False  # like Google: no new refresh token at a later consent
+    held = (await stored_tokens(deployment))["refresh_token"]
+
+    more, messages = await ask(deployment, ["gist"])
+    assert more.status is AuthorizationStatus.AUTHORIZED and more.grant is not None
+    assert messages == [
+        "Authorize more access to your Mock Provider account: gist, in addition to what it already granted (repo)."
+    ]
+    assert provider.authorization_requests[-1]["scope"] == "repo gist"  # the union was asked for
+    (grant,) = await deployment.connector.runtime.store.grants.find(deployment.local_user, "github")  # one row
+    assert grant.id == first.grant.id and set(grant.scopes) == {"repo", "gist"}
+    assert (await stored_tokens(deployment))["refresh_token"] == held  # not lost: the provider did not take it back
+    again, messages = await ask(deployment, ["gist"])
+    assert again.status is AuthorizationStatus.ALREADY_AUTHORIZED and messages == []

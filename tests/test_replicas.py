@@ -132,7 +132,7 @@ async def run_replicas(env: dict[str, str], count: int, uses: int) -> list[dict[
     try:
         for proc in procs:
             assert proc.stdout is not None
-            line = await asyncio.wait_for(proc.stdout.readline(), 60)
+            line = await asyncio.wait_for(proc.stdout.readline(), 180)  # a loaded machine starts slowly
             assert line.strip() == b"ready", line
         for proc in procs:
             assert proc.stdin is not None
@@ -173,6 +173,41 @@ async def test_two_replicas_refresh_an_expired_grant_exactly_once(seeded: Deploy
     assert stored.access_token == provider.issued_access_tokens[-1]
     events = [e.event for e in await runtime.store.audit.list() if e.event.startswith("refresh")]
     assert events == ["refreshed"]
+
+
+@pytest.mark.duration(11)
+async def test_two_replicas_during_a_provider_outage_make_one_refresh_attempt_per_backoff_step(
+    seeded: Deployment, cluster: Cluster
+) -> None:
+    """The token endpoint answers 503 while both replicas need a refresh: the first attempt's backoff, written on
+    the grant under its lock, holds every other use on both replicas back from the provider; nothing stored
+    changes, each use raises the retryable error; once the backoff ran out and the provider recovered, the next
+    use refreshes with no user involved."""
+    provider = cluster.provider
+    before = await expire_stored_tokens(seeded)
+    refreshes_before = refreshes(seeded)
+    provider.token_outages.extend([(503, {})] * 50)
+    # A backoff far longer than the run: every attempt after the first falls within its first step.
+    slow = {**cluster.env, "CONNECTOR_GRANTS__REFRESH_RETRY_INITIAL_SECONDS": "120"}
+
+    results = await run_replicas(slow, 2, 20)
+
+    assert refreshes(seeded) - refreshes_before == 1  # one attempt for both processes and all 40 uses
+    assert [r["errors"] for r in results] == [{"ProviderUnavailable": 20}] * 2
+    runtime = seeded.connector.runtime
+    (grant,) = await runtime.store.grants.find(ALICE, "github")
+    assert runtime.tokens.decrypt(grant) == before  # nothing stored changed
+    assert grant.health.status.value == "active" and grant.health.failures == 1
+    assert grant.health.next_attempt_at is not None
+
+    # The provider recovers; past the backoff the next use refreshes, nobody asked.
+    provider.token_outages.clear()
+    seeded.connector.clock.advance(timedelta(minutes=10))
+    async with seeded.connector.http(ALICE, "github") as github:
+        assert (await github.get("user")).status_code == 200
+    assert refreshes(seeded) - refreshes_before == 2
+    (healed,) = await runtime.store.grants.find(ALICE, "github")
+    assert healed.health.failures == 0 and runtime.tokens.decrypt(healed).refresh_token != before.refresh_token
 
 
 # -- the completion across replicas ---------------------------------------------------------------------------------
