@@ -143,18 +143,8 @@ class ProxyRoute:
             response = await self.providers.http.send_bare(
                 provider.name, upstream, GrantAuth(self.tokens, grant.id, provider)
             )
-        except GrantNeedsUser as exc:
-            raise FlowRefused("grant_needs_user", detail={"reason": exc.reason, "sentence": exc.sentence}) from None
-        except NotAuthorized:
-            raise FlowRefused("grant_unusable") from None
-        except ProviderError as exc:  # the refresh failed for now (ProviderUnavailable) or was refused: backing off
-            retry = exc.retry_after if isinstance(exc, ProviderUnavailable) else None
-            wait = str(max(1, math.ceil(retry or 1)))
-            raise FlowRefused("provider_unavailable", detail={"retry_after": wait}) from None
-        except httpx.TimeoutException:
-            raise FlowRefused("upstream_timeout") from None
-        except httpx.HTTPError:
-            raise FlowRefused("upstream_unavailable") from None
+        except (NotAuthorized, ProviderError, httpx.HTTPError) as exc:
+            raise _refusal(exc) from None
         dropped = NOT_RETURNED | _connection_tokens(response.headers)
         if response.is_stream_consumed:  # a 401 that could not be retried was read (and decoded) by GrantAuth
             dropped |= {"content-encoding", "content-length"}
@@ -255,3 +245,17 @@ def _connection_tokens(headers: httpx.Headers) -> frozenset[str]:
 
 def _tokens(value: str) -> frozenset[str]:
     return frozenset(part.strip().lower() for part in value.split(",") if part.strip())
+
+
+def _refusal(exc: NotAuthorized | ProviderError | httpx.HTTPError) -> FlowRefused:
+    """What the agent is told when the token could not be had or the provider not reached."""
+    if isinstance(exc, GrantNeedsUser):  # the reason, so the agent asks the user again and says why
+        return FlowRefused("grant_needs_user", detail={"reason": exc.reason, "sentence": exc.sentence})
+    if isinstance(exc, NotAuthorized):
+        return FlowRefused("grant_unusable")
+    if isinstance(exc, ProviderError):  # the refresh failed for now (ProviderUnavailable) or was refused: backing off
+        retry = exc.retry_after if isinstance(exc, ProviderUnavailable) else None
+        return FlowRefused("provider_unavailable", detail={"retry_after": str(max(1, math.ceil(retry or 1)))})
+    if isinstance(exc, httpx.TimeoutException):
+        return FlowRefused("upstream_timeout")
+    return FlowRefused("upstream_unavailable")
