@@ -54,14 +54,15 @@ async def test_a_401_triggers_one_refresh_and_one_retry(deployment: Deployment) 
     assert deployment.provider.api_calls[before:] == ["/api/user", "/api/user"]  # the 401, then the retry
 
 
-async def test_a_401_after_refresh_is_returned_not_retried_again(deployment: Deployment) -> None:
+async def test_a_401_and_a_refused_refresh_say_the_user_must_authorize_again_and_why(deployment: Deployment) -> None:
     key = await authorized_key(deployment)
     deployment.provider.expire_access_tokens()
     deployment.provider.revoke_refresh_tokens()  # the grant cannot be renewed
     before = len(deployment.provider.api_calls)
     async with api_client(deployment.base_url, key) as api:
         response = await api.get("/v1/proxy/github/user", headers=user_headers(deployment.local_user))
-    assert response.status_code == 401 and response.json() == {"message": "Bad credentials"}  # the provider's
+    assert response.status_code == 403 and response.json()["error"]["code"] == "grant_needs_user"
+    assert "(revoked): Mock Provider access was revoked" in response.json()["error"]["message"]
     assert refreshes(deployment) == 1  # tried once, refused
     assert deployment.provider.api_calls[before:] == ["/api/user"]  # no retry without a new token
 
