@@ -118,6 +118,7 @@ __all__ = [
     "GrantNeedsUser",
     "GrantStatus",
     "HealthReason",
+    "Identity",
     "McpAuthorizer",
     "McpSdkUnsupported",
     "NoVerifiedUser",
