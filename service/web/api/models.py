@@ -92,14 +92,21 @@ class Answer(_Request):
 
     action: Literal["accept", "decline", "cancel", "client_error", "disconnected"]
     code: Annotated[int, Field(ge=-(2**31), le=2**31 - 1)] | None = None
-    message: Annotated[str, StringConstraints(max_length=500)] | None = None
+    message: Annotated[str, StringConstraints(max_length=500)] | None = Field(
+        default=None,
+        description="With `cancel`: the client's own reason (its `_meta.message`), which makes the answer a refusal "
+        "by the client's policy (outcome `refused`, the reason kept) rather than a person dismissing it. With "
+        "`client_error`: the error's message.",
+    )
 
     @model_validator(mode="after")
     def _code_for_errors(self) -> Answer:
         if self.action == "client_error" and self.code is None:
             raise ValueError("client_error needs the JSON-RPC error code")
-        if self.action != "client_error" and (self.code is not None or self.message is not None):
-            raise ValueError("code and message belong to client_error only")
+        if self.action != "client_error" and self.code is not None:
+            raise ValueError("code belongs to client_error only")
+        if self.action not in ("client_error", "cancel") and self.message is not None:
+            raise ValueError("message belongs to cancel (the client's reason) and client_error only")
         return self
 
 

@@ -192,10 +192,13 @@ class ElicitationRoutes:
         key = await caller(request, self.api)
         elicitation_id = request.path_params["elicitation_id"]
         body = await read_model(request, models.Answer, self.max_body)
-        message = body.message if body.message and body.message.isprintable() else None
-        record, owner, outcome = await self.api.answer(
-            key, elicitation_id, ClientAnswer(_ANSWERS[body.action], error_code=body.code, message=message)
-        )
+        kind = _ANSWERS[body.action]
+        if kind is AnswerKind.CANCEL:  # the client's reason: sanitised where the answer is recorded
+            reported = ClientAnswer(kind, client_message=body.message)
+        else:
+            message = body.message if body.message and body.message.isprintable() else None
+            reported = ClientAnswer(kind, error_code=body.code, message=message)
+        record, owner, outcome = await self.api.answer(key, elicitation_id, reported)
         return answer(await self.state(record, owner, outcome))
 
     async def cancel(self, request: Request) -> Response:
