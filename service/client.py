@@ -6,26 +6,38 @@ elicitation and holds the tokens; this client sends `elicitation/create` and `el
 agent's own ACP connection (it keeps the connection, the sidecar keeps the secrets), reports the client's answer,
 waits on the sidecar (long-poll), and sends `$/cancel_request` and foreground state like the embedded connector.
 `http(user, provider)` calls the provider's API through the sidecar's token proxy.
+
+Waiting survives a sidecar restart or a network error: the long-poll (and reporting the answer or a cancellation)
+is tried again with backoff until the elicitation's `expiresAt`; only then does the call fail, with
+`SidecarUnavailable`, whose message says what happened in words a user can read.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
-from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 
 from .acp import AcpAuthorizer, AgentCalls, AuthorizationAsk
 from .core.answers import AnswerKind, ClientAnswer
 from .core.coverage import covers
-from .core.errors import SidecarError
+from .core.errors import SidecarError, SidecarUnavailable
 from .core.identity import Identity
-from .core.outcomes import NARROWED_BEFORE, AuthorizationOutcome, AuthorizationStatus, GrantInfo, StopCause
+from .core.outcomes import (
+    NARROWED_BEFORE,
+    AuthorizationOutcome,
+    AuthorizationStatus,
+    GrantInfo,
+    StopCause,
+    refusal_message,
+)
 from .core.scopes import SessionScope
 from .core.webhooks import WebhookVerificationError, verify_webhook
 from .faces import CompletionListener
@@ -35,6 +47,10 @@ if TYPE_CHECKING:
 
 # How long one long-poll asks the sidecar to hold (the connection ending wakes the waiting call at once).
 WAIT_SECONDS = 10.0
+# Backoff between attempts while the sidecar cannot be reached: doubling from the first to the last, with jitter.
+RETRY_FIRST_SECONDS = 0.1
+RETRY_MAX_SECONDS = 2.0
+T = TypeVar("T")
 Call = Callable[..., Awaitable[dict[str, Any]]]  # (method, path, **httpx request options) -> the JSON answer
 _ANSWER_ACTIONS = {
     AnswerKind.ACCEPT: "accept",
@@ -45,6 +61,23 @@ _ANSWER_ACTIONS = {
 }
 
 
+def _unreachable(error: Exception) -> str | None:
+    """What went wrong, in words, when `error` means the sidecar could not be reached (None: it answered)."""
+    if isinstance(error, httpx.ConnectError):
+        return "it refused or dropped the connection"
+    if isinstance(error, httpx.TimeoutException):
+        return "it did not answer in time"
+    if isinstance(error, httpx.TransportError):
+        return "the connection to it broke"
+    if isinstance(error, SidecarError) and error.code in ("http_502", "http_503", "http_504", "unavailable"):
+        return f"it answered {error.code.removeprefix('http_')} (unavailable)"
+    return None
+
+
+def _clock(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%H:%M:%S UTC")
+
+
 @dataclass(frozen=True, slots=True)
 class SidecarElicitation:
     """An elicitation the sidecar created, as the ACP side needs it."""
@@ -53,6 +86,7 @@ class SidecarElicitation:
     url: str
     message: str
     connection_key: str  # the agent's `AcpLink.key`, sent as `connectionId`
+    expires_at: datetime  # until then a sidecar that cannot be reached is tried again
 
 
 State = dict[str, Any]  # an elicitation's state as `GET /v1/elicitations/{id}` answers it
@@ -64,8 +98,9 @@ class SidecarLifecycle:
     The waiting call is the only one here that learns of a completion, so it tells it itself (once).
     """
 
-    def __init__(self, call: Call) -> None:
+    def __init__(self, call: Call, base_url: str = "the sidecar") -> None:
         self._call = call
+        self._base_url = base_url
         self._display_names: dict[str, str] = {}
 
     def display_name(self, provider: str) -> str | None:
@@ -90,7 +125,10 @@ class SidecarLifecycle:
         settled = self._settled(ask.provider, created)
         if settled is not None:
             return settled
-        return SidecarElicitation(created["elicitationId"], created["url"], created["message"], connection_key)
+        expires_at = datetime.fromisoformat(created["expiresAt"])
+        return SidecarElicitation(
+            created["elicitationId"], created["url"], created["message"], connection_key, expires_at
+        )
 
     def _settled(self, provider: str, answer: Mapping[str, Any]) -> AuthorizationOutcome | None:
         self._display_names[provider] = answer["providerDisplayName"]
@@ -113,17 +151,18 @@ class SidecarLifecycle:
     def waiter(self, handle: SidecarElicitation) -> Iterator[asyncio.Future[State | None]]:
         """Long-polls the sidecar until the elicitation has ended (the connection ending wakes it with None)."""
         ended: asyncio.Future[State | None] = asyncio.get_running_loop().create_future()
-        polling = asyncio.ensure_future(self._poll(handle.id, ended))
+        polling = asyncio.ensure_future(self._poll(handle, ended))
         try:
             yield ended
         finally:
             polling.cancel()
 
-    async def _poll(self, elicitation_id: str, ended: asyncio.Future[State | None]) -> None:
+    async def _poll(self, handle: SidecarElicitation, ended: asyncio.Future[State | None]) -> None:
+        path = f"/v1/elicitations/{handle.id}"
         try:
             while not ended.done():
-                state = await self._call(
-                    "GET", f"/v1/elicitations/{elicitation_id}", params={"wait": str(WAIT_SECONDS)}
+                state = await self._until_expiry(
+                    handle, lambda: self._call("GET", path, params={"wait": str(WAIT_SECONDS)})
                 )
                 if state["outcome"] is not None and not ended.done():
                     ended.set_result(state)
@@ -131,8 +170,46 @@ class SidecarLifecycle:
             if not ended.done():
                 ended.set_exception(exc)
 
+    async def _until_expiry(self, handle: SidecarElicitation, attempt: Callable[[], Awaitable[T]]) -> T:
+        """`attempt()`, tried again with backoff while the sidecar cannot be reached, until the elicitation's
+        expiry; then `SidecarUnavailable`. An answer of the sidecar (also a refusal) ends the retrying."""
+        delay = RETRY_FIRST_SECONDS
+        down_since: datetime | None = None
+        while True:
+            try:
+                return await attempt()
+            except (httpx.TransportError, SidecarError) as exc:
+                what = _unreachable(exc)
+                if what is None:
+                    raise
+                now = datetime.now(UTC)
+                down_since = down_since or now
+                if now >= handle.expires_at:
+                    raise SidecarUnavailable(
+                        f"The connector at {self._base_url} could not be reached since {_clock(down_since)} ({what}),"
+                        f" and the request for access expired at {_clock(handle.expires_at)}: the authorization"
+                        " did not complete. Ask again once the connector is back."
+                    ) from exc
+                remaining = (handle.expires_at - now).total_seconds()
+                await asyncio.sleep(min(delay * random.uniform(0.5, 1.0), remaining))  # noqa: S311 - jitter
+                delay = min(delay * 2, RETRY_MAX_SECONDS)
+
     async def answered(self, handle: SidecarElicitation, answer: ClientAnswer) -> AuthorizationOutcome | None:
-        state = await self._call("POST", f"/v1/elicitations/{handle.id}/answer", json=_answer_body(answer))
+        path = f"/v1/elicitations/{handle.id}"
+        retried = False
+
+        async def report() -> State:
+            nonlocal retried
+            try:
+                return await self._call("POST", f"{path}/answer", json=_answer_body(answer))
+            except SidecarError as exc:
+                if retried and exc.code == "already_answered":  # an attempt whose answer was lost got through
+                    return await self._call("GET", path)
+                raise
+            finally:
+                retried = True
+
+        state = await self._until_expiry(handle, report)
         if answer.kind is AnswerKind.ACCEPT:
             return None
         return _outcome(state, answer.error_code)
@@ -175,7 +252,7 @@ class SidecarClient(AgentCalls):
             headers={"Authorization": f"Bearer {api_key}"},
             timeout=httpx.Timeout(timeout, read=timeout + WAIT_SECONDS),
         )
-        self._authorizer = AcpAuthorizer(SidecarLifecycle(self._call))
+        self._authorizer = AcpAuthorizer(SidecarLifecycle(self._call, self.base_url))
         self._mcp: McpAuthorizer[SidecarElicitation, State] | None = None
 
     async def close(self) -> None:
@@ -283,6 +360,8 @@ def _create_body(ask: AuthorizationAsk, connection_id: str | None) -> dict[str, 
 
 def _answer_body(answer: ClientAnswer) -> dict[str, Any]:
     body: dict[str, Any] = {"action": _ANSWER_ACTIONS[answer.kind]}
+    if answer.kind is AnswerKind.CANCEL and answer.client_message:
+        body["message"] = answer.client_message[:500]  # the client's reason: a refusal, not a dismissal
     if body["action"] == "client_error":
         body["code"] = answer.error_code if answer.error_code is not None else -32603
         if answer.message:
@@ -304,16 +383,18 @@ def _grant(body: Mapping[str, Any]) -> GrantInfo:
 def _outcome(state: Mapping[str, Any], error_code: int | None) -> AuthorizationOutcome:
     status = AuthorizationStatus(state["outcome"])
     grant = state.get("grant")
+    reason = state.get("reason")
     return AuthorizationOutcome(
         status,
         state["provider"],
         state["elicitationId"],
         grant=_grant(grant) if grant else None,
-        reason=state.get("reason"),
+        reason=reason,
         error_code=error_code if status is AuthorizationStatus.CLIENT_ERROR else None,
+        client_message=refusal_message(reason) if status is AuthorizationStatus.REFUSED else None,
         provider_display_name=state.get("providerDisplayName"),
         refused_scopes=tuple(state.get("refusedScopes", ())),
     )
 
 
-__all__ = ["SidecarClient", "SidecarError", "WebhookVerificationError", "verify_webhook"]
+__all__ = ["SidecarClient", "SidecarError", "SidecarUnavailable", "WebhookVerificationError", "verify_webhook"]

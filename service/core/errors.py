@@ -13,6 +13,7 @@
     ├── AcpSdkUnsupported, ClientNotInitialized
     ├── FlowRefused                 a step of an elicitation's flow (the browser or an API caller gets `code`)
     └── SidecarError                a sidecar's `/v1` API refused a call of `SidecarClient`
+        └── SidecarUnavailable      ... or could not be reached until the elicitation expired
 
 Outside the tree on purpose: `WebhookVerificationError` (a `ValueError` for receivers of webhooks,
 `core/webhooks/signing.py`) and the CLI's `CliError`/`UsageError` (how a command ends, `cli/framework.py`).
@@ -239,3 +240,11 @@ class FlowRefused(ConnectorError):
 
 class SidecarError(ConnectorError):
     """The sidecar refused a call: `code` is its stable error code."""
+
+
+class SidecarUnavailable(SidecarError):
+    """The sidecar could not be reached until the elicitation expired: the authorization did not complete.
+
+    The message is a sentence for the user (what happened, since when, and that the request expired)."""
+
+    code = "sidecar_unavailable"
