@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TESTING_STAMP := $(VENV)/.testing-installed
 CONFIG ?= config/connector.toml
 
-.PHONY: run test lint typecheck check migrate clean bench reference testing-kit duplicates
+.PHONY: run test ts-client lint typecheck check migrate clean bench reference testing-kit duplicates
 
 # A venv without a pip of its own when the interpreter's pip can install into it (`pip --python`, pip >= 22.3):
 # seconds instead of the half minute ensurepip takes. Packages are not byte-compiled at install (Python compiles
@@ -40,6 +40,21 @@ $(OIDC_OP_STAMP): $(OIDC_OP)/package-lock.json
 		echo "npm not found: the tests against the oidc-provider OP ($(OIDC_OP)) will be skipped"; \
 	fi
 
+# The TypeScript package (clients/typescript): `make test` installs it (when its lock file is newer than the stamp),
+# then lints, type-checks and tests it with npm before the Python suite (which also runs it against a real sidecar).
+TS_CLIENT := clients/typescript
+TS_CLIENT_STAMP := $(TS_CLIENT)/node_modules/.installed
+
+$(TS_CLIENT_STAMP): $(TS_CLIENT)/package-lock.json
+	@if command -v npm >/dev/null 2>&1; then \
+		cd $(TS_CLIENT) && npm ci --no-audit --no-fund && touch node_modules/.installed; \
+	else \
+		echo "npm not found: the TypeScript package ($(TS_CLIENT)) is not tested"; \
+	fi
+
+ts-client: $(TS_CLIENT_STAMP)
+	@if command -v npm >/dev/null 2>&1; then cd $(TS_CLIENT) && npm run --silent lint && npm test --silent; fi
+
 # Migrate the SQLite default and serve the demo: without provider credentials a mock provider runs on loopback and
 # http://127.0.0.1:8700/ has a link that walks through a whole authorization.
 run: $(RUNTIME_STAMP)
@@ -58,7 +73,7 @@ testing-kit: $(TESTING_STAMP)
 # One worker per core (pytest-xdist); an idle worker takes queued tests from a busy one (worksteal), since a few
 # tests (fresh clones, pip installs, two-process runs) take far longer than the rest.
 PYTEST_WORKERS ?= auto
-test: $(STAMP) $(OIDC_OP_STAMP)
+test: $(STAMP) $(OIDC_OP_STAMP) ts-client
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 # The benchmarks (bench/): each side by side with its baseline on loopback; the tables go into bench/RESULTS.md.
