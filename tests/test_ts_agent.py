@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import fcntl
 import os
-import shutil
-import subprocess
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
@@ -28,30 +25,17 @@ from service.testing.acp_client import NO_ELICITATION, REQUEST_CANCELLED, Spawne
 
 from .api_support import api_client, make_key
 from .sidecar_support import Sidecar, running_sidecar
+from .ts_support import EXAMPLE, built_example
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ts_agent"
 REPOS = [{"id": 1, "full_name": "octocat/hello-world", "private": False}]
 
 
 @pytest.fixture(scope="module")
 def agent_script() -> Path:
-    """`npm ci` and `tsc`, once per change of the lock file or the sources; the compiled agent's path."""
-    if shutil.which("npm") is None or shutil.which("node") is None:
-        pytest.skip("the TypeScript example needs Node.js 20+ and npm")
-    stamp = EXAMPLE / ".installed"
-    inputs = [EXAMPLE / "package-lock.json", EXAMPLE / "tsconfig.json", *sorted((EXAMPLE / "src").glob("*.ts"))]
-    # One build at a time: pytest-xdist may run this module's tests on two workers, and `npm ci` in one would
-    # delete node_modules under the agent the other runs.
-    with (EXAMPLE / ".build.lock").open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        newest = max(path.stat().st_mtime for path in inputs)
-        if not stamp.exists() or stamp.stat().st_mtime < newest or not (EXAMPLE / "dist" / "agent.js").exists():
-            for command in (["npm", "ci", "--no-audit", "--no-fund"], ["npx", "tsc", "-p", "."]):
-                subprocess.run(command, cwd=EXAMPLE, check=True, capture_output=True, timeout=300)
-            stamp.touch()
-    return EXAMPLE / "dist" / "agent.js"
+    """The compiled example agent (and the package it uses), built once per change."""
+    return built_example()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -119,6 +103,7 @@ async def ts_agent(script: Path, sidecar: Sidecar, client: ScriptedClient) -> As
         "SIDECAR_API_KEY": sidecar.api_key,
         "AGENT_USER_ISSUER": sidecar.local_user.issuer,
         "AGENT_USER_SUBJECT": sidecar.local_user.subject,
+        "PROVIDER": "github",
         "PATH": os.environ.get("PATH", ""),
     }
     async with spawn_agent(client, "node", str(script), env=env, cwd=EXAMPLE) as agent:
@@ -176,14 +161,14 @@ async def test_ts_agent_completes_a_narrowed_flow_once_and_does_not_ask_again(
         assert state["outcome"] == "narrowed" and state["refusedScopes"] == ["repo"]
         # A narrowed elicitation completed: the client is told, once.
         assert [c["params"] for c in client.received("elicitation/complete")] == [{"elicitationId": eid}]
-        assert "GitHub did not grant repo" in client.agent_text(agent.session_id)
+        assert "Mock Provider did not grant repo" in client.agent_text(agent.session_id)
 
         # The same scopes again: the stored narrowed grant answers, nobody is asked again (no prompt loop).
         assert await agent.prompt() == "end_turn", agent.stderr()
         stderr = agent.stderr()
     assert len(client.received("elicitation/create")) == 1, stderr
     assert client.completions == [eid] and client.violations == [] and client.ignored == []
-    assert client.agent_text(agent.session_id).count("GitHub did not grant repo") == 2
+    assert client.agent_text(agent.session_id).count("Mock Provider did not grant repo") == 2
     assert provider.api_calls.count("/api/user/repos") == 2  # the agent went on with what was granted
 
 
@@ -217,7 +202,7 @@ async def test_ts_agent_without_url_mode_uses_a_narrowed_grant(
     # The grant settles it before URL mode matters: `narrowed`, and nothing is sent to this client.
     assert client.received("elicitation/create") == [] and client.received("elicitation/complete") == []
     text = client.agent_text(agent.session_id)
-    assert "GitHub did not grant repo" in text and "octocat/hello-world" in text and "URL-mode" not in text
+    assert "Mock Provider did not grant repo" in text and "octocat/hello-world" in text and "URL-mode" not in text
     assert client.violations == [] and client.ignored == []
 
 
@@ -289,9 +274,12 @@ async def test_ts_agent_ends_the_tool_call_failed_when_the_user_declines(
     last = updates[-1]
     assert last["sessionUpdate"] == "tool_call_update" and last["status"] == "failed", updates
     assert last["content"] == [
-        {"type": "content", "content": {"type": "text", "text": "The user declined access to GitHub."}}
+        {
+            "type": "content",
+            "content": {"type": "text", "text": "The user declined access to Mock Provider. (declined in the client)"},
+        }
     ]
-    assert "declined access to GitHub" in client.agent_text(agent.session_id)
+    assert "declined access to Mock Provider" in client.agent_text(agent.session_id)
     assert client.received("elicitation/complete") == [] and provider.api_calls == []
 
 
