@@ -29,7 +29,7 @@ from acp.schema import (
 )
 
 from service import AuthorizationOutcome, Connector, Identity, RequestScope, SessionScope
-from service.client import SidecarClient
+from service.client import SidecarClient, SidecarUnavailable
 from service.testing import ScriptedClient, memory_transport_pair
 from service.testing.acp_client import Transport
 
@@ -179,6 +179,8 @@ class ConnectorAgent:
         except TimeoutError:
             self.stops.append("timeout")
             text = "Authorization took too long."
+        except SidecarUnavailable as exc:  # the sidecar stayed away until the request expired: say so
+            text = str(exc)
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if not authorization.cancelled() or (current is not None and current.cancelling()):

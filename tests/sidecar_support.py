@@ -96,20 +96,7 @@ async def sidecar_process(env: dict[str, str], log_file: Path, *, migrate_first:
             sys.executable, "-m", "service.cli", "serve", env=full_env, cwd=ROOT, stdout=log, stderr=log
         )
     try:
-        async with httpx.AsyncClient(timeout=2) as probe:
-            for _ in range(1200):
-                if process.returncode is not None:
-                    raise RuntimeError(f"the sidecar exited with {process.returncode}; see {log_file}")
-                try:
-                    # Our own server names its base URL in its OpenAPI document: no other server on the port.
-                    answer = await probe.get(f"{base_url}/v1/openapi.json")
-                    if answer.status_code == 200 and answer.json()["servers"][0]["url"] == base_url:
-                        break
-                except (httpx.HTTPError, ValueError, KeyError):
-                    pass
-                await asyncio.sleep(0.05)
-            else:
-                raise RuntimeError("the sidecar did not come up")
+        await _serving(process, base_url, log_file)
         yield process.pid
     finally:
         if process.returncode is None:
@@ -119,6 +106,69 @@ async def sidecar_process(env: dict[str, str], log_file: Path, *, migrate_first:
             except TimeoutError:
                 process.kill()
                 await process.wait()
+
+
+async def _serving(process: asyncio.subprocess.Process, base_url: str, log_file: Path) -> None:
+    """Return once the sidecar `process` answers at `base_url`."""
+    async with httpx.AsyncClient(timeout=2) as probe:
+        for _ in range(1200):
+            if process.returncode is not None:
+                raise RuntimeError(f"the sidecar exited with {process.returncode}; see {log_file}")
+            try:
+                # Our own server names its base URL in its OpenAPI document: no other server on the port.
+                answer = await probe.get(f"{base_url}/v1/openapi.json")
+                if answer.status_code == 200 and answer.json()["servers"][0]["url"] == base_url:
+                    return
+            except (httpx.HTTPError, ValueError, KeyError):
+                pass
+            await asyncio.sleep(0.05)
+    raise RuntimeError("the sidecar did not come up")
+
+
+class RestartableSidecar:
+    """A sidecar process that a test kills (SIGKILL, as a crash) and starts again on the same port and database."""
+
+    def __init__(self, env: dict[str, str], log_file: Path) -> None:
+        self.env = env
+        self.base_url = env["CONNECTOR_PUBLIC_BASE_URL"]
+        self.log_file = log_file
+        self._process: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> None:
+        full_env = {k: v for k, v in os.environ.items() if not k.startswith("CONNECTOR_")} | self.env
+        with self.log_file.open("ab") as log:
+            self._process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "service.cli", "serve", env=full_env, cwd=ROOT, stdout=log, stderr=log
+            )
+        await _serving(self._process, self.base_url, self.log_file)
+
+    async def kill(self) -> None:
+        """Gone at once: open connections (a long-poll) break, nothing answers until `start()`."""
+        process, self._process = self._process, None
+        if process is not None and process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
+@asynccontextmanager
+async def restartable_sidecar(
+    tmp_path: Path, provider: MockOAuthProvider, **settings: str
+) -> AsyncIterator[tuple[RestartableSidecar, Store, str]]:
+    """A running `RestartableSidecar` with the mock provider served over HTTP (`settings`: more environment), a
+    store on its database and an API key; killed when the block ends."""
+    async with provider.serve_http():
+        env = sidecar_env(
+            tmp_path, {"github": provider.catalog_entry()}, {"github": (provider.client_id, provider.client_secret)}
+        )
+        migrate(env["CONNECTOR_DATABASE__URL"])
+        sidecar = RestartableSidecar(env | settings, tmp_path / "sidecar.log")
+        await sidecar.start()
+        store = Store.from_url(env["CONNECTOR_DATABASE__URL"])
+        try:
+            yield sidecar, store, await make_key(store)
+        finally:
+            await sidecar.kill()
+            await store.close()
 
 
 @asynccontextmanager

@@ -1,8 +1,10 @@
 """Every rule of the ACP elicitation text that binds the Agent, checked on the wire.
 
-Each test runs twice: against the embedded connector, and against the Python sidecar client (`SidecarClient`)
-talking to a real sidecar process (one per test worker, each test a tenant of its own); the assertions on the wire
-are the same. The README's "Protocol conformance" table points at the tests here.
+Each test runs against the embedded connector and against the Python sidecar client (`SidecarClient`) talking to a
+real sidecar process (one per test worker, each test a tenant of its own); the tests that need nothing but the wire
+and the store (`face`) also run against the TypeScript package (`@acp-connector/client`, the example agent on it in
+a Node process, over stdio, on the same sidecar). The assertions on the wire are the same. The README's "Protocol
+conformance" table points at the tests here.
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -38,19 +41,23 @@ from .acp_peers import (
 )
 from .api_support import make_key
 from .conftest import ALICE, BOB, Deploy
-from .sidecar_support import REFUSED_SCOPE, SharedSidecar, shared_sidecar
+from .sidecar_support import REFUSED_SCOPE, RestartableSidecar, SharedSidecar, restartable_sidecar, shared_sidecar
+from .ts_face import ts_raw_peer
+from .ts_support import built_example
 
 URL = {"url": {}}
 
 
 @dataclass
 class Deployment:
-    """The agent's side (`connector`: embedded `Connector` or `SidecarClient`) and the store it writes to."""
+    """The agent's side (`connector`: embedded `Connector` or `SidecarClient`; for the TypeScript face the example
+    agent's process, started by `raw`) and the store it writes to."""
 
     connector: AgentFacing
     store: Store
     base_url: str
     local_user: Identity
+    typescript: tuple[str, str] | None = None  # the TypeScript face: the sidecar's URL and this test's API key
 
     async def elicitation(self, elicitation_id: str) -> ElicitationRecord | None:
         return await self.store.elicitations.get(elicitation_id)
@@ -58,6 +65,12 @@ class Deployment:
 
 @pytest.fixture(params=["embedded", "sidecar"])
 def deployment(request: pytest.FixtureRequest) -> Deployment:
+    return request.getfixturevalue(f"{request.param}_deployment")  # type: ignore[no-any-return]
+
+
+@pytest.fixture(params=["embedded", "sidecar", "typescript"])
+def face(request: pytest.FixtureRequest) -> Deployment:
+    """The three faces, for tests that look only at the wire and the store."""
     return request.getfixturevalue(f"{request.param}_deployment")  # type: ignore[no-any-return]
 
 
@@ -76,19 +89,32 @@ def sidecar_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared
         yield sidecar
 
 
-@pytest.fixture
-async def sidecar_deployment(sidecar_process: SharedSidecar) -> AsyncIterator[Deployment]:
-    """The shared sidecar, as a tenant of this test's own that starts without grants (they belong to users)."""
-    store = Store.from_url(sidecar_process.database_url)
+@asynccontextmanager
+async def tenant_of(sidecar: SharedSidecar) -> AsyncIterator[tuple[Store, str]]:
+    """The shared sidecar's store and an API key of a tenant of this test's own; its users start without grants."""
+    store = Store.from_url(sidecar.database_url)
     try:
         for user in (ALICE, BOB):
             for grant in await store.grants.find(user, "github"):
                 await store.grants.delete(grant.id)
-        key = await make_key(store, tenant=f"conformance-{uuid.uuid4().hex[:12]}")
-        async with SidecarClient(sidecar_process.base_url, key) as client:
-            yield Deployment(client, store, sidecar_process.base_url, ALICE)
+        yield store, await make_key(store, tenant=f"conformance-{uuid.uuid4().hex[:12]}")
     finally:
         await store.close()
+
+
+@pytest.fixture
+async def sidecar_deployment(sidecar_process: SharedSidecar) -> AsyncIterator[Deployment]:
+    """The shared sidecar, as a tenant of this test's own that starts without grants (they belong to users)."""
+    async with tenant_of(sidecar_process) as (store, key), SidecarClient(sidecar_process.base_url, key) as client:
+        yield Deployment(client, store, sidecar_process.base_url, ALICE)
+
+
+@pytest.fixture
+async def typescript_deployment(sidecar_process: SharedSidecar) -> AsyncIterator[Deployment]:
+    """The TypeScript package's face on the shared sidecar (the example agent, started by `raw`)."""
+    built_example()  # before the test's clock starts: the first build takes a while
+    async with tenant_of(sidecar_process) as (store, key), SidecarClient(sidecar_process.base_url, key) as unused:
+        yield Deployment(unused, store, sidecar_process.base_url, ALICE, (sidecar_process.base_url, key))
 
 
 # (elicitation capability as sent, URL mode advertised?)
@@ -112,6 +138,24 @@ def raw(
 ) -> AbstractAsyncContextManager[ConnectorAgent]:
     """The connector's test agent and `client` connected, initialized with `elicitation`; closed on exit."""
     return raw_peer(deployment.connector, deployment.local_user, client, initialize_params(version, elicitation))
+
+
+@asynccontextmanager
+async def raw_face(deployment: Deployment, client: RawClient, elicitation: Any = URL) -> AsyncIterator[None]:
+    """`client` connected to the face's agent (the connector's test agent, or the TypeScript example agent) and
+    initialized with `elicitation`; closed on exit. Only the wire and the store tell what happened."""
+    params = initialize_params(1, elicitation)
+    if deployment.typescript is None:
+        async with raw(deployment, client, elicitation=elicitation):
+            yield
+        return
+    url, key = deployment.typescript
+    async with ts_raw_peer(url, key, deployment.local_user, client, params) as agent:
+        try:
+            yield
+        except BaseException:
+            print(f"the TypeScript agent's stderr:\n{agent.log()}")
+            raise
 
 
 def initialize_params(version: int, elicitation: Any) -> dict[str, Any]:
@@ -340,13 +384,12 @@ async def test_session_cancel_sends_cancel_request_for_the_pending_create_only(d
         await asyncio.gather(unrelated, return_exceptions=True)
 
 
-async def test_a_client_gone_while_the_user_is_in_the_browser_is_stored_as_a_disconnect(
-    deployment: Deployment,
-) -> None:
-    """The client accepted, then went away before the browser finished: both faces store a disconnect (the
-    `disconnected` outcome, its own audit event), not the agent cancelling; the sidecar client says why."""
+async def test_a_client_gone_while_the_user_is_in_the_browser_is_stored_as_a_disconnect(face: Deployment) -> None:
+    """The client accepted, then went away before the browser finished: every face stores a disconnect (the
+    `disconnected` outcome, its own audit event), not the agent cancelling; the sidecar clients say why."""
+    deployment = face
     client = RawClient({"action": "accept"})
-    async with raw(deployment, client):
+    async with raw_face(deployment, client):
         session = await client.new_session()
         prompt = asyncio.create_task(client.prompt(session))
         params = await client.next_create()
@@ -367,24 +410,26 @@ async def test_a_client_gone_while_the_user_is_in_the_browser_is_stored_as_a_dis
     assert (events[-1].event, events[-1].detail.get("cause")) == ("client_disconnected", "client_disconnected")
 
 
-async def test_answer_first_then_cancel(deployment: Deployment) -> None:
+async def test_answer_first_then_cancel(face: Deployment) -> None:
     """Response-vs-cancel, response first: decline is processed, the work resumes, no $/cancel_request."""
     client = RawClient({"action": "decline"})
-    async with raw(deployment, client) as agent:
+    async with raw_face(face, client):
         session = await client.new_session()
-        await asyncio.wait_for(client.prompt(session), 10)
+        assert await asyncio.wait_for(client.prompt(session), 30) == {"stopReason": "end_turn"}
         await client.notify("session/cancel", {"sessionId": session})  # arrives after the work already resumed
         await client.new_session()  # a round trip: the agent has handled the cancel before it answers this
-        assert agent.outcomes[0].status is AuthorizationStatus.DECLINED
+        [create] = client.received("elicitation/create")
+        record = await face.elicitation(create["params"]["elicitationId"])
+        assert record is not None and record.status is ElicitationStatus.DECLINED
+        assert "declined access" in agent_text(client)  # the work resumed and said so
         assert client.received("$/cancel_request") == []
 
 
-async def test_cancel_while_in_browser_then_callback_stores_grant_but_resumes_nothing(
-    deployment: Deployment,
-) -> None:
+async def test_cancel_while_in_browser_then_callback_stores_grant_but_resumes_nothing(face: Deployment) -> None:
     """Callback-vs-cancel, cancel first."""
+    deployment = face
     client = RawClient({"action": "accept"})
-    async with raw(deployment, client) as agent:
+    async with raw_face(deployment, client):
         session = await client.new_session()
         prompt = asyncio.create_task(client.prompt(session))
         params = await client.next_create()
@@ -403,13 +448,14 @@ async def test_cancel_while_in_browser_then_callback_stores_grant_but_resumes_no
         assert "completed_after_cancel" in events and "completed" not in events
         await client.new_session()  # a round trip: a completion sent before this answer would have arrived first
         assert client.received("elicitation/complete") == []  # decided: no completion for cancelled work
-        assert agent.outcomes == []
+        assert "Your repositories" not in agent_text(client)  # the cancelled work never resumed
 
 
-async def test_callback_first_then_cancel(deployment: Deployment) -> None:
+async def test_callback_first_then_cancel(face: Deployment) -> None:
     """Callback-vs-cancel, callback first: the completion stands and is sent once."""
+    deployment = face
     client = RawClient({"action": "accept"})
-    async with raw(deployment, client) as agent:
+    async with raw_face(deployment, client):
         session = await client.new_session()
         prompt = asyncio.create_task(client.prompt(session))
         params = await client.next_create()
@@ -423,7 +469,7 @@ async def test_callback_first_then_cancel(deployment: Deployment) -> None:
         assert [m["params"] for m in client.received("elicitation/complete")] == [
             {"elicitationId": params["elicitationId"]}
         ]
-        assert agent.outcomes[0].status is AuthorizationStatus.AUTHORIZED
+        assert "Your repositories: octocat/hello-world" in agent_text(client)
 
 
 def states_on_wire(client: RawClient) -> list[tuple[str, str]]:
@@ -520,11 +566,11 @@ async def test_v2_cancelled_work_reports_idle(deployment: Deployment) -> None:
 
 
 async def test_incoming_cancel_request_is_answered_not_an_error(
-    deployment: Deployment, caplog: pytest.LogCaptureFixture
+    face: Deployment, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
     client = RawClient({"action": "accept"}, hold=True)
-    async with raw(deployment, client) as _agent:
+    async with raw_face(face, client):
         session = await client.new_session()
         prompt = asyncio.create_task(client.prompt(session))
         await client.next_create()
@@ -539,3 +585,157 @@ async def test_incoming_cancel_request_is_answered_not_an_error(
         assert outcome in ({"stopReason": "cancelled"}, -32800)
         assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
         assert not [r for r in caplog.records if "Method not found" in r.getMessage() or "Unhandled" in r.getMessage()]
+
+
+def agent_text(client: RawClient) -> str:
+    """What the agent said in the session (its `agent_message_chunk`s), as the client received it."""
+    updates = [m["params"]["update"] for m in client.received("session/update")]
+    return "".join(u["content"]["text"] for u in updates if u.get("sessionUpdate") == "agent_message_chunk")
+
+
+class RacingClient(RawClient):
+    """Answers every `elicitation/create` as clients that dismiss their UI on cancel do: `session/cancel` for the
+    session and, at the same moment, its own `cancel` answer to the create."""
+
+    async def handle(self, method: str, params: Any, is_notification: bool) -> Any:
+        if method != "elicitation/create":
+            return await super().handle(method, params, is_notification)
+        self.creates.put_nowait(params)
+        await self.notify("session/cancel", {"sessionId": params["sessionId"]})
+        return {"action": "cancel"}
+
+
+SESSION_CANCELLED = "the client cancelled the session's work"
+
+
+@pytest.mark.duration(10)
+async def test_session_cancel_racing_the_clients_own_cancel_answer_always_ends_the_turn_cancelled(
+    face: Deployment,
+) -> None:
+    """Issue 28: a client sends `session/cancel` and its own `cancel` answer to the pending create together. Every
+    turn is answered `cancelled` (never `end_turn`), and the elicitation ends cancelled with the cause recorded;
+    nothing completes. 20 turns in one session."""
+    client = RacingClient()
+    async with raw_face(face, client):
+        session = await client.new_session()
+        for trial in range(20):
+            result = await asyncio.wait_for(client.prompt(session), 30)
+            assert result == {"stopReason": "cancelled"}, f"trial {trial}: {result}"
+            params = await client.next_create()
+            record = await face.elicitation(params["elicitationId"])
+            assert record is not None and record.status is ElicitationStatus.CANCELLED, trial
+            # The cause: the session's cancellation, or (where the answer was taken first) the client's dismissal.
+            # The cause recorded: the session's cancellation (session/cancel came first on the wire).
+            assert record.failure_reason == SESSION_CANCELLED, (trial, record.failure_reason)
+            [cancelled] = await face.store.audit.list(elicitation_id=record.id, event="cancelled")
+            assert cancelled.detail.get("cause") == "session_cancel", (trial, cancelled.detail)
+        creates = client.received("elicitation/create")
+        assert len(creates) == 20
+        # A $/cancel_request, where one was sent, names that trial's create and nothing else.
+        create_ids = {m["id"] for m in creates}
+        assert all(c["params"]["requestId"] in create_ids for c in client.received("$/cancel_request"))
+        assert client.received("elicitation/complete") == []
+
+
+async def test_a_refusal_with_a_reason_is_recorded_refused_with_its_reason(face: Deployment) -> None:
+    """A client answering `cancel` with `_meta.message` refuses by its own policy: every face records `refused`
+    with the reason (the sidecar faces through `/v1`'s answer), and a plain `cancel` stays a dismissal."""
+    reason = "elicitation mode is not supported"
+    refusing = RawClient({"action": "cancel", "_meta": {"message": reason}})
+    async with raw_face(face, refusing):
+        session = await refusing.new_session()
+        assert await asyncio.wait_for(refusing.prompt(session), 30) == {"stopReason": "end_turn"}
+    [create] = refusing.received("elicitation/create")
+    record = await face.elicitation(create["params"]["elicitationId"])
+    assert record is not None and record.status is ElicitationStatus.CANCELLED
+    assert record.failure_reason == f"client_refused: {reason}"
+    events = [(e.event, e.detail.get("client_message")) for e in await face.store.audit.list(elicitation_id=record.id)]
+    assert [e for e in events if e[0] != "created"] == [("refused", reason)]
+    assert f"the client said: {reason}" in agent_text(refusing)
+
+    dismissing = RawClient({"action": "cancel"})
+    async with raw_face(face, dismissing):
+        session = await dismissing.new_session()
+        assert await asyncio.wait_for(dismissing.prompt(session), 30) == {"stopReason": "end_turn"}
+    [create] = dismissing.received("elicitation/create")
+    record = await face.elicitation(create["params"]["elicitationId"])
+    assert record is not None and record.failure_reason == "dismissed in the client"
+
+
+@asynccontextmanager
+async def restartable_face(
+    kind: str, tmp_path: Path, **settings: str
+) -> AsyncIterator[tuple[Deployment, RestartableSidecar]]:
+    """A sidecar face (`sidecar`: the Python client; `typescript`: the package) on a sidecar of its own that the
+    test can kill and start again."""
+    if kind == "typescript":
+        built_example()
+    async with (
+        restartable_sidecar(tmp_path, MockOAuthProvider(), **settings) as (sidecar, store, key),
+        SidecarClient(sidecar.base_url, key) as client,
+    ):
+        typescript = (sidecar.base_url, key) if kind == "typescript" else None
+        yield Deployment(client, store, sidecar.base_url, ALICE, typescript), sidecar
+
+
+@pytest.mark.duration(20)
+@pytest.mark.parametrize("kind", ["sidecar", "typescript"])
+async def test_a_sidecar_restarted_while_the_user_is_at_the_provider_still_completes_once(
+    kind: str, tmp_path: Path
+) -> None:
+    """Issue 28: the sidecar is killed while the user is at the provider and back 1.2 s later. The waiting call
+    tries again until it is back; the user's return completes the flow, and the client receives exactly one
+    `elicitation/complete` (the embedded face has no sidecar to lose)."""
+    async with restartable_face(kind, tmp_path) as (deployment, sidecar):
+        client = RawClient({"action": "accept"})
+        async with raw_face(deployment, client):
+            session = await client.new_session()
+            prompt = asyncio.create_task(client.prompt(session))
+            params = await client.next_create()
+            await eventually(
+                lambda: status_is(deployment, params["elicitationId"], ElicitationStatus.CONSENTED),
+                "the client's accept is reported",
+            )
+            async with ScriptedBrowser() as browser:
+                page = await browser.get(params["url"])
+                to_provider = await browser.submit(page, "continue")
+                at_provider = await browser.get(to_provider.headers["location"])  # the user is at the provider
+                await sidecar.kill()  # the waiting call's long-poll breaks
+                await asyncio.sleep(1.2)
+                await sidecar.start()
+                final = await browser.follow(at_provider)  # ... and comes back to the restarted sidecar
+            assert final.status_code == 200, final.text
+            assert await asyncio.wait_for(prompt, 60) == {"stopReason": "end_turn"}
+            await client.new_session()  # a round trip: a second completion would have arrived first
+            assert [m["params"] for m in client.received("elicitation/complete")] == [
+                {"elicitationId": params["elicitationId"]}
+            ]
+            assert "Your repositories" in agent_text(client)
+        record = await deployment.elicitation(params["elicitationId"])
+        assert record is not None and record.status is ElicitationStatus.COMPLETED
+
+
+@pytest.mark.duration(15)
+@pytest.mark.parametrize("kind", ["sidecar", "typescript"])
+async def test_a_sidecar_down_past_the_expiry_ends_the_turn_with_a_sentence_that_says_so(
+    kind: str, tmp_path: Path
+) -> None:
+    """Issue 28: the sidecar is killed while the user is in the browser and stays down: the waiting call tries
+    again until the elicitation's expiry, then the turn ends with a sentence naming what happened (not a bare
+    internal error), and nothing completes."""
+    async with restartable_face(kind, tmp_path, CONNECTOR_ELICITATION__TTL_SECONDS="5") as (deployment, sidecar):
+        client = RawClient({"action": "accept"})
+        async with raw_face(deployment, client):
+            session = await client.new_session()
+            prompt = asyncio.create_task(client.prompt(session))
+            params = await client.next_create()
+            await eventually(
+                lambda: status_is(deployment, params["elicitationId"], ElicitationStatus.CONSENTED),
+                "the client's accept is reported",
+            )
+            await sidecar.kill()
+            assert await asyncio.wait_for(prompt, 60) == {"stopReason": "end_turn"}
+            said = agent_text(client)
+            assert f"The connector at {sidecar.base_url} could not be reached since " in said, said
+            assert "the request for access expired at " in said and "the authorization did not complete" in said
+            assert client.received("elicitation/complete") == []
