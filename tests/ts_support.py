@@ -15,31 +15,39 @@ PACKAGE = ROOT / "clients" / "typescript"
 EXAMPLE = ROOT / "examples" / "ts_agent"
 
 
-def _inputs(directory: Path) -> list[Path]:
-    return [
-        directory / "package-lock.json",
-        *directory.glob("tsconfig*.json"),
-        *sorted((directory / "src").rglob("*.ts")),
-    ]
+def _newest(paths: list[Path]) -> float:
+    return max(path.stat().st_mtime for path in paths if path.exists())
+
+
+def _sources(directory: Path) -> list[Path]:
+    return [*directory.glob("tsconfig*.json"), *sorted((directory / "src").rglob("*.ts"))]
+
+
+def _install(directory: Path) -> None:
+    """`npm ci` when the lock file is newer than the stamp `make test` also keeps (node_modules/.installed)."""
+    stamp = directory / "node_modules" / ".installed"
+    if not stamp.exists() or stamp.stat().st_mtime < (directory / "package-lock.json").stat().st_mtime:
+        npm_ci = ["npm", "ci", "--no-audit", "--no-fund"]  # npm from PATH, as `make test` runs it
+        subprocess.run(npm_ci, cwd=directory, check=True, capture_output=True, timeout=300)
+        stamp.touch()
+
+
+def _build(directory: Path, output: Path, command: list[str]) -> None:
+    """`command` when a source is newer than `output`."""
+    if not output.exists() or output.stat().st_mtime < _newest(_sources(directory)):
+        subprocess.run(command, cwd=directory, check=True, capture_output=True, timeout=300)
+        output.touch()
 
 
 def built_example() -> Path:
     """The compiled example agent's path, with the package it uses built first; skips without Node.js and npm."""
     if shutil.which("npm") is None or shutil.which("node") is None:
         pytest.skip("the TypeScript package and example need Node.js 20+ and npm")
-    # pytest-xdist may run TypeScript tests on two workers: `npm ci` in one would delete node_modules under an
-    # agent the other runs.
+    # pytest-xdist may run TypeScript tests on two workers: one builds, the other waits for it.
     with (EXAMPLE / ".build.lock").open("a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        stamp = EXAMPLE / ".installed"
-        newest = max(path.stat().st_mtime for path in [*_inputs(PACKAGE), *_inputs(EXAMPLE)])
-        if not stamp.exists() or stamp.stat().st_mtime < newest or not (EXAMPLE / "dist" / "agent.js").exists():
-            for cwd, command in (
-                (PACKAGE, ["npm", "ci", "--no-audit", "--no-fund"]),
-                (PACKAGE, ["npm", "run", "build"]),
-                (EXAMPLE, ["npm", "ci", "--no-audit", "--no-fund"]),
-                (EXAMPLE, ["npx", "tsc", "-p", "."]),
-            ):
-                subprocess.run(command, cwd=cwd, check=True, capture_output=True, timeout=300)
-            stamp.touch()
+        _install(PACKAGE)
+        _build(PACKAGE, PACKAGE / "dist" / "index.js", ["npm", "run", "build"])
+        _install(EXAMPLE)
+        _build(EXAMPLE, EXAMPLE / "dist" / "agent.js", ["npx", "tsc", "-p", "."])
     return EXAMPLE / "dist" / "agent.js"

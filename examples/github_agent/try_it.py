@@ -76,9 +76,11 @@ async def main(demo: bool) -> int:
         return await run_agent({**env, **demo_env})
 
 
-async def run_agent(env: dict[str, str]) -> int:
+async def run_agent(
+    env: dict[str, str], command: tuple[str, ...] = (sys.executable, "-m", "examples.github_agent")
+) -> int:
+    """Spawn the agent (`command`, this example's by default) with `env`, send one prompt, print its answer."""
     client = ScriptedClient(ask)
-    command = (sys.executable, "-m", "examples.github_agent")
     async with spawn_agent(client, *command, env=env, on_stderr=show_agent_log) as agent:
         try:
             await client.initialize(agent.conn)
