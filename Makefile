@@ -28,29 +28,26 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	@$(call pip_install,-e '.[dev]')
 	@touch $(STAMP) $(RUNTIME_STAMP) $(TESTING_STAMP)
 
+# `npm ci` in the directory $(1), stamped node_modules/.installed; without npm, a note saying what $(2) then.
+npm_ci = if command -v npm >/dev/null 2>&1; then cd $(1) && npm ci --no-audit --no-fund && touch node_modules/.installed; \
+	else echo "npm not found: $(2)"; fi
+
 # The independent OpenID Provider the tests run (tests/oidc_op, npm). Reinstalled when the lock file is newer than
 # the stamp (the same stamp tests/oidc_op_support.py checks). Without npm its tests skip and say why.
 OIDC_OP := tests/oidc_op
 OIDC_OP_STAMP := $(OIDC_OP)/node_modules/.installed
 
 $(OIDC_OP_STAMP): $(OIDC_OP)/package-lock.json
-	@if command -v npm >/dev/null 2>&1; then \
-		cd $(OIDC_OP) && npm ci --no-audit --no-fund && touch node_modules/.installed; \
-	else \
-		echo "npm not found: the tests against the oidc-provider OP ($(OIDC_OP)) will be skipped"; \
-	fi
+	@$(call npm_ci,$(OIDC_OP),the tests against the oidc-provider OP ($(OIDC_OP)) will be skipped)
 
-# The TypeScript package (clients/typescript): `make test` installs it (when its lock file is newer than the stamp),
-# then lints, type-checks and tests it with npm before the Python suite (which also runs it against a real sidecar).
+# The TypeScript package (clients/typescript): `make test` installs it (when its lock file is newer than the stamp,
+# which tests/ts_support.py checks too), then lints, type-checks and tests it with npm before the Python suite
+# (which also runs it against a real sidecar).
 TS_CLIENT := clients/typescript
 TS_CLIENT_STAMP := $(TS_CLIENT)/node_modules/.installed
 
 $(TS_CLIENT_STAMP): $(TS_CLIENT)/package-lock.json
-	@if command -v npm >/dev/null 2>&1; then \
-		cd $(TS_CLIENT) && npm ci --no-audit --no-fund && touch node_modules/.installed; \
-	else \
-		echo "npm not found: the TypeScript package ($(TS_CLIENT)) is not tested"; \
-	fi
+	@$(call npm_ci,$(TS_CLIENT),the TypeScript package ($(TS_CLIENT)) is not tested)
 
 ts-client: $(TS_CLIENT_STAMP)
 	@if command -v npm >/dev/null 2>&1; then cd $(TS_CLIENT) && npm run --silent lint && npm test --silent; fi

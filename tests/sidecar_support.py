@@ -39,6 +39,9 @@ from .api_support import make_key
 from .conftest import ALICE, write_catalog
 
 ROOT = Path(__file__).resolve().parent.parent
+# How long a sidecar (or the mock provider) may take to come up: on a machine shared by several test runs, a Python
+# process that imports the service can take a minute to start.
+START_SECONDS = 180.0
 
 
 def free_port() -> int:
@@ -110,8 +113,9 @@ async def sidecar_process(env: dict[str, str], log_file: Path, *, migrate_first:
 
 async def _serving(process: asyncio.subprocess.Process, base_url: str, log_file: Path) -> None:
     """Return once the sidecar `process` answers at `base_url`."""
+    deadline = time.monotonic() + START_SECONDS
     async with httpx.AsyncClient(timeout=2) as probe:
-        for _ in range(1200):
+        while time.monotonic() < deadline:
             if process.returncode is not None:
                 raise RuntimeError(f"the sidecar exited with {process.returncode}; see {log_file}")
             try:
@@ -251,7 +255,7 @@ def _process(args: list[str], env: dict[str, str], log: IO[bytes], stdout: Any =
             process.stdout.close()
 
 
-def _mock_provider_url(process: Popen, timeout: float = 60) -> str:
+def _mock_provider_url(process: Popen, timeout: float = START_SECONDS) -> str:
     """The base URL `acp-connector mock-provider` names in the first line it prints once it listens."""
     assert process.stdout is not None
     ready, _, _ = select.select([process.stdout], [], [], timeout)
@@ -263,8 +267,9 @@ def _mock_provider_url(process: Popen, timeout: float = 60) -> str:
 
 
 def _wait_until_serving(process: Popen, base_url: str, log_file: Path) -> None:
+    deadline = time.monotonic() + START_SECONDS
     with httpx.Client(timeout=2) as probe:
-        for _ in range(1200):
+        while time.monotonic() < deadline:
             if process.poll() is not None:
                 raise RuntimeError(f"the sidecar exited with {process.returncode}; see {log_file}")
             try:

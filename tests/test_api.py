@@ -199,6 +199,16 @@ async def test_answers_cancel_and_their_refusals(deployment: Deployment) -> None
         assert (state["status"], state["outcome"], state["requestId"]) == ("failed", "client_error", 12)
         assert "-32602" in state["reason"]
 
+        # A cancel with the client's reason (its _meta.message) is a refusal, kept with the reason (sanitised).
+        refused = await new()
+        body = {"action": "cancel", "message": "not allowed\u202e by policy"}
+        state = (await api.post(f"/v1/elicitations/{refused}/answer", json=body)).json()
+        assert (state["status"], state["outcome"]) == ("cancelled", "refused")
+        assert state["reason"] == "client_refused: not allowed by policy"
+        dismissed = await new()
+        state = (await api.post(f"/v1/elicitations/{dismissed}/answer", json={"action": "cancel"})).json()
+        assert (state["outcome"], state["reason"]) == ("cancelled", "dismissed in the client")
+
         cancelled = await new()
         state = (await api.post(f"/v1/elicitations/{cancelled}/cancel")).json()
         assert (state["status"], state["outcome"]) == ("cancelled", "cancelled")

@@ -87,6 +87,8 @@ def bad_requests(eid: str, user: dict[str, str]) -> list[tuple[str, str, dict[st
         ("POST", f"/v1/elicitations/{eid}/answer", {"json": {"action": "maybe"}}, "invalid_input"),
         ("POST", f"/v1/elicitations/{eid}/answer", {"json": {"action": "client_error"}}, "invalid_input"),
         ("POST", f"/v1/elicitations/{eid}/answer", {"json": {"action": "accept", "code": 1}}, "invalid_input"),
+        ("POST", f"/v1/elicitations/{eid}/answer", {"json": {"action": "decline", "message": "x"}}, "invalid_input"),
+        ("POST", f"/v1/elicitations/{eid}/answer", {"json": {"action": "cancel", "code": 1}}, "invalid_input"),
         ("POST", f"/v1/elicitations/{eid}/answer", {"json": {"action": "accept", "extra": 1}}, "invalid_input"),
         ("POST", f"/v1/elicitations/{eid}/answer", {"content": b"accept"}, "bad_request"),
         ("POST", "/v1/elicitations/nosuchid/answer", {"json": {"action": "accept"}}, "unknown_elicitation"),
