@@ -7,7 +7,7 @@ agent's own ACP connection (it keeps the connection, the sidecar keeps the secre
 waits on the sidecar (long-poll), and sends `$/cancel_request` and foreground state like the embedded connector.
 `http(user, provider)` calls the provider's API through the sidecar's token proxy.
 
-Waiting survives a sidecar restart or a network error: the long-poll (and reporting the answer or a cancellation)
+Waiting survives a sidecar restart or a network error: the long-poll (and reporting the client's answer)
 is tried again with backoff until the elicitation's `expiresAt`; only then does the call fail, with
 `SidecarUnavailable`, whose message says what happened in words a user can read.
 """
