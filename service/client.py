@@ -268,7 +268,7 @@ class SidecarClient(AgentCalls):
         if self._mcp is None:
             from .mcp import McpAuthorizer
 
-            self._mcp = McpAuthorizer(SidecarLifecycle(self._call))
+            self._mcp = McpAuthorizer(SidecarLifecycle(self._call, self.base_url))
         return self._mcp
 
     async def __aenter__(self) -> SidecarClient:
