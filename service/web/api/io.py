@@ -9,6 +9,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from service.core.agent_api import AgentApi
+from service.core.identity import Identity
 from service.core.records import ApiKeyRecord
 
 from ..inputs import invalid, read_json_object
@@ -54,3 +55,16 @@ def query_text(request: Request, name: str, *, required: bool = False) -> str | 
     if value is None and required:
         raise invalid(f"the query parameter '{name}' is required")
     return value
+
+
+IDENTITY_PART_MAX = 512
+
+
+def identity_of(issuer: str | None, subject: str | None, *, where: str) -> Identity:
+    """The user named by `issuer` and `subject`; `invalid_input` (saying `where` to send them) when either is
+    missing, empty, blank or longer than 512 characters, so no route ever builds an `Identity` that cannot be."""
+    for value in (issuer, subject):
+        if value is None or not value.strip() or len(value) > IDENTITY_PART_MAX:
+            raise invalid(f"{where}: a non-empty issuer and subject of at most {IDENTITY_PART_MAX} characters each")
+    assert issuer is not None and subject is not None
+    return Identity(issuer, subject)

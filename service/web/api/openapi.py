@@ -13,6 +13,7 @@ from . import models
 from .routes import Operation
 
 REF = "#/components/schemas/{model}"
+INPUT_LAYER_ERROR = "invalid_input"
 
 
 def openapi_document(operations: Sequence[Operation], *, version: str, server_url: str) -> dict[str, Any]:
@@ -93,7 +94,8 @@ def _operation(op: Operation) -> dict[str, Any]:
             media = {"x-item-schema": {"$ref": REF.format(model=op.stream_model.__name__)}}
         doc["responses"]["200"] = {"description": "A stream.", "content": {op.streaming: media}}
     by_status: dict[int, list[str]] = {}
-    for code in op.errors:
+    # Every request passes the input layer first (web/inputs.py): any operation may answer `invalid_input`.
+    for code in dict.fromkeys((*op.errors, INPUT_LAYER_ERROR)):
         by_status.setdefault(refusal_of(code).status, []).append(code)
     for status, codes in sorted(by_status.items()):
         doc["responses"][str(status)] = {

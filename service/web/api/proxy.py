@@ -37,8 +37,8 @@ from service.oauth import ProviderGateway
 from service.tokens import GrantAuth, TokenAccess, api_origin
 from service.version import __version__
 
-from ..inputs import invalid, read_body
-from .io import caller
+from ..inputs import read_body
+from .io import caller, identity_of
 
 log = logging.getLogger("service.web")
 
@@ -229,10 +229,11 @@ class ProxyLimitExceeded(Exception):
 
 
 def _user(request: Request) -> Identity:
-    issuer, subject = request.headers.get(USER_ISSUER), request.headers.get(USER_SUBJECT)
-    if not issuer or not subject or len(issuer) > 512 or len(subject) > 512:
-        raise invalid("send the user as Connector-User-Issuer and Connector-User-Subject headers")
-    return Identity(issuer, subject)
+    return identity_of(
+        request.headers.get(USER_ISSUER),
+        request.headers.get(USER_SUBJECT),
+        where="send the user as Connector-User-Issuer and Connector-User-Subject headers",
+    )
 
 
 def _listed_in_connection(request: Request) -> frozenset[str]:

@@ -14,7 +14,6 @@ from starlette.responses import Response
 from service.core.agent_api import AgentApi, Created
 from service.core.answers import AnswerKind, ClientAnswer
 from service.core.errors import FlowRefused
-from service.core.identity import Identity
 from service.core.outcomes import AuthorizationOutcome, GrantInfo, StopCause
 from service.core.records import ApiElicitationRecord, ApiKeyRecord, ElicitationRecord, GrantRecord
 from service.core.scopes import ElicitationScope, RequestScope, SessionScope
@@ -22,7 +21,7 @@ from service.tokens import TokenAccess
 
 from ..inputs import invalid
 from . import models
-from .io import answer, caller, query_text, read_model
+from .io import answer, caller, identity_of, query_text, read_model
 
 _ANSWERS = {
     "accept": AnswerKind.ACCEPT,
@@ -135,7 +134,7 @@ class ElicitationRoutes:
         )
         created = await self.api.create(
             key,
-            user=Identity(body.user.issuer, body.user.subject),
+            user=identity_of(body.user.issuer, body.user.subject, where="'user'"),
             provider=body.provider,
             scopes=body.scopes,
             scope=scope,
@@ -212,11 +211,12 @@ class ElicitationRoutes:
 
     async def grants(self, request: Request) -> Response:
         key = await caller(request, self.api)
-        issuer = query_text(request, "issuer", required=True)
-        subject = query_text(request, "subject", required=True)
+        user = identity_of(
+            query_text(request, "issuer", required=True),
+            query_text(request, "subject", required=True),
+            where="send the user as the query parameters 'issuer' and 'subject'",
+        )
         provider = query_text(request, "provider")
-        assert issuer is not None and subject is not None
-        user = Identity(issuer, subject)
         if provider is not None:
             self.api.check_provider(key, provider)
             names = [provider]
