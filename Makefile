@@ -52,6 +52,16 @@ $(TS_CLIENT_STAMP): $(TS_CLIENT)/package-lock.json
 ts-client: $(TS_CLIENT_STAMP)
 	@if command -v npm >/dev/null 2>&1; then cd $(TS_CLIENT) && npm run --silent lint && npm test --silent; fi
 
+# The JavaScript receivers the tests run (tests/js_receivers: eventsource, standardwebhooks), the same way.
+JS_RECEIVERS_STAMP := tests/js_receivers/node_modules/.installed
+
+$(JS_RECEIVERS_STAMP): tests/js_receivers/package-lock.json
+	@if command -v npm >/dev/null 2>&1; then \
+		cd tests/js_receivers && npm ci --no-audit --no-fund && touch node_modules/.installed; \
+	else \
+		echo "npm not found: the tests with JavaScript receivers (tests/js_receivers) will be skipped"; \
+	fi
+
 # Migrate the SQLite default and serve the demo: without provider credentials a mock provider runs on loopback and
 # http://127.0.0.1:8700/ has a link that walks through a whole authorization.
 run: $(RUNTIME_STAMP)
@@ -70,7 +80,7 @@ testing-kit: $(TESTING_STAMP)
 # One worker per core (pytest-xdist); an idle worker takes queued tests from a busy one (worksteal), since a few
 # tests (fresh clones, pip installs, two-process runs) take far longer than the rest.
 PYTEST_WORKERS ?= auto
-test: $(STAMP) $(OIDC_OP_STAMP) ts-client
+test: $(STAMP) $(OIDC_OP_STAMP) $(JS_RECEIVERS_STAMP) ts-client
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 # The benchmarks (bench/): each side by side with its baseline on loopback; the tables go into bench/RESULTS.md.

@@ -235,4 +235,6 @@ async def serve_runtime(runtime: Runtime, on_listening: Callable[[], None] | Non
         raise
     if on_listening is not None:
         on_listening()
-    await asyncio.gather(*(serve(app, sock) for (app, _, _), sock in zip(apps, sockets, strict=True)))
+    grace = settings.server.shutdown_grace_seconds
+    served = (serve(app, sock, grace_seconds=grace) for (app, _, _), sock in zip(apps, sockets, strict=True))
+    await asyncio.gather(*served)

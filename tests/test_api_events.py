@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -16,27 +18,37 @@ from service.store import Store
 from service.testing import MockOAuthProvider, ScriptedBrowser
 
 from .api_support import api_client, create_body, make_key
-from .conftest import ALICE, Deployment, fresh_postgres_database
+from .conftest import ALICE, Deploy, Deployment, fresh_postgres_database
+from .js_receivers_support import node_command
 from .sidecar_support import free_port, sidecar_env, sidecar_process
 
 
 class EventReader:
-    """One SSE connection: parses frames as they arrive into (id, data) pairs."""
+    """One SSE connection: parses frames as they arrive into (id, data) pairs; the opening `ready` frame's id and
+    the comments apart."""
 
     def __init__(self) -> None:
         self.events: list[tuple[int, dict[str, Any]]] = []
+        self.ready_id: int | None = None
+        self.comments: list[str] = []
         self.arrived = asyncio.Condition()
 
     async def read(self, response: httpx.Response) -> None:
         fields: dict[str, str] = {}
         async for line in response.aiter_lines():
             if line == "":
-                if "data" in fields:
+                if fields.get("event") == "ready":
+                    self.ready_id = int(fields["id"])
+                elif "data" in fields:
                     async with self.arrived:
                         self.events.append((int(fields["id"]), json.loads(fields["data"])))
                         self.arrived.notify_all()
                 fields = {}
-            elif not line.startswith(":"):
+            elif line.startswith(":"):
+                async with self.arrived:
+                    self.comments.append(line[1:].strip())
+                    self.arrived.notify_all()
+            else:
                 name, _, value = line.partition(":")
                 fields[name] = value.removeprefix(" ")
 
@@ -45,6 +57,12 @@ class EventReader:
             async with self.arrived:
                 await self.arrived.wait_for(lambda: len(self.events) >= count)
         return self.events
+
+    async def wait_for_comments(self, count: int, containing: str = "") -> list[str]:
+        async with asyncio.timeout(20):
+            async with self.arrived:
+                await self.arrived.wait_for(lambda: sum(containing in c for c in self.comments) >= count)
+        return self.comments
 
 
 @asynccontextmanager
@@ -164,3 +182,109 @@ async def test_events_cross_replicas_on_postgresql(tmp_path: Path) -> None:
                     (other["elicitationId"], "cancelled")
                 ]
                 assert events[0][0] > seen_id
+
+
+async def test_each_stream_keeps_itself_alive_whatever_other_tenants_hear(deploy_with: Deploy) -> None:
+    """A stream that sends nothing sends a keep-alive comment after its own quiet time, while another tenant's
+    stream gets an event every quarter of it; the busy one opens with its starting position (`ready`)."""
+    async with deploy_with(CONNECTOR_API__EVENTS_KEEPALIVE_SECONDS="1") as deployment:
+        store = deployment.connector.runtime.store
+        quiet_key, busy_key = await make_key(store, "agent-a"), await make_key(store, "agent-b")
+        async with (
+            api_client(deployment.base_url, busy_key) as busy_api,
+            stream(deployment.base_url, quiet_key) as quiet,
+            stream(deployment.base_url, busy_key) as busy,
+        ):
+            for n in range(14):  # 3.5 s of events for the busy tenant only
+                created = await busy_api.post("/v1/elicitations", json=create_body(ALICE, scopes=[f"s{n}"]))
+                await busy_api.post(f"/v1/elicitations/{created.json()['elicitationId']}/cancel")
+                await asyncio.sleep(0.25)
+            assert await quiet.wait_for_comments(2) and set(quiet.comments) == {"keep-alive"}
+            assert quiet.events == [] and len(busy.events) == 14
+            assert quiet.ready_id is not None and busy.ready_id == quiet.ready_id
+
+
+def sidecar_with(env: dict[str, str], port: int) -> dict[str, str]:
+    return {**env, "CONNECTOR_SERVER__PORT": str(port), "CONNECTOR_PUBLIC_BASE_URL": f"http://127.0.0.1:{port}"}
+
+
+async def read_until(process: asyncio.subprocess.Process, seen: list[dict[str, Any]], events: int) -> None:
+    """Read the node client's JSON lines into `seen` until it has reported `events` elicitation events."""
+    assert process.stdout is not None
+    async with asyncio.timeout(60):
+        while sum("data" in line for line in seen) < events:
+            line = await process.stdout.readline()
+            assert line, "the EventSource client ended"
+            seen.append(json.loads(line))
+
+
+@pytest.mark.duration(30)
+async def test_a_real_eventsource_client_misses_nothing_across_a_restart(tmp_path: Path) -> None:
+    """The npm `eventsource` client (WHATWG reconnection) connects before any event. The sidecar stops (SIGTERM)
+    with it and 9 more streams open: every stream gets a last comment and ends, and the process exits at once
+    (nothing left for the grace period to cancel). While it is down another replica ends an elicitation; the
+    client reconnects to the restarted sidecar with the opening id as Last-Event-ID and gets that event once, then
+    a later one."""
+    provider = MockOAuthProvider()
+    command = node_command("sse_client.mjs")
+    async with provider.serve_http():
+        env = sidecar_env(
+            tmp_path, {"github": provider.catalog_entry()}, {"github": (provider.client_id, provider.client_secret)}
+        )
+        env["CONNECTOR_SERVER__SHUTDOWN_GRACE_SECONDS"] = "60"
+        base_url = env["CONNECTOR_PUBLIC_BASE_URL"]
+        store_url = env["CONNECTOR_DATABASE__URL"]
+        log_a = tmp_path / "a.log"
+        seen: list[dict[str, Any]] = []
+        async with sidecar_process(env, log_a) as pid:
+            store = Store.from_url(store_url)
+            try:
+                key = await make_key(store)
+            finally:
+                await store.close()
+            client = await asyncio.create_subprocess_exec(
+                *command, f"{base_url}/v1/events", key, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
+            )
+            try:
+                assert client.stdout is not None
+                seen += [json.loads(await client.stdout.readline()) for _ in range(2)]
+                assert seen == [{"open": True}, {"ready": "0"}]
+                async with AsyncExitStack() as streams:
+                    readers = [await streams.enter_async_context(stream(base_url, key)) for _ in range(9)]
+                    os.kill(pid, signal.SIGTERM)
+                    for reader in readers:
+                        await reader.wait_for_comments(1, containing="shutting down")
+                    seen.append(json.loads(await client.stdout.readline()))  # it notices the end of its stream
+                    assert "error" in seen[2]
+                for _ in range(600):
+                    if "Finished server process" in log_a.read_text():
+                        break
+                    await asyncio.sleep(0.05)
+                log = log_a.read_text()
+                assert "Finished server process" in log and "timeout graceful shutdown exceeded" not in log
+                # Another replica on the same database ends an elicitation while this one is down.
+                other = sidecar_with(env, free_port())
+                async with (
+                    sidecar_process(other, tmp_path / "b.log", migrate_first=False),
+                    api_client(other["CONNECTOR_PUBLIC_BASE_URL"], key) as api_b,
+                ):
+                    missed = (await api_b.post("/v1/elicitations", json=create_body(ALICE))).json()["elicitationId"]
+                    await api_b.post(f"/v1/elicitations/{missed}/cancel")
+                async with (
+                    sidecar_process(env, tmp_path / "a2.log", migrate_first=False),
+                    api_client(base_url, key) as api,
+                ):
+                    await read_until(client, seen, 1)  # reconnected, and the missed event
+                    later = (await api.post("/v1/elicitations", json=create_body(ALICE, scopes=["x"]))).json()
+                    await api.post(f"/v1/elicitations/{later['elicitationId']}/cancel")
+                    await read_until(client, seen, 2)
+            finally:
+                client.stdin.close()  # type: ignore[union-attr]
+                await client.wait()
+    events = [line["data"] for line in seen if "data" in line]
+    assert [(e["elicitationId"], e["status"]) for e in events] == [
+        (missed, "cancelled"),
+        (later["elicitationId"], "cancelled"),
+    ]
+    # It reconnected once, resuming from the opening id (a stream without Last-Event-ID would start after `missed`).
+    assert [line["ready"] for line in seen if "ready" in line] == ["0", "0"], seen

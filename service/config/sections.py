@@ -53,6 +53,10 @@ class ServerSettings(_Section):
     TLS-terminating proxy that serves public_base_url) accepts connections from elsewhere."""
     port: int = Field(default=8700, ge=1, le=65535)
     """Port the HTTP server listens on."""
+    shutdown_grace_seconds: int = Field(default=5, ge=0, le=300)
+    """How long the server, told to stop (SIGTERM, Ctrl-C), lets open requests finish before it cancels them.
+    Event streams end at once (a last comment, then the end); keep it below the orchestrator's own limit
+    (`docker stop` waits 10 s before SIGKILL)."""
     trusted_proxies: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """Reverse proxies (CIDR networks) whose forwarded headers are believed: X-Forwarded-For for the client address
     (rate limits) and, with the trusted_header verifier, the identity headers. Empty: none are believed. In the
@@ -351,6 +355,9 @@ class ApiSettings(_Section):
     """Proxy timeout to connect, and between two reads or writes."""
     proxy_max_seconds: float = Field(default=600.0, gt=0, le=86400)
     """Longest a whole proxied exchange may take."""
+    events_keepalive_seconds: float = Field(default=15.0, ge=1, le=300)
+    """An event stream (`GET /v1/events`) that sent nothing for this long sends a comment, so proxies keep it open.
+    Each stream counts its own silence: other tenants' events do not count."""
 
 
 class GrantSettings(_Section):

@@ -35,6 +35,7 @@ from ..vault import Vault
 from .api import ApiParts, api_routes
 from .browser import BrowserRoutes
 from .client_address import ForwardedClient
+from .draining import Draining
 from .front import Front
 from .home import Home
 from .inputs import InputGuard, checked
@@ -150,6 +151,7 @@ def create_app(parts: WebParts) -> Starlette:
         log.error("unhandled error on %s %s: %s", request.method, request.url.path, type(exc).__name__, exc_info=exc)
         return await refused(request, FlowRefused("internal_error"))
 
+    draining = Draining()  # long-lived responses end when the server starts to stop
     home = Home(pages, settings, parts.providers, parts.elicitations, demo_user)
     verifier_routes = parts.verifier.routes(Kit(parts.verification, binding, guard, settings.server.trusted_proxies))
     name = parts.verifier.name
@@ -162,7 +164,7 @@ def create_app(parts: WebParts) -> Starlette:
         Route("/callback/{provider}", checked(browser.callback), methods=["GET"]),
         *_mounted(f"/identity/{name}", verifier_routes.browser),
         *_mounted(f"/v1/identity/{name}", verifier_routes.api),
-        *(api_routes(parts) if settings.api.enabled else []),
+        *(api_routes(parts, draining) if settings.api.enabled else []),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
@@ -191,6 +193,7 @@ def create_app(parts: WebParts) -> Starlette:
         routes=routes,
         exception_handlers={FlowRefused: refused, HTTPException: http_error, Exception: server_error},
     )
+    app.state.draining = draining  # the server (web/server.py) sets it when it starts to stop
     # Starlette builds its slash redirects from the Host header; `without_trailing_slash` uses public_base_url.
     app.router.redirect_slashes = False
     return app

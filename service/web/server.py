@@ -18,6 +18,7 @@ from typing import Any
 import uvicorn
 
 from ..core.errors import PortUnavailable
+from .draining import Draining
 
 
 class _StripQuery(logging.Filter):
@@ -34,13 +35,20 @@ def _access_log_without_queries() -> None:
         access.addFilter(_StripQuery())
 
 
+DEFAULT_GRACE_SECONDS = 5
+
+
 class Server(uvicorn.Server):
     """uvicorn's server, stopping at once when told to (`stop()`) and, with no connection open, without the
-    grace period it would give them: uvicorn polls for `should_exit` every 0.1 s and then always waits 0.1 s."""
+    grace period it would give them: uvicorn polls for `should_exit` every 0.1 s and then always waits 0.1 s.
 
-    def __init__(self, config: uvicorn.Config) -> None:
+    When it starts to stop it sets the app's `Draining` (`app.state.draining`, when the app has one), so open
+    event streams end by themselves; what still runs after `timeout_graceful_shutdown` seconds is cancelled."""
+
+    def __init__(self, config: uvicorn.Config, draining: Draining | None = None) -> None:
         super().__init__(config)
         self._stop = asyncio.Event()
+        self.draining = draining
 
     def stop(self) -> None:
         self.should_exit = True
@@ -54,6 +62,8 @@ class Server(uvicorn.Server):
                 await asyncio.wait_for(self._stop.wait(), 0.1)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.draining is not None:
+            self.draining.start()
         if self.server_state.connections or self.server_state.tasks:
             await super().shutdown(sockets)
             return
@@ -66,7 +76,8 @@ class Server(uvicorn.Server):
             await server.wait_closed()
 
 
-def make_server(app: Any, host: str, port: int) -> Server:
+def make_server(app: Any, host: str, port: int, *, grace_seconds: int = DEFAULT_GRACE_SECONDS) -> Server:
+    """A server for `app`: what is still running `grace_seconds` after it starts to stop is cancelled."""
     config = uvicorn.Config(
         app,
         host=host,
@@ -76,15 +87,18 @@ def make_server(app: Any, host: str, port: int) -> Server:
         proxy_headers=False,
         server_header=False,
         lifespan="off",
+        timeout_graceful_shutdown=grace_seconds,
     )
     _access_log_without_queries()
-    return Server(config)
+    state = getattr(app, "state", None)
+    draining = getattr(state, "draining", None)
+    return Server(config, draining if isinstance(draining, Draining) else None)
 
 
-async def serve(app: Any, sock: socket.socket) -> None:
+async def serve(app: Any, sock: socket.socket, *, grace_seconds: int = DEFAULT_GRACE_SECONDS) -> None:
     """Serve `app` on the bound socket `sock` until the server stops."""
     host, port = sock.getsockname()[:2]
-    await make_server(app, host, port).serve(sockets=[sock])
+    await make_server(app, host, port, grace_seconds=grace_seconds).serve(sockets=[sock])
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -20,6 +20,7 @@ from service.events import LocalBus
 from service.oauth import ProviderGateway
 from service.tokens import TokenAccess
 
+from ..draining import Draining
 from ..inputs import checked
 from . import models
 from .events import EventStream
@@ -51,7 +52,7 @@ def _version() -> str:
         return "0"
 
 
-def api_operations(parts: ApiParts) -> list[Operation]:
+def api_operations(parts: ApiParts, draining: Draining) -> list[Operation]:
     names = [entry.name for entry in parts.providers.catalog.entries()]
     settings = parts.settings.api
     elicitations = ElicitationRoutes(
@@ -68,7 +69,7 @@ def api_operations(parts: ApiParts) -> list[Operation]:
         Param("Connector-User-Issuer", "header", "The user's identity issuer.", required=True),
         Param("Connector-User-Subject", "header", "The user's subject at that issuer.", required=True),
     )
-    events = EventStream(parts.agent_api, parts.bus)
+    events = EventStream(parts.agent_api, parts.bus, draining, keepalive_seconds=settings.events_keepalive_seconds)
     webhooks = WebhookRoutes(parts.agent_api, parts.webhooks, max_body=settings.max_body_bytes)
     return [
         *elicitations.operations(),
@@ -118,8 +119,8 @@ def api_operations(parts: ApiParts) -> list[Operation]:
     ]
 
 
-def api_routes(parts: ApiParts) -> list[BaseRoute]:
-    operations = api_operations(parts)
+def api_routes(parts: ApiParts, draining: Draining) -> list[BaseRoute]:
+    operations = api_operations(parts, draining)
     document = openapi_document(operations, version=_version(), server_url=parts.settings.public_base_url)
 
     async def openapi(request: Request) -> Response:
