@@ -24,7 +24,7 @@ from service import ElicitationStatus
 from service.logs import configure
 from service.testing import MockOAuthProvider, ScriptedBrowser
 
-from .conftest import POSTGRES_ENV, Deploy, Deployment, fresh_postgres_database, write_catalog
+from .conftest import ALICE, POSTGRES_ENV, Deploy, Deployment, fresh_postgres_database, write_catalog
 from .flow_support import asking, events, query_of, status_of, to_callback, with_query
 from .identity_support import logging_restored
 from .raw_http_support import raw_exchange, status_of_raw
@@ -340,3 +340,37 @@ async def test_readyz_names_no_database_when_it_is_down(deploy_with: Deploy) -> 
     parsed = make_url(url)
     for part in (parsed.username, parsed.host, parsed.database):
         assert part is not None and part not in unready.text
+
+
+MALFORMED_CHUNKS = b"Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nZZ\r\nxx\r\n"  # a chunk size that is no number
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("PUT", "/v1/identity/confirm"),  # 405 at once, before the app reads anything
+        ("POST", "/v1/nothing-here"),  # 404 at once
+        ("POST", "/v1/elicitations"),  # reads the body: meets the server's close
+        ("POST", "/connect/abc"),
+    ],
+)
+async def test_a_body_the_server_refuses_mid_request_is_answered_once_without_a_traceback(
+    deploy_with: Deploy, caplog: pytest.LogCaptureFixture, method: str, path: str
+) -> None:
+    """uvicorn answers a malformed chunked body with its own 400 and closes while the app may still be answering
+    the same request; the app's answer is dropped (a warning line), never a second answer, an ERROR or a traceback."""
+    caplog.set_level(logging.INFO)
+    async with deploy_with(ALICE, CONNECTOR_IDENTITY__VERIFIER="confirm", **CONFIRM) as deployment:
+        for _ in range(3):
+            head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n".encode() + MALFORMED_CHUNKS
+            answer, _ = await raw_exchange(deployment.base_url, head)
+            assert status_of_raw(answer) == 400 and answer.count(b"HTTP/1.1 ") == 1
+    problems = [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
+    assert problems == [], [r.getMessage() for r in problems]
+
+
+CONFIRM = {
+    "CONNECTOR_IDENTITY__CONFIRM__OPERATOR_URL": "http://127.0.0.1:9/operator/confirm",
+    "CONNECTOR_IDENTITY__CONFIRM__ISSUER": "https://idp.example.com",
+    "CONNECTOR_IDENTITY__CONFIRM__API_KEY_HASHES": "0" * 64,
+}

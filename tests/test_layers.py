@@ -65,11 +65,12 @@ CONFINED = {
     "authlib": {"service.oauth"},
     "starlette": {"service.web", "service.identity", "service.testing", "service.app", "service.connector"},
     "uvicorn": {"service.web", "service.testing"},
+    "h11": {"service.web"},  # uvicorn's HTTP/1.1 protocol: its refusal of a second answer (web/front.py)
     "prometheus_client": {"service.metrics"},
     "structlog": {"service.logs"},
     "limits": {"service.rate_limiter"},
 }
-CORE_FORBIDDEN = {"starlette", "acp", "mcp", "mcp_types", "httpx", "sqlalchemy", "authlib", "uvicorn", "jinja2"}
+CORE_FORBIDDEN = {"starlette", "acp", "mcp", "mcp_types", "httpx", "sqlalchemy", "authlib", "uvicorn", "h11", "jinja2"}
 
 
 def _module_name(path: Path) -> str:

@@ -13,17 +13,24 @@ The security headers go on every response, an error page included; an exception 
 error page (when nothing was sent yet) and is raised again for the server to log, as Starlette's
 `ServerErrorMiddleware` does.
 
+The server may answer a request itself while the app still works on it: uvicorn answers `400` and closes when the
+body turns out malformed (bad chunked framing), and marks the request disconnected only a loop turn later. An app
+answer sent in between is refused by the protocol (h11: `Response` in state `MUST_CLOSE`); it is dropped with one
+warning line, as a send to a disconnected client is, instead of becoming an "unhandled error" with a traceback.
+
 One layer with one `send` wrapper instead of one per concern: each wrapper is a coroutine call per message and
 a closure per request, on every request the connector serves.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import time
 from collections.abc import Awaitable, Callable
 
+import h11
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -39,6 +46,7 @@ from .security import security_headers, with_security_headers
 log = logging.getLogger("service.web")
 
 REQUEST_ID_HEADER = b"x-request-id"
+DISCONNECT_WAIT_SECONDS = 5.0  # the server closes at once after its own answer: a bound, never reached
 
 Refuse = Callable[[Request, FlowRefused], Awaitable[Response]]
 OnError = Callable[[Request, Exception], Awaitable[Response]]
@@ -79,8 +87,12 @@ class Front:
         defaults = self.headers
         id_header = (REQUEST_ID_HEADER, request_id.encode())
 
+        answered_by_server = False
+
         async def send_framed(message: Message) -> None:
-            nonlocal response_started
+            nonlocal response_started, answered_by_server
+            if answered_by_server:
+                return
             if message["type"] != "http.response.start":
                 await send(message)
                 return
@@ -89,7 +101,16 @@ class Front:
             headers.append(id_header)
             message["headers"] = headers
             with bound(duration_ms=round((time.perf_counter() - started) * 1000, 1)):
-                await send(message)
+                try:
+                    await send(message)
+                except h11.LocalProtocolError:
+                    answered_by_server = True
+                    log.warning(
+                        "the server already answered this request (a malformed body): the app's answer is dropped: "
+                        "%s %s",
+                        scope["method"],
+                        scope["path"],
+                    )
 
         with bound(request_id=request_id):
             request = Request(scope)  # reads the scope when asked: it sees what `apply` changes
@@ -98,6 +119,10 @@ class Front:
                 await self.forwarded.apply(scope)
                 token = CURRENT_CLIENT.set(client_address(request))
                 await self._serve(scope, request, receive, send_framed, lambda: response_started)
+                if answered_by_server:
+                    # Return only once the server has noticed its own close: it would log an app that returned
+                    # "without completing response" otherwise.
+                    await _until_disconnected(receive)
             except Exception as exc:
                 error_page = await self.on_error(request, exc)  # it logs the error, also when too late to answer
                 if not response_started:
@@ -138,6 +163,12 @@ class Front:
         except ClientDisconnect:
             # A malformed body (the server answered 400 and closed) or a client gone mid-body: nobody to answer.
             log.warning("request body ended early (malformed or disconnected): %s %s", scope["method"], scope["path"])
+
+
+async def _until_disconnected(receive: Receive) -> None:
+    async with asyncio.timeout(DISCONNECT_WAIT_SECONDS):
+        while (await receive())["type"] != "http.disconnect":
+            pass
 
 
 def _counted(receive: Receive, limit: int) -> Receive:
