@@ -106,8 +106,8 @@ def test_compose_with_the_local_verifier_is_refused_by_the_connector() -> None:
 
 def test_every_variable_of_the_compose_file_is_documented_and_is_a_setting() -> None:
     text = (ROOT / "docker-compose.yml").read_text()
-    readme = (ROOT / "README.md").read_text()
-    sidecar = readme[readme.index("## Sidecar") : readme.index("### The API")]
+    guide = (ROOT / "docs" / "sidecar.md").read_text()
+    sidecar = guide[guide.index("## With Docker") : guide.index("## The API")]
     documented = set(re.findall(r"`(CONNECTOR_[A-Z0-9_]+)`", sidecar))
     # `__CLIENT_ID`-style continuations in a row name variables with the prefix of the row's first variable.
     for row in re.findall(r"^\| (`CONNECTOR_[^|]+)\|", sidecar, re.M):

@@ -6,7 +6,13 @@
 2. The example agent's README, "Run it", followed literally: `make run` once, then `try_it --demo`, answering `y`
    and going through the page the agent links to.
 
-One test does both, in one clone: the second step needs what the first created (.venv, the database).
+3. The README, block by block: every shell block runs or says why not (`<!-- doctest: ... -->` before it: it serves,
+   needs `make run`, real credentials or Docker, or is the suite itself). The block that serves the demo on another
+   port runs, and Chromium goes through that demo (the consent page's form posts and the redirects reach that port);
+   with it serving, the block that needs `make run` and the local sidecar recipe of docs/sidecar.md run as pasted
+   (a scripted browser is the user at the link); then `make testing-kit`, the testing kit's README.
+
+One test does it all, in one clone: each step needs what the one before created (.venv, the database).
 """
 
 from __future__ import annotations
@@ -44,15 +50,19 @@ def newcomer_env(port: int) -> dict[str, str]:
 class MakeRun:
     """`make run` in `clone`, in its own process group (make, pip and the server stop together)."""
 
-    def __init__(self, clone: Path) -> None:
+    def __init__(self, clone: Path, *, follow_listener: bool = False) -> None:
+        """`follow_listener`: leave public_base_url unset, as the README's other-port block does."""
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
+        env = newcomer_env(self.port)
+        if follow_listener:
+            del env["CONNECTOR_PUBLIC_BASE_URL"]
         make = shutil.which("make")
         assert make is not None, "make is not installed"
         self.process = subprocess.Popen(
             [make, "run"],
             cwd=clone,
-            env=newcomer_env(self.port),
+            env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -94,10 +104,11 @@ def clone(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.mark.duration(30)
+@pytest.mark.duration(120)
 async def test_the_first_hour_in_a_fresh_clone(clone: Path) -> None:
     await make_run_serves_a_demo_that_completes_a_whole_flow(clone)
     await the_example_readme_steps_work_literally_against_the_demo_provider(clone)
+    await the_readme_blocks_run_in_the_clone(clone)
 
 
 async def make_run_serves_a_demo_that_completes_a_whole_flow(clone: Path) -> None:
@@ -168,3 +179,140 @@ async def the_example_readme_steps_work_literally_against_the_demo_provider(clon
     assert "demo-user/hello-world" in output and "demo-user/connector-demo" in output
     assert "agent | " in err.decode()  # the agent's log is shown as it runs
     assert "Traceback" not in err.decode()
+
+
+# -- 3. the README's shell blocks ------------------------------------------------------------------------------
+
+DOCTEST_MARKS = {"serves", "needs make run", "needs real credentials", "needs docker and real credentials"}
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+def shell_blocks(text: str) -> list[tuple[str | None, str]]:
+    """(its `<!-- doctest: MARK -->`, or None; the block) for each ```sh block of a Markdown text."""
+    return [
+        (mark, block) for mark, block in re.findall(r"(?:<!-- doctest: ([^>]*?) -->\n)?```sh\n(.*?)```", text, re.S)
+    ]
+
+
+def test_every_readme_shell_block_runs_or_says_why_not() -> None:
+    blocks = shell_blocks((REPO / "README.md").read_text())
+    assert blocks
+    for mark, block in blocks:
+        assert not mark or mark in DOCTEST_MARKS or mark.startswith("skip ("), mark
+        if mark and "credentials" in mark:
+            assert "..." in block or "docker" in block  # a placeholder or Docker: it cannot run as written here
+        if not mark or mark == "serves":
+            assert "..." not in block and "example.com" not in block  # runs as written
+
+
+async def the_readme_blocks_run_in_the_clone(clone: Path) -> None:
+    blocks = shell_blocks((clone / "README.md").read_text())
+    served = [block for mark, block in blocks if mark == "serves"]
+    assert served[0].split("#")[0].strip() == "make run"  # what step 1 ran
+    other_port = served[1].split("#")[0].strip()
+    assert other_port == "CONNECTOR_SERVER__PORT=8790 make run"
+    run = MakeRun(clone, follow_listener=True)  # the block's port 8790, changed to a free one (tests run side by side)
+    env = {k: v for k, v in newcomer_env(run.port).items() if k != "CONNECTOR_PUBLIC_BASE_URL"}
+    try:
+        await asyncio.to_thread(run.wait_healthy)
+        await chromium_goes_through_the_demo(run.base_url)
+        for mark, block in blocks:
+            if mark == "needs make run":
+                out = await bash(clone, block, env)
+                assert out.strip().startswith("acpk_"), out
+        await the_local_sidecar_recipe_runs_as_pasted(clone, run.base_url, env)
+    finally:
+        run.stop()
+    output = run.process.stdout.read() if run.process.stdout else ""
+    assert f"serving on http://127.0.0.1:{run.port}" in output and "names port" not in output
+    for mark, block in blocks:
+        if not mark:  # `make testing-kit`: the testing kit's example, as its README runs it
+            out = await bash(clone, block, newcomer_env(free_port()), within=600)
+            assert re.search(r"\b2 passed\b", out), out[-3000:]
+
+
+async def bash(clone: Path, script: str, env: dict[str, str], within: float = 300) -> str:
+    """`script` in bash in the clone (stops at the first failing command); its stdout and stderr."""
+    process = await asyncio.create_subprocess_exec(
+        "bash",
+        "-euo",
+        "pipefail",
+        "-c",
+        script,
+        cwd=clone,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await asyncio.wait_for(process.communicate(), within)
+    assert process.returncode == 0, f"{script}\n-> exit {process.returncode}:\n{out.decode()[-3000:]}"
+    return out.decode()
+
+
+async def chromium_goes_through_the_demo(base_url: str) -> None:
+    """Chromium at the demo's start page on a port that is not 8700: start, Continue, Approve, connected."""
+    chromium = shutil.which("chromium")
+    playwright = pytest.importorskip("playwright.async_api", reason="Playwright is not installed")
+    if chromium is None:
+        pytest.skip("the demo through a real browser needs Debian's chromium")
+    async with playwright.async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
+        try:
+            page = await browser.new_page()
+            await page.goto(f"{base_url}/")
+            await page.get_by_role("link", name="Start a demo authorization").click()
+            await page.wait_for_load_state()
+            assert page.url.startswith(f"{base_url}/connect/")
+            await page.get_by_role("button", name=re.compile("Continue")).click()  # CSP form-action: this port
+            await page.wait_for_load_state()
+            await page.get_by_role("button", name="Approve").click()  # the mock provider's sign-in page
+            await page.wait_for_load_state()
+            assert page.url.startswith(base_url), page.url  # the redirect URI names this port
+            assert "Your Demo provider (mock) account is connected" in await page.content()
+        finally:
+            await browser.close()
+
+
+async def the_local_sidecar_recipe_runs_as_pasted(clone: Path, base_url: str, env: dict[str, str]) -> None:
+    """docs/sidecar.md, "Locally, without Docker": its second block, line by line in one shell, with the user at the
+    link between step 2 and step 3 (a scripted browser, approving at the mock provider)."""
+    guide = (clone / "docs" / "sidecar.md").read_text()
+    local = guide[guide.index("## Locally, without Docker") : guide.index("## With Docker")]
+    block = shell_blocks(local)[1][1].replace("http://127.0.0.1:8700", base_url)
+    before, after = block.split("# 3.", 1)
+    shell = await asyncio.create_subprocess_exec(
+        "bash",
+        "-eu",
+        cwd=clone,
+        env=env,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    assert shell.stdin is not None and shell.stdout is not None
+    shell.stdin.write(f"{before}\necho RECIPE-PAUSE\n".encode())
+    await shell.stdin.drain()
+    seen = []
+    while not seen or seen[-1] != "RECIPE-PAUSE":
+        line = await asyncio.wait_for(shell.stdout.readline(), 120)
+        assert line, "the recipe's first steps ended the shell:\n" + "".join(seen)
+        seen.append(line.decode().rstrip("\n"))
+    url = next((line.removeprefix("Open ") for line in seen if line.startswith("Open http")), None)
+    assert url is not None, seen
+    async with ScriptedBrowser() as browser:
+        page = await browser.authorize(url)
+    assert page.status_code == 200 and "is connected" in page.text, page.text
+    shell.stdin.write(f"# 3.{after}\nexit\n".encode())
+    out, _ = await asyncio.wait_for(shell.communicate(), 120)
+    assert shell.returncode == 0, out.decode()
+    compact = out.decode().replace(" ", "")
+    assert '"status":"completed"' in compact and '"outcome":"authorized"' in compact, out.decode()
+    assert "demo-user/hello-world" in out.decode()
