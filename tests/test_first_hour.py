@@ -119,6 +119,7 @@ async def make_run_serves_a_demo_that_completes_a_whole_flow(clone: Path) -> Non
         async with ScriptedBrowser() as browser:
             home = await browser.get(f"{base_url}/")
             assert home.status_code == 200 and "Demo mode" in home.text and "Demo provider (mock)" in home.text
+            assert "nothing leaves this machine" in home.text  # the mock signs in on loopback
             link = re.search(r'<a class="button primary" href="([^"]+)">Start a demo authorization</a>', home.text)
             assert link is not None, home.text
             consent = await browser.follow(await browser.get(f"{base_url}{link.group(1)}"))

@@ -103,3 +103,11 @@ def test_settings_with_an_unreachable_demo_are_never_built_however_they_are_made
     (error,) = off_loopback.value.errors()
     assert error["loc"] == ("demo",) and "loopback" in error["msg"]
     assert Settings(demo=True).demo  # on loopback with the local verifier it is allowed
+
+
+async def test_the_demo_with_a_provider_elsewhere_does_not_say_nothing_leaves_the_machine(deploy_with: Deploy) -> None:
+    # The provider here signs in at github.mock-provider.test, not on loopback: as real credentials would.
+    async with deploy_with(CONNECTOR_DEMO="true") as deployment, ScriptedBrowser() as browser:
+        home = await browser.get(f"{deployment.base_url}/")
+    assert "Demo mode" in home.text and "nothing leaves this machine" not in home.text
+    assert "with a real" in home.text and "account" in home.text

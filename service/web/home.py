@@ -17,6 +17,7 @@ from ..core.errors import FlowRefused
 from ..core.identity import Identity
 from ..core.lifecycle import Elicitations
 from ..core.scopes import RequestScope
+from ..core.urls import is_loopback_host
 from ..oauth import ProviderGateway
 from ..version import __version__
 from .pages import Pages
@@ -43,13 +44,17 @@ class Home:
         # A public deployment says what it is and nothing about its version or setup.
         private = self.settings.is_loopback_deployment
         entries = self.providers.catalog.entries() if private else []
+        configured = [entry for entry in entries if entry.configured]
         return self.pages.render(
             request,
             "home.html",
             {
                 "title": "ACP OAuth connector",
                 "version": __version__ if private else None,
-                "configured": [entry for entry in entries if entry.configured],
+                "configured": configured,
+                # Only when every ready provider signs in on this machine (the demo's mock) is nothing sent elsewhere.
+                "all_local": bool(configured)
+                and all(is_loopback_host(entry.provider_host or "") for entry in configured),
                 "unconfigured": [entry for entry in entries if not entry.configured],
                 "demo": self.demo_user is not None,
                 "demo_user": self.demo_user.subject if self.demo_user is not None else None,
