@@ -8,20 +8,20 @@ need here, without the rest.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-from pydantic import ValidationError
-
-from .config import Settings
-from .core.webhooks import WebhookDispatcher, WebhookEndpoints
-from .events import HttpWebhookSender, LocalBus, PgBus, WebhookWorker
-from .identity import IdentityVerifier, VerifierContext
-from .identity import registry as verifiers
-from .metrics import Metrics
-from .oauth import HttpSettings, ProviderGateway, ProviderHttp
-from .providers import ProviderCatalog
 from .store import PoolSettings, Store
-from .util.clock import Clock
 from .vault import Vault, load_key_ring
+
+if TYPE_CHECKING:  # each builder imports what it builds: `keys status` needs the store and the vault, not the web
+    from .config import Settings
+    from .core.webhooks import WebhookEndpoints
+    from .events import LocalBus, WebhookWorker
+    from .identity import IdentityVerifier, VerifierContext
+    from .metrics import Metrics
+    from .oauth import ProviderGateway
+    from .providers import ProviderCatalog
+    from .util.clock import Clock
 
 __all__ = [
     "build_bus",
@@ -55,6 +55,8 @@ def build_vault(settings: Settings) -> Vault:
 
 def build_gateway(settings: Settings, catalog: ProviderCatalog, metrics: Metrics) -> ProviderGateway:
     """The one gateway to the catalog's providers, with pooled HTTP as `[providers]` says."""
+    from .oauth import HttpSettings, ProviderGateway, ProviderHttp
+
     section = settings.providers
     http = ProviderHttp(
         HttpSettings(
@@ -69,6 +71,10 @@ def build_gateway(settings: Settings, catalog: ProviderCatalog, metrics: Metrics
 
 def build_verifier(ctx: VerifierContext) -> IdentityVerifier:
     """The verifier `identity.verifier` names, built from its `[identity.<name>]` section (ConfigError if unusable)."""
+    from pydantic import ValidationError
+
+    from .identity import registry as verifiers
+
     identity = ctx.settings.identity
     plugin = verifiers.get(identity.verifier)
     if plugin is None:
@@ -83,6 +89,8 @@ def build_verifier(ctx: VerifierContext) -> IdentityVerifier:
 
 def build_bus(settings: Settings, store: Store, clock: Clock, metrics: Metrics) -> LocalBus:
     """PostgreSQL: events cross the replicas at once (LISTEN/NOTIFY). SQLite (one process): they stay in it."""
+    from .events import LocalBus, PgBus
+
     if store.db.dialect != "postgresql":
         return LocalBus()
     return PgBus(store, metrics=metrics, clock=clock, ping_seconds=settings.replicas.heartbeat_seconds)
@@ -90,6 +98,8 @@ def build_bus(settings: Settings, store: Store, clock: Clock, metrics: Metrics) 
 
 def build_metrics(store: Store, providers: Iterable[str]) -> Metrics:
     """The metrics, with the gauges read from the store at each scrape."""
+    from .metrics import Metrics
+
     metrics = Metrics(providers)
 
     async def sample() -> None:
@@ -105,6 +115,9 @@ def build_webhooks(
     settings: Settings, store: Store, vault: Vault, bus: LocalBus, clock: Clock, metrics: Metrics
 ) -> tuple[WebhookEndpoints, WebhookWorker | None]:
     """The tenants' webhook endpoints, and this replica's delivery task (unless `webhooks.deliver` is off)."""
+    from .core.webhooks import WebhookDispatcher, WebhookEndpoints
+    from .events import HttpWebhookSender, WebhookWorker
+
     section = settings.webhooks
     endpoints = WebhookEndpoints(store.webhooks, store.outbox, vault, section.policy(), clock)
     if not section.deliver:

@@ -189,14 +189,14 @@ def test_audit_lines_are_shown_only_with_verbose(database: dict[str, str]) -> No
 HEAVY = ("sqlalchemy", "alembic", "pydantic", "structlog", "acp", "uvicorn", "starlette", "httpx", "authlib")
 
 
-def imported_by(*argv: str) -> list[str]:
+def imported_by(*argv: str, env: dict[str, str] | None = None) -> list[str]:
     """The heavy packages a fresh interpreter has imported after `acp-connector argv...`."""
     script = (
         "import contextlib, io, sys\n"
         "from service.cli.program import main\n"
         "with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
         "    try:\n"
-        f"        main({list(argv)!r}, env={{}})\n"
+        f"        main({list(argv)!r}, env={env or {}!r})\n"
         "    except SystemExit:\n"
         "        pass\n"
         f"print(' '.join(m for m in {HEAVY!r} if m in sys.modules))\n"
@@ -209,6 +209,10 @@ def imported_by(*argv: str) -> list[str]:
 @pytest.mark.parametrize("argv", [["--help"], ["--version"], ["serve", "--help"], ["webhooks", "--help"]])
 def test_help_and_version_import_none_of_the_runtime(argv: list[str]) -> None:
     assert imported_by(*argv) == []
+
+
+def test_a_database_command_imports_the_store_not_the_web_or_the_oauth_client(database: dict[str, str]) -> None:
+    assert set(imported_by("keys", "status", env=database)).isdisjoint({"acp", "uvicorn", "httpx", "authlib"})
 
 
 def test_a_command_imports_what_it_uses_only() -> None:
