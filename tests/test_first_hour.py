@@ -185,15 +185,6 @@ async def the_example_readme_steps_work_literally_against_the_demo_provider(clon
 # -- 3. the README's shell blocks ------------------------------------------------------------------------------
 
 DOCTEST_MARKS = {"serves", "needs make run", "needs real credentials", "needs docker and real credentials"}
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 
 
 def shell_blocks(text: str) -> list[tuple[str | None, str]]:
@@ -264,8 +255,10 @@ async def chromium_goes_through_the_demo(base_url: str) -> None:
     playwright = pytest.importorskip("playwright.async_api", reason="Playwright is not installed")
     if chromium is None:
         pytest.skip("the demo through a real browser needs Debian's chromium")
+    from .test_real_browser import FLAGS  # the flags every real-browser test launches it with
+
     async with playwright.async_playwright() as pw:
-        browser = await pw.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
+        browser = await pw.chromium.launch(executable_path=chromium, args=FLAGS)
         try:
             page = await browser.new_page()
             await page.goto(f"{base_url}/")
@@ -299,9 +292,9 @@ async def the_local_sidecar_recipe_runs_as_pasted(clone: Path, base_url: str, en
         stderr=asyncio.subprocess.STDOUT,
     )
     assert shell.stdin is not None and shell.stdout is not None
-    shell.stdin.write(f"{before}\necho RECIPE-PAUSE\n".encode())
+    shell.stdin.write(f"{before}\necho; echo RECIPE-PAUSE\n".encode())  # curl prints no final newline
     await shell.stdin.drain()
-    seen = []
+    seen: list[str] = []
     while not seen or seen[-1] != "RECIPE-PAUSE":
         line = await asyncio.wait_for(shell.stdout.readline(), 120)
         assert line, "the recipe's first steps ended the shell:\n" + "".join(seen)
