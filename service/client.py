@@ -355,6 +355,8 @@ def _create_body(ask: AuthorizationAsk, connection_id: str | None) -> dict[str, 
         body["message"] = ask.message
     if ask.ask_again:
         body["askAgain"] = True
+    if ask.connection:
+        body["connection"] = dict(ask.connection)
     return body
 
 

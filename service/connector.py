@@ -138,6 +138,7 @@ class Connector(AgentCalls):
         grant = await runtime.tokens.grant_for(user, provider, scopes)
         if grant is None:
             raise NotAuthorized(f"{user} has no {resolved.display_name} grant with scopes {list(scopes)}")
+        resolved = runtime.tokens.bound(grant, resolved)  # the API base may be the grant's (an instance URL)
         auth = GrantAuth(runtime.tokens, grant.id, resolved)
         async with runtime.providers.api_client(resolved, auth=auth, client_kwargs=client_kwargs) as client:
             yield client

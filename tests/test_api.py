@@ -49,7 +49,9 @@ async def test_full_flow_over_the_api(deployment: Deployment) -> None:
         state = (await waiting).json()
         assert state["status"] == "completed" and state["outcome"] == "authorized"
         assert state["grant"]["provider"] == "github" and state["grant"]["accountId"] == "4242"
+        assert state["grant"]["connection"] == {}  # github needs no per-connection value
         assert set(state["grant"]) == {
+            "connection",
             "grantId",
             "provider",
             "accountId",

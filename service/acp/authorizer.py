@@ -26,7 +26,7 @@ an elicitation elsewhere (e.g. an expiry sweeper) only ends the row; the waiting
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Generic
 
 from service.core.answers import ClientAnswer
@@ -104,9 +104,10 @@ class AcpAuthorizer(Generic[H, E]):
         message: str | None,
         foreground: bool,
         ask_again: bool = False,
+        connection: Mapping[str, str] | None = None,
     ) -> AuthorizationOutcome:
         """Settle the request from stored grants, else ask the client (URL mode only) and wait for the browser."""
-        ask = AuthorizationAsk(user, provider, scopes, scope, message, ask_again)
+        ask = AuthorizationAsk(user, provider, scopes, scope, message, ask_again, connection)
         settled = await self.lifecycle.settled(ask)
         if settled is not None:
             return settled

@@ -8,7 +8,7 @@ what was asked (the embedded connector fills in the provider's default scopes fr
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from service.core.identity import Identity
@@ -55,6 +55,7 @@ class AgentCalls(ABC):
         message: str | None = None,
         foreground: bool = True,
         ask_again: bool = False,
+        connection: Mapping[str, str] | None = None,
     ) -> AuthorizationOutcome:
         """Make sure `user` holds a grant at `provider` covering `scopes`, asking through the client if needed.
 
@@ -68,6 +69,11 @@ class AgentCalls(ABC):
         When the provider grants fewer scopes than asked, the outcome is `narrowed`: `refused_scopes` names the
         others and `grant` is the stored grant. Asking again for scopes the provider refused is answered the same
         way at once, without a new `elicitation/create`, unless `ask_again=True` (e.g. after the user said so).
+
+        `connection` gives the per-connection values the provider's catalog entry asks of the agent (e.g.
+        `{"subdomain": "acme"}` for a shop, `{"tenant": "contoso.onmicrosoft.com"}`); they fill the provider's
+        URLs and are stored with the grant. A missing or malformed one is refused (`FlowRefused`
+        `missing_connection_value` / `invalid_connection_value`, naming it) before anything is asked.
 
         Returns when the grant exists, or with the reason it does not (`AuthorizationOutcome.status`). If the calling
         task is cancelled (a timeout of yours, `session/cancel`, the client's `$/cancel_request`), the pending
@@ -87,4 +93,5 @@ class AgentCalls(ABC):
             message=message,
             foreground=foreground,
             ask_again=ask_again,
+            connection=connection,
         )

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -130,6 +130,7 @@ class AgentApi:
         ask_again: bool = False,
         grants_only: bool = False,
         url_mode: bool = True,
+        connection: Mapping[str, str] | None = None,
     ) -> Created:
         """A grant that already covers the scopes (or, unless `ask_again`, lacks only scopes the provider refused
         when it was made: asking would ask the user the same again), else a new pending elicitation bound to `user`.
@@ -149,7 +150,7 @@ class AgentApi:
             wanted = tuple(scopes) if scopes is not None else await self.elicitations.default_scopes(provider)
         except ConnectorError as exc:
             raise FlowRefused(exc.code, detail={"message": str(exc)}) from None
-        settled = await self.elicitations.settled(user, provider, wanted, ask_again=ask_again)
+        settled = await self.elicitations.settled(user, provider, wanted, ask_again=ask_again, connection=connection)
         grant = await self.store.grants.get(settled.grant.id) if settled and settled.grant else None
         if settled is not None and grant is not None:
             return Created(grant=grant, refused_scopes=settled.refused_scopes)
@@ -177,6 +178,7 @@ class AgentApi:
                 message=message,
                 agent_name=caller.agent_name,
                 within=bind,
+                connection=connection,
             )
         except _Replayed:
             assert idempotency_key is not None

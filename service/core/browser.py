@@ -79,16 +79,18 @@ class BrowserFlow:
             raise FlowRefused(CLOSED_CODES[record.status])
         return record
 
-    async def resolve(self, name: str) -> Provider:
+    async def resolve(self, name: str, connection: Mapping[str, str] | None = None) -> Provider:
+        """The provider, its URLs filled with the elicitation's per-connection values (`connection`)."""
         try:
-            return await self.providers.resolve(name)
+            provider = await self.providers.resolve(name)
+            return self.providers.bind(provider, connection) if connection else provider
         except ConnectorError as exc:
             raise FlowRefused(exc.code, detail={"message": str(exc)}) from None
 
     # -- steps -----------------------------------------------------------------------------------------
     async def consent_view(self, elicitation_id: str) -> ConsentView:
         record = await self.open_elicitation(elicitation_id)
-        provider = await self.resolve(record.provider)
+        provider = await self.resolve(record.provider, record.connection_values)
         await self.elicitations.audit(record, "opened")
         return ConsentView(record, provider, record.agent_name)
 
@@ -107,7 +109,7 @@ class BrowserFlow:
         `record` is the elicitation as just read by `open_elicitation`: the one conditional UPDATE below is what
         decides whether it may still start."""
         await self.check_identity(record, browser_user)
-        provider = await self.resolve(record.provider)
+        provider = await self.resolve(record.provider, record.connection_values)
         redirect_uri = self.settings.callback_url(provider.name)
         request = self.providers.authorization_request(provider, redirect_uri=redirect_uri, scopes=record.scopes)
         now = self.now()
@@ -231,7 +233,7 @@ class BrowserFlow:
         if claimed is None:
             await self._state_not_claimable(flow, record)  # raises
         assert claimed is not None
-        provider = await self.resolve(provider_name)
+        provider = await self.resolve(provider_name, record.connection_values)
         await self._check_issuer(provider, claimed, params, record)  # raises
         if "error" in params:
             await self._provider_refused(record, params)
@@ -256,6 +258,7 @@ class BrowserFlow:
                 nonce=claimed.nonce,
                 now=self.now(),
                 issued_after=claimed.created_at,
+                callback=params,
             )
         except ProviderError as exc:
             check = exc.check

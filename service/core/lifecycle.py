@@ -97,9 +97,18 @@ class Elicitations:
         return await find_grant(self.store.grants, user, provider, scopes)
 
     async def settled(
-        self, user: Identity, provider: str, scopes: Sequence[str], *, ask_again: bool = False
+        self,
+        user: Identity,
+        provider: str,
+        scopes: Sequence[str],
+        *,
+        ask_again: bool = False,
+        connection: Mapping[str, str] | None = None,
     ) -> AuthorizationOutcome | None:
-        """The answer to a request that needs nobody asked (`coverage.settled_by`), or None."""
+        """The answer to a request that needs nobody asked (`coverage.settled_by`), or None. The per-connection
+        values the provider needs from the agent (`connection`) are checked first: FlowRefused names a missing or
+        malformed one."""
+        self.providers.connection_values(provider, connection)
         grants = await self.store.grants.find(user, provider)
         return settled_by(grants, provider, self.display_name(provider), scopes, ask_again=ask_again)
 
@@ -167,6 +176,7 @@ class Elicitations:
         agent_name: str | None = None,
         within: Callable[[ElicitationRecord, Tx], Awaitable[None]] | None = None,
         replica_id: str | None = None,
+        connection: Mapping[str, str] | None = None,
     ) -> ElicitationRecord:
         """A new pending elicitation; its time (`elicitation_ttl`) runs from now. With a grant already at the
         provider, it asks for the union of its scopes and `scopes`, and its message says why (`request_plan`).
@@ -176,6 +186,7 @@ class Elicitations:
         `replica_id` names the replica whose process holds the connection `connection_key`: the one that tells
         the client when it completes (None: no process here holds it, e.g. a `/v1` agent's own connection).
         """
+        values = self.providers.connection_values(provider, connection)
         plan = request_plan(await self.store.grants.find(user, provider), self.display_name(provider), scopes, message)
         now = self.now()
         record = ElicitationRecord(
@@ -196,6 +207,7 @@ class Elicitations:
             expires_at=now + self.settings.elicitation_ttl,
             updated_at=now,
             replica_id=replica_id,
+            connection_values=values,
         )
         async with self.store.transaction() as tx:
             await self.store.elicitations.insert(record, conn=tx)

@@ -252,6 +252,15 @@ class ProviderGateway(Protocol):
 
     async def resolve(self, name: str) -> Provider: ...
 
+    def connection_values(self, name: str, given: Mapping[str, str] | None) -> dict[str, str]:
+        """The per-connection values an agent gave for provider `name`, checked, defaults filled (FlowRefused
+        `missing_connection_value` / `invalid_connection_value` naming the value)."""
+        ...
+
+    def bind(self, provider: Provider, values: Mapping[str, str]) -> Provider:
+        """`provider` with its endpoints filled from a connection's per-connection values."""
+        ...
+
     def authorization_request(
         self, provider: Provider, *, redirect_uri: str, scopes: Sequence[str]
     ) -> AuthorizationRequest: ...
@@ -271,8 +280,10 @@ class ProviderGateway(Protocol):
         nonce: str | None,
         now: datetime,
         issued_after: datetime | None = None,
+        callback: Mapping[str, str] | None = None,
     ) -> Authorized:
-        """Redeem the code; an OpenID provider's ID token must carry `nonce` and be issued after `issued_after`."""
+        """Redeem the code; an OpenID provider's ID token must carry `nonce` and be issued after `issued_after`.
+        `callback`: the callback's parameters (some providers send a per-connection value there)."""
         ...
 
 

@@ -40,6 +40,8 @@ class ElicitationRecord:
     updated_at: datetime
     # The replica whose process holds the ACP connection; None when no process here does.
     replica_id: str | None = None
+    # Per-connection values the agent gave for the provider's URLs (a tenant, a shop's subdomain).
+    connection_values: Mapping[str, str] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +158,11 @@ class TokenSet:
     scopes: tuple[str, ...] | None  # as granted, when the provider says
     id_token: str | None = None
     issued_at: float | None = None  # epoch seconds; with expires_at it gives the token's lifetime
+    # Per-connection values of the grant (a tenant, a shop's subdomain, an instance URL, a company id): the
+    # agent's, the callback's and the token response's, kept encrypted with the tokens.
+    connection: Mapping[str, str] = field(default_factory=dict, hash=False)
+    # The provider account, when the token response names it (not stored: the grant row holds it).
+    account_id: str | None = None
 
     def __repr__(self) -> str:
         return f"TokenSet(token_type={self.token_type!r}, expires_at={self.expires_at!r}, scopes={self.scopes!r})"
@@ -169,6 +176,7 @@ class TokenSet:
             "scopes": list(self.scopes) if self.scopes is not None else None,
             "id_token": self.id_token,
             "issued_at": self.issued_at,
+            **({"connection": dict(self.connection)} if self.connection else {}),
         }
 
     @classmethod
@@ -182,6 +190,7 @@ class TokenSet:
             scopes=tuple(scopes) if scopes is not None else None,
             id_token=data.get("id_token"),
             issued_at=data.get("issued_at"),
+            connection={str(k): str(v) for k, v in (data.get("connection") or {}).items()},
         )
 
     def expires_within(self, seconds: float, *, now: float | None = None) -> bool:

@@ -40,7 +40,9 @@ class EmbeddedLifecycle:
         return self.elicitations.display_name(provider)
 
     async def settled(self, ask: AuthorizationAsk) -> AuthorizationOutcome | None:
-        return await self.elicitations.settled(ask.user, ask.provider, ask.scopes or (), ask_again=ask.ask_again)
+        return await self.elicitations.settled(
+            ask.user, ask.provider, ask.scopes or (), ask_again=ask.ask_again, connection=ask.connection
+        )
 
     async def unsupported(self, ask: AuthorizationAsk) -> None:
         await self.elicitations.unsupported_client(ask.user, ask.provider)
@@ -54,6 +56,7 @@ class EmbeddedLifecycle:
             scope=ask.scope,
             message=ask.message,
             replica_id=self.replica_id,
+            connection=ask.connection,
         )
 
     def url(self, handle: ElicitationRecord) -> str:

@@ -13,7 +13,7 @@ needs to tell the outcome), or with None when the face wakes the waiter because 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
@@ -35,6 +35,7 @@ class AuthorizationAsk:
     scope: ElicitationScope
     message: str | None
     ask_again: bool
+    connection: Mapping[str, str] | None = None  # per-connection values for the provider's URLs
 
 
 class Handle(Protocol):

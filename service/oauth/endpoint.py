@@ -1,4 +1,5 @@
-"""Calling a provider's endpoint: an authenticated form POST, its JSON answer, and failures as errors.
+"""Calling a provider's endpoint: an authenticated request (a form or JSON body, as the catalog entry says), its
+JSON answer, and failures as errors (an OAuth error in an answer of any status: GitHub and Slack answer 200).
 
 Errors carry the provider's OAuth error code (`error`, RFC 6749 §5.2) or the HTTP status, never a response body,
 a token or a secret.
@@ -15,6 +16,7 @@ from typing import Any
 import httpx
 
 from service.core.errors import EndpointError
+from service.providers.quirks import RequestEncoding, resolve_pointer
 
 from .client_auth import authenticate
 from .resolved import ResolvedProvider
@@ -45,7 +47,7 @@ def endpoint_error(
     body: Any = None,
 ) -> EndpointError:
     """The error for a failed `action` at `provider`, naming the OAuth error code or the HTTP status."""
-    error = body.get("error") if isinstance(body, dict) else None
+    error = error_code(provider, body)
     if not (isinstance(error, str) and _ERROR_CODE.fullmatch(error)):
         error = None
     if error is not None:
@@ -67,23 +69,68 @@ def endpoint_error(
     )
 
 
-async def post_form(
-    provider: ResolvedProvider, http: httpx.AsyncClient, url: str, form: Mapping[str, str], action: str
-) -> tuple[httpx.Response, Any]:
-    """POST `form`, authenticated as our client, to `url`; the response and its JSON body (None if not JSON).
+def error_code(provider: ResolvedProvider, body: Any) -> str | None:
+    """The OAuth error code an answer carries where the provider puts it (`token_response.error`), or None."""
+    shape = provider.quirks.token_response
+    error = resolve_pointer(body, shape.error) if isinstance(body, dict) else None
+    if error is None and shape.ok_flag is not None and isinstance(body, dict):
+        if resolve_pointer(body, shape.ok_flag) is False:
+            return "unrecognised_error"
+    return error if isinstance(error, str) and _ERROR_CODE.fullmatch(error) else None
 
-    Raises EndpointError when the request fails or the answer is an OAuth error (any status, or an `error`
-    member in a 200 answer, as GitHub and Slack send).
+
+def refused(provider: ResolvedProvider, body: Any) -> bool:
+    """Whether a JSON answer is an error: an error code at the entry's place, or its `ok` member false."""
+    if not isinstance(body, dict):
+        return False
+    shape = provider.quirks.token_response
+    if resolve_pointer(body, shape.error) is not None:
+        return True
+    return shape.ok_flag is not None and resolve_pointer(body, shape.ok_flag) is False
+
+
+async def post_form(
+    provider: ResolvedProvider,
+    http: httpx.AsyncClient,
+    url: str,
+    form: Mapping[str, str],
+    action: str,
+    *,
+    encoding: RequestEncoding = "form",
+) -> tuple[httpx.Response, Any]:
+    """POST `form`, authenticated as our client, to `url` (form-encoded, or as a JSON object); the response and
+    its JSON body (None if not JSON).
+
+    Raises EndpointError when the request fails or the answer is an OAuth error (any status, or an error member
+    in a 200 answer, as GitHub and Slack send).
     """
     headers, data = authenticate(provider.token_endpoint_auth_method, provider.client_id, provider.client_secret, form)
+    return await send(provider, http, "POST", url, action, headers=headers, body=data, encoding=encoding)
+
+
+async def send(
+    provider: ResolvedProvider,
+    http: httpx.AsyncClient,
+    method: str,
+    url: str,
+    action: str,
+    *,
+    headers: Mapping[str, str],
+    body: Mapping[str, str] | None,
+    encoding: RequestEncoding = "form",
+) -> tuple[httpx.Response, Any]:
+    """One request to a provider endpoint; the response and its JSON body. Raises EndpointError (see post_form)."""
+    content: dict[str, Any] = {}
+    if body is not None:
+        content = {"json": dict(body)} if encoding == "json" else {"data": dict(body)}
     try:
-        response = await http.post(url, data=data, headers={"Accept": "application/json", **headers})
+        response = await http.request(method, url, headers={"Accept": "application/json", **headers}, **content)
     except httpx.HTTPError as exc:
         raise endpoint_error(provider, action, exc=exc) from None
     try:
-        body = response.json() if response.content else None
+        answer = response.json() if response.content else None
     except ValueError:
-        body = None
-    if response.status_code >= 400 or (isinstance(body, dict) and "error" in body):
-        raise endpoint_error(provider, action, response=response, body=body)
-    return response, body
+        answer = None
+    if response.status_code >= 400 or refused(provider, answer):
+        raise endpoint_error(provider, action, response=response, body=answer)
+    return response, answer

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -155,6 +155,14 @@ class ProviderGateway:
             provider.name, base_url=provider.api_base_url or "", auth=auth, client_kwargs=client_kwargs
         )
 
+    def connection_values(self, name: str, given: Mapping[str, str] | None) -> dict[str, str]:
+        """The per-connection values an agent gave for `name`, checked (see `ProviderEntry.connection_values`)."""
+        return self.catalog.get(name).connection_values(given)
+
+    def bind(self, provider: Provider, values: Mapping[str, str]) -> ResolvedProvider:
+        """`provider` with its endpoints filled from a connection's values (see `ResolvedProvider.bound`)."""
+        return _resolved(provider).bound(values)
+
     # -- the authorization code flow -------------------------------------------------------------------
     def authorization_request(
         self, provider: Provider, *, redirect_uri: str, scopes: Sequence[str]
@@ -203,12 +211,19 @@ class ProviderGateway:
         nonce: str | None,
         now: datetime,
         issued_after: datetime | None = None,
+        callback: Mapping[str, str] | None = None,
     ) -> Authorized:
-        """Exchange the code; for OpenID providers check the ID token in full; learn the provider account."""
+        """Exchange the code; for OpenID providers check the ID token in full; learn the provider account.
+
+        The grant's per-connection values are those `provider` was bound with, those the callback's parameters
+        carry (QuickBooks' realmId) and those of the token response (Salesforce's instance_url)."""
         provider = _resolved(provider)
+        provider = provider.bound(callback_values(provider, callback or {}))
         tokens = await self.exchange_code(
             provider, redirect_uri=redirect_uri, code=code, code_verifier=code_verifier, now=now
         )
+        provider = provider.bound(tokens.connection)
+        tokens = replace(tokens, connection=dict(provider.connection))
         id_claims = None
         if provider.oidc:
             if expected_issuer is None:
@@ -272,6 +287,23 @@ class ProviderGateway:
             if exc.transport and provider.discovered:
                 self.invalidate(provider.name)  # the endpoint may have moved: read the document again
             raise
+
+
+def callback_values(provider: ResolvedProvider, params: Mapping[str, str]) -> dict[str, str]:
+    """The per-connection values the provider's callback carries, each checked (ProviderError naming it)."""
+    values: dict[str, str] = {}
+    for value in provider.quirks.values_from("callback"):
+        assert value.parameter is not None  # the catalog requires it for this source
+        text = params.get(value.parameter, "")
+        problem = "is missing" if not text else ("is not usable" if value.problem(text) is not None else None)
+        if problem is not None:
+            raise ProviderError(
+                f"{provider.display_name} callback's {value.parameter} {problem} "
+                f"({provider.name}.connection.{value.name})",
+                code="provider_callback_error",
+            )
+        values[value.name] = text
+    return values
 
 
 def _resolved(provider: Provider) -> ResolvedProvider:

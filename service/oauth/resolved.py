@@ -8,13 +8,17 @@ cannot reach them: mypy says so.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from pydantic import SecretStr
 
-from service.core.urls import host_of
+from service.core.errors import ProviderError
+from service.core.urls import host_of, url_problem
 from service.providers import ProviderEntry, TokenEndpointAuthMethod
+from service.providers.quirks import Quirks, fill, placeholders
 
 from .client_auth import choose_auth_method
 
@@ -34,6 +38,34 @@ class ResolvedProvider:
     id_token_algorithms: tuple[str, ...] | None = None  # id_token_signing_alg_values_supported, when discovered
     discovered: bool = False  # endpoints came (partly) from a discovery document
     extra: Mapping[str, object] = field(default_factory=dict)  # other discovery metadata, for checks
+    # The per-connection values the endpoints were filled with (`bound`): the agent's, the callback's, the
+    # token response's. Empty: the catalog's templates as written.
+    connection: Mapping[str, str] = field(default_factory=dict)
+
+    def bound(self, values: Mapping[str, str]) -> ResolvedProvider:
+        """This provider with `{name}` in its endpoints filled from `values` (and `{client_id}`).
+
+        A filled endpoint that is not an https (or loopback) URL is a ProviderError `provider_token_error` naming
+        the value, as it came from the provider or the agent."""
+        merged = {**self.connection, **values}
+        if not merged and "{client_id}" not in (self.revocation_endpoint or ""):
+            return self
+        names = {**merged, "client_id": self.entry.client_id or ""}
+        filled: dict[str, str | None] = {}
+        for key in _BOUND_FIELDS:
+            template: str | None = getattr(self, key)
+            if template is None or not placeholders(template) & set(names):
+                continue
+            url = fill(template, names)
+            problem = url_problem(url)
+            if problem is not None:
+                used = ", ".join(sorted(placeholders(template) & set(names)))
+                raise ProviderError(
+                    f"{self.display_name}: the {key} built from {used} is not usable ({problem})",
+                    code="provider_token_error",
+                )
+            filled[key] = url
+        return dataclasses.replace(self, connection=MappingProxyType(merged), **filled)  # type: ignore[arg-type]
 
     @classmethod
     def from_entry(cls, entry: ProviderEntry) -> ResolvedProvider:
@@ -94,7 +126,20 @@ class ResolvedProvider:
 
     @property
     def api_base_url(self) -> str | None:
-        return self.entry.api_base_url
+        """The API base, filled with the connection's values; None while a value it needs is unknown."""
+        base = self.entry.api_base_url
+        if base is None:
+            return None
+        if "{" not in base:
+            return base
+        filled = fill(base, self.connection)
+        if placeholders(filled) or url_problem(filled) is not None:
+            return None
+        return filled
+
+    @property
+    def quirks(self) -> Quirks:
+        return self.entry.quirks
 
     @property
     def account_id_field(self) -> str:
@@ -115,3 +160,14 @@ class ResolvedProvider:
 
     def join_scopes(self, scopes: Iterable[str]) -> str:
         return self.entry.join_scopes(scopes)
+
+
+# Endpoints that may hold per-connection placeholders (`bound` fills them).
+_BOUND_FIELDS = (
+    "authorization_endpoint",
+    "token_endpoint",
+    "userinfo_endpoint",
+    "revocation_endpoint",
+    "jwks_uri",
+    "issuer",
+)

@@ -10,6 +10,7 @@ import httpx
 
 from service.core.errors import ProviderError
 from service.core.records import OFFLINE_ACCESS, TokenSet
+from service.providers.quirks import resolve_pointer
 
 from .endpoint import post_form
 from .resolved import ResolvedProvider
@@ -41,33 +42,87 @@ def with_granted_names(tokens: TokenSet, entry: ResolvedProvider) -> TokenSet:
     return replace(tokens, scopes=tuple(scopes))
 
 
-def token_set(raw: Any, entry: ResolvedProvider, *, now: float) -> TokenSet:
-    """A token response as a `TokenSet`; `now` (epoch seconds) dates it."""
-    if not isinstance(raw, Mapping):
-        raise ProviderError(f"{entry.display_name} answered the token request unreadably", code="provider_bad_response")
-    access_token = raw.get("access_token")
-    if not isinstance(access_token, str) or not access_token:
-        raise ProviderError(f"{entry.display_name} returned no access token", code="provider_bad_response")
-    expires_at: float | None = None
-    expires_in = raw.get("expires_in")
-    if expires_in is not None:
-        try:
-            expires_at = now + float(expires_in)
-        except (TypeError, ValueError):
+def _token_error(entry: ResolvedProvider, problem: str, key: str) -> ProviderError:
+    """The refusal of a token response that does not match the catalog entry: names the provider and the field."""
+    return ProviderError(
+        f"{entry.display_name} token response {problem} ({entry.name}.token_response.{key})",
+        code="provider_token_error",
+    )
+
+
+def _text(raw: Any, pointer: str) -> str | None:
+    value = resolve_pointer(raw, pointer)
+    return value if isinstance(value, str) and value else None
+
+
+def _expires_at(raw: Any, entry: ResolvedProvider, now: float) -> float | None:
+    """When the access token expires (epoch seconds), read as the entry says the provider gives it."""
+    shape = entry.quirks.token_response
+    if shape.expires_form == "never":
+        return None
+    value = resolve_pointer(raw, shape.expires)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise _token_error(entry, f"has an unreadable expiry at {shape.expires}", "expires")
+    try:
+        number = float(value)
+    except ValueError:
+        raise _token_error(entry, f"has an unreadable expiry at {shape.expires}", "expires") from None
+    if shape.expires_form == "milliseconds":
+        return now + number / 1000
+    if shape.expires_form == "epoch_seconds":
+        return number
+    return now + number
+
+
+def _connection_values(raw: Any, entry: ResolvedProvider) -> dict[str, str]:
+    """The per-connection values the token response carries (Salesforce's instance_url), each checked."""
+    values: dict[str, str] = {}
+    for value in entry.quirks.values_from("token_response"):
+        assert value.pointer is not None  # the catalog requires it for this source
+        text = resolve_pointer(raw, value.pointer)
+        if text is None:
+            continue  # a refresh may leave it out: the value from the code exchange stays
+        if not isinstance(text, str | int) or value.problem(str(text)) is not None:
             raise ProviderError(
-                f"{entry.display_name} returned an unreadable expires_in", code="provider_bad_response"
-            ) from None
-    refresh_token = raw.get("refresh_token")
-    id_token = raw.get("id_token")
+                f"{entry.display_name} token response has an unusable {value.name} at {value.pointer} "
+                f"({entry.name}.connection.{value.name})",
+                code="provider_token_error",
+            )
+        values[value.name] = str(text)
+    return values
+
+
+def token_set(raw: Any, entry: ResolvedProvider, *, now: float) -> TokenSet:
+    """A token response as a `TokenSet`, each member read where the catalog entry says; `now` dates it."""
+    shape = entry.quirks.token_response
+    if not isinstance(raw, Mapping):
+        raise _token_error(entry, "is not a JSON object", "access_token")
+    access_token = _text(raw, shape.access_token)
+    if access_token is None:
+        raise _token_error(entry, f"has no access token at {shape.access_token}", "access_token")
+    account = (
+        resolve_pointer(raw, entry.account_id_field) if entry.quirks.account_id_source == "token_response" else None
+    )
     return TokenSet(
         access_token=access_token,
-        token_type=str(raw.get("token_type") or "Bearer"),
-        refresh_token=refresh_token if isinstance(refresh_token, str) and refresh_token else None,
-        expires_at=expires_at,
-        scopes=granted_scopes(raw.get("scope")),
-        id_token=id_token if isinstance(id_token, str) and id_token else None,
+        token_type=_text(raw, shape.token_type) or "Bearer",
+        refresh_token=_text(raw, shape.refresh_token) if entry.quirks.token_request.refresh_tokens != "none" else None,
+        expires_at=_expires_at(raw, entry, now),
+        scopes=granted_scopes(resolve_pointer(raw, shape.scope)),
+        id_token=_text(raw, shape.id_token),
         issued_at=now,
+        connection=_connection_values(raw, entry),
+        account_id=str(account) if isinstance(account, str | int) and account != "" else None,
     )
+
+
+async def _token_request(entry: ResolvedProvider, http: httpx.AsyncClient, form: dict[str, str], action: str) -> Any:
+    _, body = await post_form(
+        entry, http, entry.token_endpoint, form, action, encoding=entry.quirks.token_request.encoding
+    )
+    return body
 
 
 async def exchange_code(
@@ -82,18 +137,29 @@ async def exchange_code(
     form = {"grant_type": "authorization_code", "code": code, "redirect_uri": redirect_uri}
     if code_verifier is not None:
         form["code_verifier"] = code_verifier
-    _, body = await post_form(entry, http, entry.token_endpoint, form, "authorization code exchange")
+    form.update(entry.quirks.token_request.exchange_params)
+    body = await _token_request(entry, http, form, "authorization code exchange")
     return with_granted_names(token_set(body, entry, now=now), entry)
 
 
 async def refresh(entry: ResolvedProvider, http: httpx.AsyncClient, token: TokenSet, *, now: float) -> TokenSet:
-    if token.refresh_token is None:
+    """New tokens for `token` (RFC 6749 §6). A provider whose refresh tokens rotate must send a new one; one whose
+    refresh tokens are reusable may leave it out (the old one stays); the connection's values carry over."""
+    if token.refresh_token is None or entry.quirks.token_request.refresh_tokens == "none":
         raise ProviderError(f"the {entry.display_name} grant cannot be refreshed", code="not_refreshable")
     form = {"grant_type": "refresh_token", "refresh_token": token.refresh_token}
-    _, body = await post_form(entry, http, entry.token_endpoint, form, "token refresh")
+    form.update(entry.quirks.token_request.refresh_params)
+    body = await _token_request(entry, http, form, "token refresh")
     fresh = token_set(body, entry, now=now)
-    # Providers without rotation keep the old refresh token valid and may omit the scopes.
-    fresh = replace(fresh, refresh_token=fresh.refresh_token or token.refresh_token)
+    if fresh.refresh_token is None and entry.quirks.token_request.refresh_tokens == "rotating":
+        raise _token_error(
+            entry, "to a refresh has no new refresh token (this provider's refresh tokens rotate)", "refresh_token"
+        )
+    fresh = replace(
+        fresh,
+        refresh_token=fresh.refresh_token or token.refresh_token,
+        connection={**token.connection, **fresh.connection},
+    )
     if fresh.scopes is None:
         return replace(fresh, scopes=token.scopes)
     return with_granted_names(fresh, entry)

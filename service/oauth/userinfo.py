@@ -9,6 +9,7 @@ import httpx
 
 from service.core.errors import ProviderError
 from service.core.records import TokenSet
+from service.providers.quirks import resolve_pointer
 
 from .endpoint import endpoint_error
 from .resolved import ResolvedProvider
@@ -21,8 +22,11 @@ async def fetch_account(
 
     With validated ID-token claims the account is their `sub` (signed by the provider); the userinfo answer,
     when there is an endpoint, must then name the same `sub` if it names one (OpenID Connect Core 5.3.2).
-    Without them the account is the userinfo field `account_id_field`.
+    Without them the account is the userinfo field `account_id_field` (a name, or a JSON pointer), or, for a
+    provider whose token response names the account (`account_id_source = "token_response"`), that one.
     """
+    if id_claims is None and token.account_id is not None and entry.quirks.account_id_source == "token_response":
+        return token.account_id, {}
     if id_claims is not None:
         subject = str(id_claims["sub"])
         if entry.userinfo_endpoint is None:
@@ -38,12 +42,19 @@ async def fetch_account(
 
 async def _userinfo(entry: ResolvedProvider, http: httpx.AsyncClient, token: TokenSet) -> tuple[str, dict[str, Any]]:
     if entry.userinfo_endpoint is None:
+        if entry.quirks.account_id_source == "token_response":
+            raise ProviderError(
+                f"{entry.display_name} token response names no account at {entry.account_id_field} "
+                f"({entry.name}.account_id_field)",
+                code="provider_token_error",
+            )
         raise ProviderError(
             f"{entry.display_name} has no userinfo endpoint (provider '{entry.name}')", code="provider_misconfigured"
         )
-    headers = {"Authorization": f"Bearer {token.access_token}", "Accept": "application/json"}
+    auth = entry.quirks.api_auth
+    headers = {auth.header: auth.value(token.access_token), "Accept": "application/json"}
     try:
-        response = await http.get(entry.userinfo_endpoint, headers=headers)
+        response = await http.request(entry.quirks.userinfo_method, entry.userinfo_endpoint, headers=headers)
     except httpx.HTTPError as exc:
         raise endpoint_error(entry, "account lookup", exc=exc) from None
     if not response.is_success:
@@ -54,8 +65,9 @@ async def _userinfo(entry: ResolvedProvider, http: httpx.AsyncClient, token: Tok
         raise endpoint_error(entry, "account lookup", response=response) from None
     if not isinstance(profile, dict):
         raise ProviderError(f"{entry.display_name} returned an unreadable profile", code="provider_bad_response")
-    account = profile.get(entry.account_id_field)
-    if account is None or account == "":
+    field = entry.account_id_field
+    account = resolve_pointer(profile, field) if field.startswith("/") else profile.get(field)
+    if account is None or account == "" or isinstance(account, dict | list):
         raise ProviderError(
             f"{entry.display_name} profile has no '{entry.account_id_field}' field",
             code="provider_bad_response",

@@ -223,6 +223,7 @@ def _to_row(rec: ElicitationRecord) -> dict[str, Any]:
         "expires_at": rec.expires_at,
         "updated_at": rec.updated_at,
         "replica_id": rec.replica_id,
+        "connection_values": dump_json(dict(rec.connection_values)) if rec.connection_values else None,
     }
 
 
@@ -250,4 +251,5 @@ def _from_row(row: Mapping[Any, Any]) -> ElicitationRecord:
         expires_at=row["expires_at"],
         updated_at=row["updated_at"],
         replica_id=row["replica_id"],
+        connection_values=load_json(row["connection_values"]) if row.get("connection_values") else {},
     )

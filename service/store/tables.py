@@ -96,6 +96,8 @@ elicitations = Table(
     Column("identity_mismatches", Integer, nullable=False, server_default="0"),
     # The replica (`Store.origin` of the process) holding the ACP connection; NULL when no process here does.
     Column("replica_id", String(32), nullable=True),
+    # JSON object: the per-connection values the agent gave (a tenant, a subdomain); NULL: none (0013).
+    Column("connection_values", Text, nullable=True),
     # Telling the client that it completed, decided by conditional updates: NULL (not yet), "delivering" (its
     # replica took it and is sending elicitation/complete), "sent", "undeliverable".
     Column("completion_delivery", String(16), nullable=True),

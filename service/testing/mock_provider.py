@@ -10,7 +10,8 @@ fails), `offline_access` is dropped without `prompt=consent` and refresh tokens 
 `narrow_scopes` are refused at consent (a narrowed grant), access tokens live 30 seconds, and its client secret
 contains `+/=:`. `MockOIDCProvider.strict()` also returns an ID token on refresh.
 
-The endpoint logic works on plain `MockRequest` / `MockResponse` values; two adapters put it on a transport:
+The endpoint logic works on plain `MockRequest` / `MockResponse` values (`mock_http`); two adapters
+(`mock_serving`) put it on a transport:
 
 - `install(router)`: in-process, through a respx router (httpx calls never leave the process);
 - `asgi_app()` / `serve_http()` / `serve_forever()`: a Starlette app served by uvicorn on loopback, reachable from
@@ -19,66 +20,20 @@ The endpoint logic works on plain `MockRequest` / `MockResponse` values; two ada
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import hashlib
-import json
 import secrets
-import socket
-from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Self
-from urllib.parse import parse_qs, unquote_plus, urlencode, urlsplit
+from urllib.parse import parse_qs, unquote_plus, urlsplit
 
-import httpx
-
+from .mock_http import MockRequest, MockResponse, s256
+from .mock_serving import MockServing
 from .sign_in import SignInPages
 from .sign_in import page as sign_in_page
 
 if TYPE_CHECKING:
-    import respx
-    from starlette.applications import Starlette
-    from starlette.requests import Request
-    from starlette.responses import Response
-
-
-@dataclass(frozen=True, slots=True)
-class MockRequest:
-    """What an endpoint sees, whatever the transport: the path is relative to the provider's base URL."""
-
-    method: str
-    path: str
-    query: Mapping[str, str] = field(default_factory=dict)
-    headers: Mapping[str, str] = field(default_factory=dict)  # lower-case names
-    body: bytes = b""
-
-    def form(self) -> dict[str, str]:
-        return _first_values(self.body.decode("utf-8", errors="replace"))
-
-    def header(self, name: str) -> str:
-        return self.headers.get(name.lower(), "")
-
-
-@dataclass(frozen=True, slots=True)
-class MockResponse:
-    status: int
-    headers: Mapping[str, str] = field(default_factory=dict)
-    body: bytes = b""
-
-    @classmethod
-    def json(cls, status: int, body: Any) -> MockResponse:
-        return cls(status, {"content-type": "application/json"}, json.dumps(body).encode())
-
-    @classmethod
-    def text(cls, status: int, text: str) -> MockResponse:
-        return cls(status, {"content-type": "text/plain; charset=utf-8"}, text.encode())
-
-    @classmethod
-    def redirect(cls, redirect_uri: str, **params: str | None) -> MockResponse:
-        query = urlencode({k: v for k, v in params.items() if v is not None})
-        sep = "&" if "?" in redirect_uri else "?"
-        return cls(302, {"location": f"{redirect_uri}{sep}{query}"})
+    pass
 
 
 @dataclass
@@ -104,7 +59,7 @@ class _Grant:
 
 
 @dataclass
-class MockOAuthProvider:
+class MockOAuthProvider(MockServing):
     """A provider at `base_url` that issues real-looking, random tokens and validates every step."""
 
     base_url: str = "https://oauth.mock-provider.test"
@@ -248,95 +203,6 @@ class MockOAuthProvider:
         self.lose_refresh_answers -= 1
         return True
 
-    def _relative_path(self, path: str) -> str:
-        prefix = urlsplit(self.base_url).path.rstrip("/")
-        return path[len(prefix) :] if prefix and path.startswith(prefix) else path
-
-    # -- respx adapter (in-process) --------------------------------------------------------------------
-    def install(self, router: respx.MockRouter) -> None:
-        """Route this provider's endpoints through `router`: httpx calls to `base_url` never leave the process."""
-        for method, path in self._routes():
-            router.request(method, f"{self.base_url}{path}").mock(side_effect=self._respx)
-
-    def _respx(self, request: httpx.Request) -> httpx.Response:
-        mock_request = MockRequest(
-            method=request.method,
-            path=self._relative_path(request.url.path),
-            query=_first_values(request.url.query.decode()),
-            headers={k.lower(): v for k, v in request.headers.items()},
-            body=request.content,
-        )
-        if self._timed_out(mock_request):
-            raise httpx.ReadTimeout("the provider did not answer", request=request)
-        answer = self.handle(mock_request)
-        if self._answer_lost(mock_request, answer):
-            raise httpx.ReadTimeout("the provider's answer was lost", request=request)
-        return httpx.Response(answer.status, headers=dict(answer.headers), content=answer.body)
-
-    # -- ASGI adapter (another process can reach it) -----------------------------------------------------
-    def asgi_app(self) -> Starlette:
-        """A Starlette app serving this provider's endpoints (paths relative to `base_url`'s path)."""
-        from starlette.applications import Starlette
-        from starlette.responses import Response
-        from starlette.routing import Route
-
-        async def endpoint(request: Request) -> Response:
-            mock_request = MockRequest(
-                method=request.method,
-                path=self._relative_path(request.url.path),
-                query=dict(request.query_params),
-                headers={k.lower(): v for k, v in request.headers.items()},
-                body=await request.body(),
-            )
-            if self._timed_out(mock_request):
-                await asyncio.Event().wait()  # never answer: the client's timeout ends the call
-            answer = self.handle(mock_request)
-            if self._answer_lost(mock_request, answer):
-                await asyncio.Event().wait()  # never answer: the client's timeout ends the call
-            if self.refresh_delay and mock_request.path == "/token":
-                if mock_request.form().get("grant_type") == "refresh_token":
-                    await asyncio.sleep(self.refresh_delay)
-            if self.response_delay:
-                await asyncio.sleep(self.response_delay)
-            return Response(answer.body, status_code=answer.status, headers=dict(answer.headers))
-
-        return Starlette(routes=[Route("/{path:path}", endpoint, methods=["GET", "POST"])])
-
-    @asynccontextmanager
-    async def serve_http(self, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[str]:
-        """Serve over HTTP on loopback (port 0: any free port) while the block runs; yields the new `base_url`.
-
-        `base_url` (and so `catalog_entry()`) points at the server from then on, e.g. http://127.0.0.1:54321.
-        Accepted connections have TCP_NODELAY set, so a client reusing its connection is not slowed down.
-        """
-        from service.web.server import serving
-
-        with self._listening_socket(host, port) as sock:
-            async with serving(self.asgi_app(), sock):
-                yield self.base_url
-
-    def _listening_socket(self, host: str, port: int) -> socket.socket:
-        """Bind on loopback (refusing any other address) and point `base_url` at it."""
-        from service.core.urls import is_loopback_host
-        from service.web.server import listening_socket
-
-        if not is_loopback_host(host):
-            raise ValueError(f"the mock provider serves on loopback only, not on {host!r}")
-        sock = listening_socket(host, port)
-        bound_port = sock.getsockname()[1]
-        self.base_url = f"http://{f'[{host}]' if sock.family == socket.AF_INET6 else host}:{bound_port}"
-        return sock
-
-    async def serve_forever(self, host: str = "127.0.0.1", port: int = 0, *, on_ready: Callable[[str], None]) -> None:
-        """Serve until the server stops (Ctrl-C) or the task is cancelled; `on_ready(base_url)` once listening."""
-        from service.web.server import serving
-
-        sock = self._listening_socket(host, port)
-        with sock:
-            async with serving(self.asgi_app(), sock) as running:
-                on_ready(self.base_url)
-                await running.stopped()
-
     # -- endpoints -------------------------------------------------------------------------------------
     def _authorize(self, request: MockRequest) -> MockResponse:
         q = request.query
@@ -440,7 +306,7 @@ class MockOAuthProvider:
                 return MockResponse.json(400, {"error": "invalid_grant", "error_description": "redirect_uri mismatch"})
             if issued.code_challenge is not None:
                 verifier = form.get("code_verifier", "")
-                if _s256(verifier) != issued.code_challenge:
+                if s256(verifier) != issued.code_challenge:
                     return MockResponse.json(400, {"error": "invalid_grant", "error_description": "PKCE check failed"})
             refreshable = self.issue_refresh_token and (
                 not self.refresh_token_needs_offline_access or "offline_access" in issued.scope.split()
@@ -519,15 +385,6 @@ _TOKEN_ERROR_STATUS = {
     "invalid_client": 401,
     "bad_refresh_token": 200,  # GitHub answers its dead refresh token with HTTP 200
 }
-
-
-def _first_values(query: str) -> dict[str, str]:
-    return {k: v[0] for k, v in parse_qs(query).items()}
-
-
-def _s256(verifier: str) -> str:
-    digest = hashlib.sha256(verifier.encode("ascii")).digest()
-    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
 
 
 __all__ = ["MockOAuthProvider", "MockRequest", "MockResponse"]

@@ -20,7 +20,6 @@ Fixtures (all function-scoped; async ones need pytest-asyncio, installed with th
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from collections.abc import AsyncIterator
@@ -38,6 +37,7 @@ from service.web.server import listening_socket, serving
 from .acp_client import ScriptedClient
 from .browser import ScriptedBrowser
 from .mock_provider import MockOAuthProvider
+from .toml_text import toml_table
 
 try:
     import pytest_asyncio
@@ -100,8 +100,7 @@ def connector_environment(
     config = directory / "connector.toml"
     config.write_text("# every setting comes from the CONNECTOR_* environment in these tests\n")
     catalog = directory / "providers.toml"
-    table = "\n".join(f"{key} = {json.dumps(value)}" for key, value in provider.catalog_entry().items())
-    catalog.write_text(f"[{name}]\n{table}\n")
+    catalog.write_text(toml_table(name, provider.catalog_entry()))
     prefix = f"CONNECTOR_PROVIDER_{name.upper().replace('-', '_')}"
     env = {
         "CONNECTOR_CONFIG": str(config),

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 
 from service.core.coverage import find_grant
-from service.core.errors import ConnectorError, NotAuthorized
+from service.core.errors import ConnectorError, NotAuthorized, ProviderError
 from service.core.events import Event, GrantChange, GrantChanged, GrantEvent, GrantEventKind
 from service.core.health import RefreshBackoff
 from service.core.identity import Identity
@@ -104,6 +104,26 @@ class TokenAccess:
     def decrypt(self, grant: GrantRecord) -> TokenSet:
         return self.refresher.decrypt(grant)
 
+    def connection(self, grant: GrantRecord) -> dict[str, str]:
+        """The grant's per-connection values (a tenant, a subdomain, an instance URL), from its token set."""
+        cached = self._tokens.get(grant.id)
+        return dict((cached or self.decrypt(grant)).connection)
+
+    def shown_connection(self, grant: GrantRecord) -> dict[str, str]:
+        """The grant's per-connection values that may be shown (grant metadata): all but those declared secret."""
+        entry = self.providers.catalog.get(grant.provider) if grant.provider in self.providers.catalog else None
+        if entry is None or not entry.quirks.connection:
+            return {}  # nothing to show: no decryption
+        secret = {value.name for value in entry.quirks.connection if value.secret}
+        return {name: value for name, value in self.connection(grant).items() if name not in secret}
+
+    def bound(self, grant: GrantRecord, provider: ResolvedProvider) -> ResolvedProvider:
+        """`provider` with its URLs (the API base too) filled with the grant's per-connection values."""
+        if not provider.quirks.connection:
+            return provider
+        values = self.connection(grant)
+        return provider.bound(values) if values else provider
+
     def _due(self, tokens: TokenSet) -> bool:
         return tokens.expires_within(refresh_margin(tokens), now=self.now().timestamp())
 
@@ -155,7 +175,8 @@ class TokenAccess:
                 if stale is not None:
                     raise NotAuthorized(f"the {provider.display_name} token was rejected and cannot be refreshed")
                 return tokens.access_token
-            result = await self.refresher.attempt(locked, tokens, provider)
+            bound = provider.bound(tokens.connection) if tokens.connection else provider
+            result = await self.refresher.attempt(locked, tokens, bound)
         return self._settle(grant_id, tokens, result, stale)
 
     def _settle(self, grant_id: str, before: TokenSet, result: Refreshed, stale: str | None) -> str:
@@ -203,7 +224,13 @@ class TokenAccess:
         `grant.deleted` (it did not, or cannot) in one transaction."""
         revoked = False
         if resolved is not None:
-            revoked = await self.providers.revoke(resolved, self.decrypt(grant))
+            tokens = self.decrypt(grant)
+            try:
+                bound = resolved.bound(tokens.connection) if tokens.connection else resolved
+            except ProviderError as exc:
+                log.warning("disconnect: %s; the grant is deleted without revocation", exc)
+            else:
+                revoked = await self.providers.revoke(bound, tokens)
         kind = GrantEventKind.REVOKED if revoked else GrantEventKind.DELETED
         event = GrantEvent(kind, grant.id, grant.identity, grant.provider, grant.provider_account_id)
         now = self.now()

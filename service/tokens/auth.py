@@ -45,7 +45,8 @@ class GrantAuth(httpx.Auth):
     async def async_auth_flow(self, request: httpx.Request) -> AsyncGenerator[httpx.Request, httpx.Response]:
         self._check_destination(request.url)
         token = await self._tokens.access_token(self._grant_id, self._provider)
-        request.headers["Authorization"] = f"Bearer {token}"
+        auth = self._provider.quirks.api_auth  # the API's own header where it has one (Shopify's)
+        request.headers[auth.header] = auth.value(token)
         response = yield request
         if response.status_code == 401:
             await response.aread()
@@ -57,5 +58,5 @@ class GrantAuth(httpx.Auth):
                 return
             # A streamed body was spent on the first attempt: the refreshed token serves the next request.
             if fresh != token and isinstance(request.stream, httpx.ByteStream):
-                request.headers["Authorization"] = f"Bearer {fresh}"
+                request.headers[auth.header] = auth.value(fresh)
                 yield request

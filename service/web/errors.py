@@ -106,6 +106,25 @@ REFUSALS: dict[str, Refusal] = {
         400, "Provider error", f"The provider reported a problem ({{error}}) and nothing was connected. {_START_AGAIN}"
     ),
     "missing_code": Refusal(400, "Invalid request", "The answer carries no authorization code."),
+    "provider_token_error": Refusal(
+        502,
+        "Provider error",
+        f"The provider's answer could not be used, so nothing was connected. {_START_AGAIN}",
+        api_sentence="{message}",
+    ),
+    "provider_callback_error": Refusal(
+        502,
+        "Provider error",
+        f"The provider's answer lacks something it should carry, so nothing was connected. {_START_AGAIN}",
+        api_sentence="{message}",
+    ),
+    # Per-connection values the agent gives at request_authorization (a tenant, a shop's subdomain).
+    "missing_connection_value": Refusal(
+        400, "Invalid request", "The request lacks a value the provider needs ({name}).", api_sentence="{message}"
+    ),
+    "invalid_connection_value": Refusal(
+        400, "Invalid request", "A value given for the provider is not usable ({name}).", api_sentence="{message}"
+    ),
     "provider_discovery_failed": Refusal(
         502,
         "Provider unavailable",

@@ -68,6 +68,17 @@ class CreateElicitation(_Request):
     connection_id: Text255 | None = Field(
         default=None, description="The agent's own label for the ACP connection; events carry it back."
     )
+    connection: (
+        Annotated[
+            dict[Annotated[str, StringConstraints(pattern=r"^[a-z_][a-z0-9_]{0,31}$")], Text255], Field(max_length=10)
+        ]
+        | None
+    ) = Field(
+        default=None,
+        description="Per-connection values the provider's catalog entry asks of the agent (e.g. a shop's "
+        "`subdomain`, a Microsoft `tenant`); a missing or malformed one is refused with "
+        "`missing_connection_value` / `invalid_connection_value` naming it.",
+    )
     ask_again: bool = Field(
         default=False,
         description="Ask the user even when a stored grant lacks only scopes the provider refused before "
@@ -152,6 +163,11 @@ class Grant(_Model):
     last_failure_at: datetime | None = Field(default=None, description="The last refresh that failed.")
     next_refresh_at: datetime | None = Field(
         default=None, description="After transient failures: no refresh is tried before this time."
+    )
+    connection: dict[str, str] = Field(
+        default_factory=dict,
+        description="The grant's per-connection values (a tenant, a shop's subdomain, an instance URL, a company "
+        "id): given by the agent, or read from the provider's callback or token response. Secret ones are left out.",
     )
 
 

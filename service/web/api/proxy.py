@@ -117,15 +117,24 @@ class ProxyRoute:
             provider = await self.providers.resolve(provider_name)
         except ConnectorError as exc:
             raise FlowRefused(exc.code, detail={"message": str(exc)}) from None
-        if not provider.api_base_url:
+        if not provider.entry.api_base_url:
             raise FlowRefused("proxy_not_available")
-        url = target_url(provider.api_base_url, rest, request.scope.get("query_string", b""))
+        query = request.scope.get("query_string", b"")
+        if provider.api_base_url:  # a base without per-connection values: the path is checked before any read
+            target_url(provider.api_base_url, rest, query)
         user = _user(request)
         grant = await self.tokens.grant_for(user, provider.name, ())
         if grant is None:
             raise FlowRefused("no_grant")
+        try:
+            provider = self.tokens.bound(grant, provider)  # the API base may be the grant's (an instance URL)
+        except ConnectorError as exc:
+            raise FlowRefused(exc.code, detail={"message": str(exc)}) from None
+        if not provider.api_base_url:
+            raise FlowRefused("proxy_not_available")
+        url = target_url(provider.api_base_url, rest, query)
 
-        listed = _listed_in_connection(request)
+        listed = _listed_in_connection(request) | {provider.quirks.api_auth.header.lower()}
         headers = [
             (name, value)
             for name, value in request.headers.items()

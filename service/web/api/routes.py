@@ -60,7 +60,13 @@ class Operation:
     stream_model: type[BaseModel] | None = None  # what each streamed item is (an event's `data`)
 
 
-def grant_model(grant: GrantRecord, display_name: str | None = None, now: datetime | None = None) -> models.Grant:
+def grant_model(
+    grant: GrantRecord,
+    display_name: str | None = None,
+    now: datetime | None = None,
+    connection: dict[str, str] | None = None,
+) -> models.Grant:
+    """What an agent is told of a grant; `connection`: its per-connection values that may be shown."""
     info = GrantInfo.of(grant, now)
     return models.Grant(
         grant_id=grant.id,
@@ -77,6 +83,7 @@ def grant_model(grant: GrantRecord, display_name: str | None = None, now: dateti
         last_refresh_at=info.last_refresh_at,
         last_failure_at=info.last_failure_at,
         next_refresh_at=info.next_refresh_at,
+        connection=connection or {},
     )
 
 
@@ -144,6 +151,7 @@ class ElicitationRoutes:
             ask_again=body.ask_again,
             grants_only=body.grants_only,
             url_mode=body.url_mode,
+            connection=body.connection,
         )
         status = 200 if created.replayed or created.elicitation is None else 201
         return answer(await self._created(created, body.provider), status)
@@ -229,7 +237,8 @@ class ElicitationRoutes:
 
     def grant_model(self, grant: GrantRecord) -> models.Grant:
         elicitations = self.api.elicitations
-        return grant_model(grant, elicitations.display_name(grant.provider), elicitations.now())
+        connection = self.tokens.shown_connection(grant)
+        return grant_model(grant, elicitations.display_name(grant.provider), elicitations.now(), connection)
 
     async def delete_grant(self, request: Request) -> Response:
         key = await caller(request, self.api)

@@ -1,0 +1,223 @@
+"""`ProviderEntry` (one OAuth provider: endpoints, what it expects, its quirks, our client) and `ProviderCatalog`."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Literal, get_args
+
+from pydantic import SecretStr
+
+from service.core.errors import FlowRefused, ProviderNotConfigured, UnknownProvider
+from service.core.urls import host_of
+
+from .quirks import Quirks
+
+TokenEndpointAuthMethod = Literal["client_secret_basic", "client_secret_post", "none"]
+_AUTH_METHODS: tuple[TokenEndpointAuthMethod, ...] = get_args(TokenEndpointAuthMethod)
+
+
+# Fields that hold URLs: each must be https unless its host is loopback.
+ENDPOINT_FIELDS: tuple[str, ...] = (
+    "authorization_endpoint",
+    "token_endpoint",
+    "revocation_endpoint",
+    "userinfo_endpoint",
+    "api_base_url",
+    "issuer",
+    "discovery_url",
+    "jwks_uri",
+)
+
+NAME_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
+# In `issuer` only: a multi-tenant provider (Microsoft Entra ID) puts the user's tenant id here; an ID token's
+# `iss` must then carry the same id as its `tid` claim. Microsoft's discovery documents use the same notation.
+TENANT_ID_PLACEHOLDER = "{tenantid}"
+
+
+# The CONNECTOR_PROVIDER_<NAME>_<SUFFIX> variables a catalog entry reads.
+PROVIDER_ENV_SUFFIXES = ("CLIENT_ID", "CLIENT_SECRET", "DISCOVERY_URL", "TENANT")
+
+
+def provider_env_var(name: str, suffix: str) -> str:
+    """`CONNECTOR_PROVIDER_<NAME>_<SUFFIX>`, NAME upper-cased with '-' as '_'; SUFFIX e.g. CLIENT_ID."""
+    return f"CONNECTOR_PROVIDER_{name.upper().replace('-', '_')}_{suffix.upper()}"
+
+
+@dataclass(frozen=True)
+class ProviderEntry:
+    """One OAuth provider: where its endpoints are, what it expects, and (from the environment) our client."""
+
+    name: str
+    display_name: str | None = None  # what people are shown; unset: the provider's host (`shown_name`)
+    authorization_endpoint: str | None = None
+    token_endpoint: str | None = None
+    revocation_endpoint: str | None = None
+    userinfo_endpoint: str | None = None
+    api_base_url: str | None = None
+    default_scopes: tuple[str, ...] = ()
+    scope_separator: str = " "
+    pkce: bool = True
+    oidc: bool = False
+    issuer: str | None = None
+    authorization_response_iss_parameter_supported: bool = False
+    discovery_url: str | None = None
+    jwks_uri: str | None = None  # the provider's signing keys, for ID tokens (OpenID Connect)
+    account_id_field: str = "id"
+    extra_authorize_params: Mapping[str, str] = field(default_factory=dict, hash=False)
+    # A scope as asked -> the name the provider's token response gives it (Google answers `email` with
+    # https://www.googleapis.com/auth/userinfo.email): either counts as granted.
+    scope_aliases: Mapping[str, str] = field(default_factory=dict, hash=False)
+    token_endpoint_auth_method: TokenEndpointAuthMethod | None = None  # unset: chosen at resolution (oauth)
+    client_id: str | None = None
+    client_secret: SecretStr | None = field(default=None, repr=False)
+    # Described only by CONNECTOR_PROVIDERS__<NAME>__* variables: the catalog file has no table of this name.
+    environment_only: bool = False
+    quirks: Quirks = field(default_factory=Quirks, hash=False)
+    docs_url: str | None = None  # the provider's documentation: where to register the app, what it publishes
+
+    def __post_init__(self) -> None:
+        if not self.scope_separator:
+            raise ValueError("scope_separator must not be empty")
+        if self.token_endpoint_auth_method is not None and self.token_endpoint_auth_method not in _AUTH_METHODS:
+            raise ValueError(f"token_endpoint_auth_method must be one of {', '.join(_AUTH_METHODS)}")
+        object.__setattr__(self, "default_scopes", tuple(self.default_scopes))
+        object.__setattr__(self, "extra_authorize_params", MappingProxyType(dict(self.extra_authorize_params)))
+        object.__setattr__(self, "scope_aliases", MappingProxyType(dict(self.scope_aliases)))
+
+    @property
+    def has_secret(self) -> bool:
+        return self.client_secret is not None and bool(self.client_secret.get_secret_value())
+
+    @property
+    def has_credentials(self) -> bool:
+        """A client id, and a secret unless the operator declared a public client (`none`, PKCE only)."""
+        return bool(self.client_id) and (self.has_secret or self.token_endpoint_auth_method == "none")
+
+    @property
+    def has_endpoints(self) -> bool:
+        """Endpoints are known, or can be discovered."""
+        return bool(self.authorization_endpoint and self.token_endpoint) or bool(self.discovery_url)
+
+    @property
+    def configured(self) -> bool:
+        return self.has_credentials and self.has_endpoints
+
+    @property
+    def api_host(self) -> str | None:
+        return host_of(self.api_base_url)
+
+    @property
+    def provider_host(self) -> str | None:
+        """Host the user is sent to (for the consent page); the discovery host until resolved."""
+        return host_of(self.authorization_endpoint) or host_of(self.discovery_url)
+
+    @property
+    def shown_name(self) -> str:
+        """What people are shown before discovery: the display name, else the issuer's (or sign-in) host.
+
+        The catalog key is an operator's label and is shown only when the entry names no host at all (it then
+        cannot be connected either)."""
+        return (
+            self.display_name
+            or host_of(self.issuer)
+            or host_of(self.discovery_url)
+            or host_of(self.authorization_endpoint)
+            or self.name
+        )
+
+    @property
+    def client_id_env_var(self) -> str:
+        return provider_env_var(self.name, "CLIENT_ID")
+
+    @property
+    def client_secret_env_var(self) -> str:
+        return provider_env_var(self.name, "CLIENT_SECRET")
+
+    @property
+    def dead_refresh_token_errors(self) -> tuple[str, ...]:
+        """Refresh errors that mean the user must authorize again (`token_response.dead_refresh_token_errors`)."""
+        return self.quirks.token_response.dead_refresh_token_errors
+
+    def connection_values(self, given: Mapping[str, str] | None) -> dict[str, str]:
+        """The per-connection values an agent gives at `request_authorization`, checked and with defaults filled.
+
+        Raises FlowRefused `missing_connection_value` or `invalid_connection_value` naming the value."""
+        given = dict(given or {})
+        values: dict[str, str] = {}
+        for value in self.quirks.values_from("agent"):
+            text = given.pop(value.name, None) or value.default
+            if text is None:
+                raise FlowRefused(
+                    "missing_connection_value",
+                    detail={"name": value.name, "message": f"{self.name} needs {value.name}: {value.description}"},
+                )
+            problem = value.problem(text)
+            if problem is not None:
+                raise FlowRefused("invalid_connection_value", detail={"name": value.name, "message": problem})
+            values[value.name] = text
+        if given:
+            unknown = ", ".join(sorted(given))
+            raise FlowRefused(
+                "invalid_connection_value",
+                detail={"name": unknown, "message": f"{self.name} takes no per-connection value {unknown}"},
+            )
+        return values
+
+    def join_scopes(self, scopes: Iterable[str]) -> str:
+        """The `scope` parameter for this provider: scopes in order, duplicates and blanks dropped."""
+        seen: dict[str, None] = {}
+        for scope in scopes:
+            if scope.strip():
+                seen.setdefault(scope.strip(), None)
+        return self.scope_separator.join(seen)
+
+
+class ProviderCatalog:
+    """The providers this connector knows, by name. Immutable; `resolve` caches discovered endpoints."""
+
+    def __init__(self, entries: Iterable[ProviderEntry], *, source: str = "<memory>") -> None:
+        self._entries: dict[str, ProviderEntry] = {}
+        for entry in entries:
+            if entry.name in self._entries:
+                raise ValueError(f"provider {entry.name!r} is defined twice")
+            self._entries[entry.name] = entry
+        self.source = source
+
+    def __repr__(self) -> str:
+        return f"ProviderCatalog(source={self.source!r}, providers={sorted(self._entries)!r})"
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[ProviderEntry]:
+        return iter(self.entries())
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, name: str) -> ProviderEntry:
+        try:
+            return self._entries[name]
+        except KeyError:
+            known = ", ".join(sorted(self._entries)) or "none"
+            raise UnknownProvider(f"unknown provider {name!r} (known: {known})") from None
+
+    def require_configured(self, name: str) -> ProviderEntry:
+        entry = self.get(name)
+        if not entry.has_credentials:
+            raise ProviderNotConfigured(
+                f"provider {name!r} has no client credentials: set {entry.client_id_env_var} "
+                f"and {entry.client_secret_env_var}"
+            )
+        if not entry.has_endpoints:
+            raise ProviderNotConfigured(
+                f"provider {name!r} has no endpoints: set {provider_env_var(name, 'DISCOVERY_URL')}, or "
+                f"discovery_url (or authorization_endpoint and token_endpoint) in {self.source}"
+            )
+        return entry
+
+    def entries(self) -> list[ProviderEntry]:
+        return [self._entries[name] for name in sorted(self._entries)]

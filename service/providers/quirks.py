@@ -1,0 +1,184 @@
+"""How a provider bends the spec, as data: where its token response keeps things, how its endpoints are called,
+which per-connection values its URLs need and where each comes from. One code path (`service.oauth`) reads these;
+a provider is added by one providers.toml table.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Literal, get_args
+
+RequestEncoding = Literal["form", "json"]
+ExpiryForm = Literal["seconds", "milliseconds", "epoch_seconds", "never"]
+RefreshTokens = Literal["none", "reusable", "rotating"]
+ValueSource = Literal["agent", "token_response", "callback"]
+RevocationAuth = Literal["client", "basic", "bearer"]
+RevocationMethod = Literal["POST", "DELETE"]
+RevokedToken = Literal["refresh_first", "access"]
+AccountSource = Literal["userinfo", "token_response"]
+UserinfoMethod = Literal["GET", "POST"]
+
+EXPIRY_FORMS: tuple[ExpiryForm, ...] = get_args(ExpiryForm)
+REFRESH_TOKENS: tuple[RefreshTokens, ...] = get_args(RefreshTokens)
+VALUE_SOURCES: tuple[ValueSource, ...] = get_args(ValueSource)
+
+_MISSING = object()
+
+
+def resolve_pointer(document: Any, pointer: str) -> Any:
+    """The value at an RFC 6901 JSON pointer ("" is the whole document), or None where there is none."""
+    if pointer == "":
+        return document
+    current = document
+    for raw in pointer[1:].split("/"):
+        part = raw.replace("~1", "/").replace("~0", "~")
+        if isinstance(current, Mapping):
+            current = current.get(part, _MISSING)
+        elif isinstance(current, list) and part.isdigit() and int(part) < len(current):
+            current = current[int(part)]
+        else:
+            return None
+        if current is _MISSING:
+            return None
+    return current
+
+
+def pointer_problem(pointer: str) -> str | None:
+    """Why `pointer` is not an RFC 6901 JSON pointer, or None."""
+    if pointer and not pointer.startswith("/"):
+        return f"{pointer!r} is not a JSON pointer (it starts with '/', e.g. /authed_user/access_token)"
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class TokenResponseShape:
+    """Where a token response keeps each member (JSON pointers) and how it gives expiry and errors."""
+
+    access_token: str = "/access_token"
+    refresh_token: str = "/refresh_token"
+    token_type: str = "/token_type"
+    scope: str = "/scope"
+    id_token: str = "/id_token"
+    expires: str = "/expires_in"
+    expires_form: ExpiryForm = "seconds"
+    error: str = "/error"  # an OAuth error code, in an answer of any status (a 200 too)
+    ok_flag: str | None = None  # a member that is false when the answer is an error (Slack's `ok`)
+    # Documented error codes the provider answers with HTTP 200 (GitHub's bad_verification_code): data for
+    # operators and for classifying refresh failures; any error at `error` is refused whatever its status.
+    errors_with_200: tuple[str, ...] = ()
+    # Errors of a refresh that mean the refresh token is dead (the user must authorize again).
+    dead_refresh_token_errors: tuple[str, ...] = ("invalid_grant",)
+
+    def members(self) -> dict[str, str]:
+        """The non-default pointers, for listings."""
+        default = TokenResponseShape()
+        return {
+            name: str(getattr(self, name))
+            for name in ("access_token", "refresh_token", "token_type", "scope", "id_token", "expires", "error")
+            if getattr(self, name) != getattr(default, name)
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class TokenRequest:
+    """How the token endpoint is called: the body's encoding and extra parameters of the code exchange and refresh."""
+
+    encoding: RequestEncoding = "form"
+    exchange_params: Mapping[str, str] = field(default_factory=dict)
+    refresh_params: Mapping[str, str] = field(default_factory=dict)
+    refresh_tokens: RefreshTokens = "reusable"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "exchange_params", MappingProxyType(dict(self.exchange_params)))
+        object.__setattr__(self, "refresh_params", MappingProxyType(dict(self.refresh_params)))
+
+
+@dataclass(frozen=True, slots=True)
+class Revocation:
+    """How tokens are revoked at `revocation_endpoint` (RFC 7009 by default; GitHub's and Dropbox's are not)."""
+
+    method: RevocationMethod = "POST"
+    encoding: RequestEncoding = "form"
+    auth: RevocationAuth = "client"  # client: as at the token endpoint; basic: HTTP Basic; bearer: the token itself
+    token_param: str | None = "token"  # the body member carrying the token (None: only the bearer header)
+    token: RevokedToken = "refresh_first"  # which token is sent: the refresh token when there is one, or the access
+    hint: bool = True  # send token_type_hint
+
+
+@dataclass(frozen=True, slots=True)
+class ApiAuth:
+    """How API calls carry the access token: `header: prefix + token`."""
+
+    header: str = "Authorization"
+    prefix: str = "Bearer "
+
+    def value(self, token: str) -> str:
+        return f"{self.prefix}{token}"
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionValue:
+    """A per-connection value the provider's URLs need (`{name}`), and where it comes from."""
+
+    name: str
+    source: ValueSource
+    pattern: str  # the value must match it in full
+    description: str = ""
+    example: str = ""
+    pointer: str | None = None  # source = token_response: where in the token response
+    parameter: str | None = None  # source = callback: the callback's query parameter
+    default: str | None = None  # source = agent: used when the agent gives none
+    secret: bool = False  # kept only in the encrypted token set, never shown in grant metadata
+
+    @property
+    def required_from_agent(self) -> bool:
+        return self.source == "agent" and self.default is None
+
+    def problem(self, value: str) -> str | None:
+        """Why `value` is not acceptable for this value, or None."""
+        if not value or len(value) > 512 or re.fullmatch(self.pattern, value) is None:
+            return f"{self.name} must match {self.pattern}"
+        return None
+
+    def origin(self) -> str:
+        """Where the value comes from, in words."""
+        if self.source == "agent":
+            extra = f" (default {self.default})" if self.default is not None else ""
+            return f"given by the agent at request_authorization{extra}"
+        if self.source == "token_response":
+            return f"read from the token response at {self.pointer}"
+        return f"read from the callback's {self.parameter} parameter"
+
+
+@dataclass(frozen=True, slots=True)
+class Quirks:
+    """Every way a catalog entry departs from plain OAuth 2.0, in one value."""
+
+    token_request: TokenRequest = field(default_factory=TokenRequest)
+    token_response: TokenResponseShape = field(default_factory=TokenResponseShape)
+    revocation: Revocation = field(default_factory=Revocation)
+    api_auth: ApiAuth = field(default_factory=ApiAuth)
+    userinfo_method: UserinfoMethod = "GET"
+    account_id_source: AccountSource = "userinfo"
+    connection: tuple[ConnectionValue, ...] = ()
+
+    def value(self, name: str) -> ConnectionValue | None:
+        return next((value for value in self.connection if value.name == name), None)
+
+    def values_from(self, source: ValueSource) -> tuple[ConnectionValue, ...]:
+        return tuple(value for value in self.connection if value.source == source)
+
+
+PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def fill(template: str, values: Mapping[str, str]) -> str:
+    """`template` with each `{name}` in `values` replaced (others are left as they are)."""
+    return PLACEHOLDER.sub(lambda m: values.get(m.group(1), m.group(0)), template)
+
+
+def placeholders(template: str | None) -> set[str]:
+    return set(PLACEHOLDER.findall(template or ""))

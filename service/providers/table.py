@@ -1,0 +1,160 @@
+"""One `[name]` table of providers.toml as written (pydantic models: keys, types, and nothing unknown)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, field_validator
+
+from .entry import TokenEndpointAuthMethod
+from .quirks import (
+    AccountSource,
+    ApiAuth,
+    ConnectionValue,
+    ExpiryForm,
+    Quirks,
+    RefreshTokens,
+    RequestEncoding,
+    Revocation,
+    RevocationAuth,
+    RevocationMethod,
+    RevokedToken,
+    TokenRequest,
+    TokenResponseShape,
+    UserinfoMethod,
+    ValueSource,
+    pointer_problem,
+)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+def _pointer(value: str | None) -> str | None:
+    problem = pointer_problem(value) if value is not None else None
+    if problem is not None:
+        raise ValueError(problem)
+    return value
+
+
+class TokenResponseTable(_Strict):
+    """`[name.token_response]`: JSON pointers into the token response, expiry form, errors."""
+
+    access_token: StrictStr = "/access_token"
+    refresh_token: StrictStr = "/refresh_token"
+    token_type: StrictStr = "/token_type"
+    scope: StrictStr = "/scope"
+    id_token: StrictStr = "/id_token"
+    expires: StrictStr = "/expires_in"
+    expires_form: ExpiryForm = "seconds"
+    error: StrictStr = "/error"
+    ok_flag: StrictStr | None = None
+    errors_with_200: list[StrictStr] = Field(default_factory=list)
+    dead_refresh_token_errors: list[StrictStr] = Field(default_factory=lambda: ["invalid_grant"])
+
+    _pointers = field_validator(
+        "access_token", "refresh_token", "token_type", "scope", "id_token", "expires", "error", "ok_flag"
+    )(_pointer)
+
+    def shape(self) -> TokenResponseShape:
+        values = self.model_dump()
+        values["errors_with_200"] = tuple(values["errors_with_200"])
+        values["dead_refresh_token_errors"] = tuple(values["dead_refresh_token_errors"])
+        return TokenResponseShape(**values)
+
+
+class RevocationTable(_Strict):
+    """`[name.revocation]`: how `revocation_endpoint` is called when it is not plain RFC 7009."""
+
+    method: RevocationMethod = "POST"
+    encoding: RequestEncoding = "form"
+    auth: RevocationAuth = "client"
+    token_param: StrictStr | None = "token"
+    token: RevokedToken = "refresh_first"
+    hint: StrictBool = True
+
+
+class ConnectionValueTable(_Strict):
+    """`[name.connection.<value>]`: a per-connection value, where it comes from and what it must look like."""
+
+    source: ValueSource
+    pattern: StrictStr = Field(min_length=1)
+    description: StrictStr = ""
+    example: StrictStr = ""
+    pointer: StrictStr | None = None
+    parameter: StrictStr | None = None
+    default: StrictStr | None = None
+    secret: StrictBool = False
+
+    _pointers = field_validator("pointer")(_pointer)
+
+
+class ProviderTable(_Strict):
+    """One `[name]` table of providers.toml, as written (before placeholders and environment)."""
+
+    display_name: StrictStr | None = None
+    docs_url: StrictStr | None = None
+    authorization_endpoint: StrictStr | None = None
+    token_endpoint: StrictStr | None = None
+    revocation_endpoint: StrictStr | None = None
+    userinfo_endpoint: StrictStr | None = None
+    userinfo_method: UserinfoMethod = "GET"
+    api_base_url: StrictStr | None = None
+    api_token_header: StrictStr = Field(default="Authorization", min_length=1)
+    api_token_prefix: StrictStr = "Bearer "
+    default_scopes: list[StrictStr] = Field(default_factory=list)
+    scope_separator: StrictStr = Field(default=" ", min_length=1)
+    pkce: StrictBool = True
+    oidc: StrictBool = False
+    issuer: StrictStr | None = None
+    authorization_response_iss_parameter_supported: StrictBool = False
+    discovery_url: StrictStr | None = None
+    jwks_uri: StrictStr | None = None
+    account_id_field: StrictStr = Field(default="id", min_length=1)
+    account_id_source: AccountSource = "userinfo"
+    extra_authorize_params: dict[StrictStr, StrictStr] = Field(default_factory=dict)
+    extra_token_params: dict[StrictStr, StrictStr] = Field(default_factory=dict)
+    extra_refresh_params: dict[StrictStr, StrictStr] = Field(default_factory=dict)
+    token_request_encoding: RequestEncoding = "form"
+    refresh_tokens: RefreshTokens = "reusable"
+    scope_aliases: dict[StrictStr, StrictStr] = Field(default_factory=dict)
+    token_endpoint_auth_method: TokenEndpointAuthMethod | None = None
+    tenant: StrictStr | None = None
+    token_response: TokenResponseTable = Field(default_factory=TokenResponseTable)
+    revocation: RevocationTable = Field(default_factory=RevocationTable)
+    connection: dict[StrictStr, ConnectionValueTable] = Field(default_factory=dict)
+
+    def quirks(self) -> Quirks:
+        return Quirks(
+            token_request=TokenRequest(
+                encoding=self.token_request_encoding,
+                exchange_params=self.extra_token_params,
+                refresh_params=self.extra_refresh_params,
+                refresh_tokens=self.refresh_tokens,
+            ),
+            token_response=self.token_response.shape(),
+            revocation=Revocation(**self.revocation.model_dump()),
+            api_auth=ApiAuth(self.api_token_header, self.api_token_prefix),
+            userinfo_method=self.userinfo_method,
+            account_id_source=self.account_id_source,
+            connection=tuple(
+                ConnectionValue(name=name, **value.model_dump()) for name, value in self.connection.items()
+            ),
+        )
+
+
+# Keys that are not fields of `ProviderEntry` as such: they become its `quirks`.
+QUIRK_KEYS = frozenset(
+    {
+        "userinfo_method",
+        "api_token_header",
+        "api_token_prefix",
+        "account_id_source",
+        "extra_token_params",
+        "extra_refresh_params",
+        "token_request_encoding",
+        "refresh_tokens",
+        "token_response",
+        "revocation",
+        "connection",
+    }
+)
