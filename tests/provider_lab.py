@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import respx
+from joserfc.jwk import RSAKey
 
 from service import Connector, Identity, load_settings
 from service.providers import ProviderEntry, load_catalog, provider_env_var
@@ -127,6 +128,7 @@ def _environment(tmp: Path, mocks: Mapping[str, EmulatedProvider], port: int) ->
         "CONNECTOR_PROVIDERS__CATALOG": str(catalog),
         "CONNECTOR_IDENTITY__LOCAL__ISSUER": USER.issuer,
         "CONNECTOR_IDENTITY__LOCAL__SUBJECT": USER.subject,
+        "CONNECTOR_RATE_LIMIT__ENABLED": "false",  # one loopback client runs every provider's flow
     }
     for name, mock in mocks.items():
         env[provider_env_var(name, "CLIENT_ID")] = mock.client_id
@@ -137,7 +139,8 @@ def _environment(tmp: Path, mocks: Mapping[str, EmulatedProvider], port: int) ->
 @asynccontextmanager
 async def provider_lab(tmp: Path, names: Sequence[str]) -> AsyncIterator[ProviderLab]:
     """A started connector bound to a mock of each of `names`, served on loopback, with an API key for all."""
-    mocks = {name: EmulatedProvider.like(name) for name in names}
+    key = RSAKey.generate_key(2048, parameters={"kid": "lab-key", "use": "sig", "alg": "RS256"})
+    mocks = {name: EmulatedProvider.like(name, signing_key=key) for name in names}
     with respx.mock(assert_all_called=False, assert_all_mocked=True) as router:
         router.route(host="127.0.0.1").pass_through()
         for mock in mocks.values():

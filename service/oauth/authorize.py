@@ -53,7 +53,7 @@ def authorization_url(entry: ResolvedProvider, *, redirect_uri: str, scopes: Seq
         ("response_type", "code"),
         ("client_id", entry.client_id),
         ("redirect_uri", redirect_uri),
-        ("scope", authorization_scopes(entry, scopes)),
+        (entry.quirks.scope_parameter, authorization_scopes(entry, scopes)),
         ("state", flow.state),
     ]
     if flow.code_verifier is not None:

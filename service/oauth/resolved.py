@@ -43,14 +43,14 @@ class ResolvedProvider:
     connection: Mapping[str, str] = field(default_factory=dict)
 
     def bound(self, values: Mapping[str, str]) -> ResolvedProvider:
-        """This provider with `{name}` in its endpoints filled from `values` (and `{client_id}`).
+        """This provider with `{name}` in its endpoints filled from the per-connection `values`.
 
         A filled endpoint that is not an https (or loopback) URL is a ProviderError `provider_token_error` naming
         the value, as it came from the provider or the agent."""
         merged = {**self.connection, **values}
-        if not merged and "{client_id}" not in (self.revocation_endpoint or ""):
+        if not merged:
             return self
-        names = {**merged, "client_id": self.entry.client_id or ""}
+        names = merged
         filled: dict[str, str | None] = {}
         for key in _BOUND_FIELDS:
             template: str | None = getattr(self, key)

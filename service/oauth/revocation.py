@@ -9,6 +9,7 @@ import httpx
 
 from service.core.errors import ProviderError
 from service.core.records import TokenSet
+from service.providers.quirks import fill
 
 from .client_auth import authenticate, basic_credentials
 from .endpoint import send
@@ -29,7 +30,7 @@ def revocation_request(entry: ResolvedProvider, token: TokenSet) -> tuple[dict[s
         body["token_type_hint"] = "refresh_token" if use_refresh else "access_token"
     headers: dict[str, str] = {}
     if style.auth == "bearer":
-        headers["Authorization"] = entry.quirks.api_auth.value(token.access_token)
+        headers[entry.quirks.api_auth.header] = entry.quirks.api_auth.value(token.access_token)
     elif style.auth == "basic":
         if entry.client_secret is None:
             raise ProviderError(
@@ -46,10 +47,11 @@ async def revoke(entry: ResolvedProvider, http: httpx.AsyncClient, token: TokenS
     if entry.revocation_endpoint is None:
         return False
     style = entry.quirks.revocation
+    url = fill(entry.revocation_endpoint, {"client_id": entry.client_id})  # GitHub's names our client
     try:
         headers, body = revocation_request(entry, token)
         await send(
-            entry, http, style.method, entry.revocation_endpoint, "revocation",
+            entry, http, style.method, url, "revocation",
             headers=headers, body=body, encoding=style.encoding,
         )  # fmt: skip
     except ProviderError as exc:

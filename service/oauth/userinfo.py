@@ -54,7 +54,12 @@ async def _userinfo(entry: ResolvedProvider, http: httpx.AsyncClient, token: Tok
     auth = entry.quirks.api_auth
     headers = {auth.header: auth.value(token.access_token), "Accept": "application/json"}
     try:
-        response = await http.request(entry.quirks.userinfo_method, entry.userinfo_endpoint, headers=headers)
+        body = entry.quirks.userinfo_body
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        response = await http.request(
+            entry.quirks.userinfo_method, entry.userinfo_endpoint, headers=headers, content=body
+        )
     except httpx.HTTPError as exc:
         raise endpoint_error(entry, "account lookup", exc=exc) from None
     if not response.is_success:

@@ -284,8 +284,8 @@ def build_entry(
         if values.get(key) is not None:
             values[key] = _endpoint(key, values[key], filled_tenant, quirks, source)
     _check_consistency(values, table, source)
-    if values.get("docs_url") and url_problem(values["docs_url"]) is not None:
-        raise source.error("docs_url", str(url_problem(values["docs_url"])))
+    if values.get("docs_url") and not re.fullmatch(r"https://[^\s]+", values["docs_url"]):
+        raise source.error("docs_url", "must be an https URL")
     client_id, client_secret = _credentials(name, environ)
     values["default_scopes"] = tuple(values["default_scopes"])
     return ProviderEntry(name=name, client_id=client_id, client_secret=client_secret, quirks=quirks, **values)

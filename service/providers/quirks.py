@@ -162,6 +162,8 @@ class Quirks:
     revocation: Revocation = field(default_factory=Revocation)
     api_auth: ApiAuth = field(default_factory=ApiAuth)
     userinfo_method: UserinfoMethod = "GET"
+    userinfo_body: str | None = None  # a JSON body for a POST account lookup (a GraphQL query, Dropbox's null)
+    scope_parameter: str = "scope"  # the authorization parameter carrying the scopes (Slack user tokens: user_scope)
     account_id_source: AccountSource = "userinfo"
     connection: tuple[ConnectionValue, ...] = ()
 

@@ -68,9 +68,14 @@ class RevocationTable(_Strict):
     method: RevocationMethod = "POST"
     encoding: RequestEncoding = "form"
     auth: RevocationAuth = "client"
-    token_param: StrictStr | None = "token"
+    token_param: StrictStr | None = "token"  # "": the token is not in the body (bearer only)
     token: RevokedToken = "refresh_first"
     hint: StrictBool = True
+
+    @field_validator("token_param")
+    @classmethod
+    def _blank_is_none(cls, value: str | None) -> str | None:
+        return value or None
 
 
 class ConnectionValueTable(_Strict):
@@ -98,6 +103,8 @@ class ProviderTable(_Strict):
     revocation_endpoint: StrictStr | None = None
     userinfo_endpoint: StrictStr | None = None
     userinfo_method: UserinfoMethod = "GET"
+    userinfo_body: StrictStr | None = None
+    scope_parameter: StrictStr = Field(default="scope", pattern=r"^[a-z_]{1,32}$")
     api_base_url: StrictStr | None = None
     api_token_header: StrictStr = Field(default="Authorization", min_length=1)
     api_token_prefix: StrictStr = "Bearer "
@@ -135,6 +142,8 @@ class ProviderTable(_Strict):
             revocation=Revocation(**self.revocation.model_dump()),
             api_auth=ApiAuth(self.api_token_header, self.api_token_prefix),
             userinfo_method=self.userinfo_method,
+            userinfo_body=self.userinfo_body,
+            scope_parameter=self.scope_parameter,
             account_id_source=self.account_id_source,
             connection=tuple(
                 ConnectionValue(name=name, **value.model_dump()) for name, value in self.connection.items()
@@ -146,6 +155,8 @@ class ProviderTable(_Strict):
 QUIRK_KEYS = frozenset(
     {
         "userinfo_method",
+        "userinfo_body",
+        "scope_parameter",
         "api_token_header",
         "api_token_prefix",
         "account_id_source",

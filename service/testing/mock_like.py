@@ -182,8 +182,7 @@ class EmulatedProvider(MockOIDCProvider):
         refusal = self._authorize_refusal(entry, query)
         if refusal is not None:
             return MockResponse.redirect(redirect, error="invalid_request", error_description=refusal)
-        if entry.scope_separator != " ":
-            query["scope"] = " ".join(query.get("scope", "").split(entry.scope_separator))
+        query["scope"] = " ".join(query.pop(entry.quirks.scope_parameter, "").split(entry.scope_separator))
         answer = self._authorize(MockRequest("GET", "/authorize", query, request.headers))
         location = answer.headers.get("location")
         values = {v.parameter: self.emitted(v.name) for v in entry.quirks.values_from("callback") if v.parameter}
@@ -197,8 +196,10 @@ class EmulatedProvider(MockOIDCProvider):
                 return f"{key}={value} is required"
         if not entry.pkce and "code_challenge" in query:
             return "PKCE is not supported"
+        if entry.quirks.scope_parameter != "scope" and "scope" in query:
+            return f"scopes go in {entry.quirks.scope_parameter}, not scope"
         other = " " if entry.scope_separator != " " else ","
-        if other in query.get("scope", ""):
+        if other in query.get(entry.quirks.scope_parameter, ""):
             return f"scopes are separated by {entry.scope_separator!r}"
         return None
 
@@ -259,6 +260,9 @@ class EmulatedProvider(MockOIDCProvider):
         self.api_calls.append(request.path)
         if self._token_of(request) is None:
             return MockResponse.json(401, {"error": "invalid_token"})
+        wanted = self.entry.quirks.userinfo_body
+        if wanted is not None and request.body.decode() != wanted:
+            return MockResponse.json(400, {"error": "invalid_request", "error_description": "unexpected body"})
         account_id = str(self.account["sub"]) if self.entry.oidc else self.account_id
         return MockResponse.json(200, account_document(self.entry, self.account, account_id))
 
