@@ -222,6 +222,13 @@ class ProviderGateway:
         tokens = await self.exchange_code(
             provider, redirect_uri=redirect_uri, code=code, code_verifier=code_verifier, now=now
         )
+        for value in provider.quirks.values_from("token_response"):
+            if value.name not in tokens.connection:
+                raise ProviderError(
+                    f"{provider.display_name} token response has no {value.name} at {value.pointer} "
+                    f"({provider.name}.connection.{value.name})",
+                    code="provider_token_error",
+                )
         provider = provider.bound(tokens.connection)
         tokens = replace(tokens, connection=dict(provider.connection))
         id_claims = None

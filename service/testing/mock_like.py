@@ -66,6 +66,8 @@ class EmulatedProvider(MockOIDCProvider):
     seen_values: dict[str, str] = field(default_factory=dict)  # per-connection values the agent's URLs carried
     # The next successful token answer is passed through this first (to spoil it: drop the token, ...).
     spoil_next_token_answer: Any = None
+    omit_callback_values: bool = False  # the next callback lacks the values it should carry (QuickBooks' realmId)
+    token_statuses: list[int] = field(default_factory=list)  # the HTTP status of each token answer
 
     @classmethod
     def like(cls, name: str, catalog: Path = CATALOG, **fields: Any) -> Self:
@@ -186,6 +188,8 @@ class EmulatedProvider(MockOIDCProvider):
         answer = self._authorize(MockRequest("GET", "/authorize", query, request.headers))
         location = answer.headers.get("location")
         values = {v.parameter: self.emitted(v.name) for v in entry.quirks.values_from("callback") if v.parameter}
+        if self.omit_callback_values:
+            values, self.omit_callback_values = {}, False
         if location is not None and values and "code=" in location:
             answer = MockResponse(answer.status, {"location": f"{location}&{urlencode(values)}"})
         return answer
@@ -218,6 +222,11 @@ class EmulatedProvider(MockOIDCProvider):
         return form
 
     def _emulated_token(self, request: MockRequest) -> MockResponse:
+        answer = self._token_answer(request)
+        self.token_statuses.append(answer.status)
+        return answer
+
+    def _token_answer(self, request: MockRequest) -> MockResponse:
         entry = self.entry
         form = self._token_form(entry, request)
         if isinstance(form, str):

@@ -109,13 +109,14 @@ REFUSALS: dict[str, Refusal] = {
     "provider_token_error": Refusal(
         502,
         "Provider error",
-        f"The provider's answer could not be used, so nothing was connected. {_START_AGAIN}",
+        f"The provider's answer could not be used ({{message}}), so nothing was connected. {_START_AGAIN}",
         api_sentence="{message}",
     ),
     "provider_callback_error": Refusal(
         502,
         "Provider error",
-        f"The provider's answer lacks something it should carry, so nothing was connected. {_START_AGAIN}",
+        f"The provider's answer lacks something it should carry ({{message}}), so nothing was connected. "
+        f"{_START_AGAIN}",
         api_sentence="{message}",
     ),
     # Per-connection values the agent gives at request_authorization (a tenant, a shop's subdomain).
