@@ -107,6 +107,7 @@ check: lint typecheck test
 # layer rules of docs/architecture.md from tests/test_layers.py's tables.
 reference: $(STAMP)
 	$(BIN)/python -m service.reference > docs/reference.md
+	$(BIN)/python -m service.providers.docs > docs/providers.md
 	$(BIN)/python -m tests.test_layers
 
 clean:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+from typing import Any
 
 from .framework import CliError, Commands, Invocation, UsageError, port_number
 
@@ -19,12 +19,18 @@ def register(commands: Commands) -> None:
             "the connector under test uses the same). On start it prints a providers.toml entry for itself.\n\n"
             "--strict makes it as strict as a conformant OpenID provider: Basic credentials form-decoded\n"
             "(RFC 6749 2.3.1), offline_access dropped without prompt=consent and refresh tokens only with it,\n"
-            "30-second access tokens; --narrow refuses the scopes named (a narrowed grant)."
+            "30-second access tokens; --narrow refuses the scopes named (a narrowed grant).\n\n"
+            "--like NAME emulates the shipped catalog's entry NAME (config/providers.toml) instead: its URLs moved\n"
+            "onto the mock, its quirks insisted on (token response shape, request encoding, client\n"
+            "authentication, per-connection values, API token header, revocation style); the printed table is\n"
+            "that entry pointing at the mock. --name defaults to NAME then."
         ),
         examples=[
             "CONNECTOR_PROVIDER_GITHUB_CLIENT_ID=dev CONNECTOR_PROVIDER_GITHUB_CLIENT_SECRET=dev "
             "acp-connector mock-provider --port 8701",
             "acp-connector mock-provider --strict --narrow repo",
+            "CONNECTOR_PROVIDER_SLACK_CLIENT_ID=dev CONNECTOR_PROVIDER_SLACK_CLIENT_SECRET=dev "
+            "acp-connector mock-provider --like slack --port 0",
         ],
     )
     mock.add_argument("--host", default="127.0.0.1", help="loopback address to listen on (default: 127.0.0.1)")
@@ -34,7 +40,10 @@ def register(commands: Commands) -> None:
         default=8701,
         help="port to listen on, 0 for any free port (default: 8701)",
     )
-    mock.add_argument("--name", default="github", help="catalog name whose credentials it accepts (default: github)")
+    mock.add_argument(
+        "--name", default=None, help="catalog name whose credentials it accepts (default: github, or --like's NAME)"
+    )
+    mock.add_argument("--like", metavar="NAME", help="emulate the shipped catalog's entry NAME and its quirks")
     mock.add_argument("--strict", action="store_true", help="behave like a strictly conformant OpenID provider")
     mock.add_argument("--narrow", nargs="*", default=[], metavar="SCOPE", help="scopes the consent refuses")
     mock.add_argument(
@@ -49,9 +58,12 @@ def run(invocation: Invocation) -> int:
     import asyncio
 
     from ..providers import provider_env_var
+    from ..testing.mock_like import EmulatedProvider, catalog_table
     from ..testing.mock_provider import MockOAuthProvider
+    from ..testing.toml_text import toml_table
 
     args = invocation.args
+    args.name = args.name or args.like or "github"
     id_var, secret_var = provider_env_var(args.name, "CLIENT_ID"), provider_env_var(args.name, "CLIENT_SECRET")
     client_id, client_secret = invocation.env.get(id_var), invocation.env.get(secret_var)
     if not client_id or not client_secret:
@@ -59,14 +71,21 @@ def run(invocation: Invocation) -> int:
             f"mock-provider: no client credentials for '{args.name}'",
             f"set {id_var} and {secret_var} to any values; the agent's connector uses the same",
         )
-    make = MockOAuthProvider.strict if args.strict else MockOAuthProvider
-    provider = make(
-        client_id=client_id, client_secret=client_secret, narrow_scopes=set(args.narrow), sign_in_page=args.sign_in_page
-    )
+    fields: dict[str, Any] = {"client_id": client_id, "client_secret": client_secret, "narrow_scopes": set(args.narrow)}
+    fields["sign_in_page"] = args.sign_in_page
+    provider: MockOAuthProvider
+    if args.like:
+        try:
+            catalog_table(args.like)
+        except KeyError as exc:
+            raise UsageError(f"mock-provider: {exc.args[0]}", "name an entry of config/providers.toml") from None
+        provider = EmulatedProvider.like(args.like, **fields)
+    else:
+        provider = (MockOAuthProvider.strict if args.strict else MockOAuthProvider)(**fields)
 
     def ready(base_url: str) -> None:
-        entry = "\n".join(f"{key} = {json.dumps(value)}" for key, value in provider.catalog_entry().items())
-        invocation.out(f"# mock OAuth provider at {base_url}; a providers.toml entry for it:\n[{args.name}]\n{entry}")
+        table = toml_table(args.name, provider.catalog_entry())
+        invocation.out(f"# mock OAuth provider at {base_url}; a providers.toml entry for it:\n{table}")
 
     try:
         asyncio.run(provider.serve_forever(args.host, args.port, on_ready=ready))

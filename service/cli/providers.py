@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .framework import EXIT_OK, EXIT_RUNTIME, Commands, Invocation
+
+if TYPE_CHECKING:
+    from ..providers import ProviderEntry
 
 
 def register(commands: Commands) -> None:
@@ -11,7 +16,7 @@ def register(commands: Commands) -> None:
         help="the provider catalog (providers.toml)",
         description="Inspect the OAuth providers of the catalog (providers.catalog) and their credentials.",
     )
-    providers.command(
+    listing = providers.command(
         "list",
         run_list,
         help="list providers and whether each is configured",
@@ -19,10 +24,13 @@ def register(commands: Commands) -> None:
             "One line per catalog entry: its name, the provider's sign-in host, the redirect URI to register\n"
             "with the provider (built from public_base_url), and whether it is configured. A provider is\n"
             "configured when CONNECTOR_PROVIDER_<NAME>_CLIENT_ID and _CLIENT_SECRET are set and its endpoints\n"
-            "are known. Makes no network request."
+            "are known. --details adds, under each, what it needs (credentials, per-connection values and where\n"
+            "each comes from, the documentation where the app is registered) and how it departs from plain\n"
+            "OAuth 2.0 (its quirks). Makes no network request."
         ),
-        examples=["acp-connector providers list"],
+        examples=["acp-connector providers list", "acp-connector providers list --details"],
     )
+    listing.add_argument("--details", action="store_true", help="what each entry needs and its quirks")
     check = providers.command(
         "check",
         run_check,
@@ -32,11 +40,18 @@ def register(commands: Commands) -> None:
             "endpoints, https), its signing keys (OpenID providers), and say which endpoints, which client\n"
             "authentication method and why, and whether refresh tokens can be expected (offline_access and\n"
             "prompt=consent). Unconfigured providers are listed and skipped. Exit code 1 when a provider has a\n"
-            "problem; warnings alone do not fail. Changes nothing."
+            "problem; warnings alone do not fail. Changes nothing.\n\n"
+            "--offline checks every entry (configured or not) without any network request: the catalog's keys,\n"
+            "endpoints, placeholders and per-connection values, and what each entry needs and does."
         ),
-        examples=["acp-connector providers check", "acp-connector providers check oidc"],
+        examples=[
+            "acp-connector providers check",
+            "acp-connector providers check oidc",
+            "acp-connector providers check --offline",
+        ],
     )
     check.add_argument("names", nargs="*", metavar="NAME", help="only these providers (default: all)")
+    check.add_argument("--offline", action="store_true", help="no network: check the catalog entries alone")
 
 
 def run_list(invocation: Invocation) -> int:
@@ -56,7 +71,37 @@ def run_list(invocation: Invocation) -> int:
         host = entry.provider_host or "-"
         rows.append((entry.name, entry.shown_name, host, f"{base}/callback/{entry.name}", status))
     invocation.table(rows)
+    if invocation.args.details:
+        from ..providers.describe import entry_facts
+
+        for entry in catalog.entries():
+            facts = entry_facts(entry)
+            invocation.out(f"\n{entry.name} ({facts.shown_name})")
+            for line in facts.needs + facts.quirks:
+                invocation.out(f"  {line}")
     return 0
+
+
+def run_check_offline(invocation: Invocation, entries: list[ProviderEntry]) -> int:
+    """Each entry as the catalog gives it (loading it already checked keys, URLs and placeholders): no network."""
+    from ..providers.describe import entry_facts
+
+    failed = []
+    for entry in entries:
+        facts = entry_facts(entry)
+        invocation.out(f"{entry.name} ({facts.shown_name}): {'PROBLEM' if facts.problems else 'ok'}")
+        for kind, lines in (("", facts.needs + facts.quirks), ("warning: ", facts.warnings)):
+            for line in lines:
+                invocation.out(f"  {kind}{line}")
+        for line in facts.problems:
+            invocation.out(f"  problem: {line}")
+        if facts.problems:
+            failed.append(entry.name)
+    if failed:
+        invocation.out(f"{len(failed)} provider(s) with problems: {', '.join(failed)}")
+        return EXIT_RUNTIME
+    invocation.out(f"{len(entries)} provider(s) checked offline")
+    return EXIT_OK
 
 
 def run_check(invocation: Invocation) -> int:
@@ -70,6 +115,8 @@ def run_check(invocation: Invocation) -> int:
     settings = invocation.settings()
     catalog = load_catalog(settings.providers.catalog, env=settings.environment())
     entries = [catalog.get(name) for name in invocation.args.names] if invocation.args.names else catalog.entries()
+    if invocation.args.offline:
+        return run_check_offline(invocation, entries)
 
     async def check_all() -> list[ProviderReport]:
         gateway = build_gateway(settings, catalog, Metrics(entry.name for entry in entries))

@@ -1,0 +1,106 @@
+"""docs/providers.md from the shipped catalog (`make reference`; tests/test_provider_docs.py keeps them equal)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from .describe import entry_facts
+from .entry import ProviderEntry
+from .loading import load_catalog
+
+CATALOG = Path(__file__).resolve().parents[2] / "config" / "providers.toml"
+
+_INTRO = """\
+# Providers
+
+<!-- Generated from config/providers.toml by `make reference` (python -m service.providers.docs). Do not edit. -->
+
+The connector ships a catalog of {count} OAuth 2.0 / OpenID Connect providers (`config/providers.toml`). Each
+entry's facts come from the provider's published documentation, whose address is in the entry (and below); what
+could not be confirmed there is said in the entry's comment. A provider is usable once its client credentials are
+in the environment (`CONNECTOR_PROVIDER_<NAME>_CLIENT_ID` / `_CLIENT_SECRET`) and the redirect URI
+`<public_base_url>/callback/<name>` is registered with it (`acp-connector providers list` prints it).
+
+Every entry is tested end to end (`tests/test_provider_matrix.py`): connect, use through `Connector.http()` and
+`/v1/proxy`, refresh and revoke as the provider supports them, against a mock built from the entry itself
+(`acp-connector mock-provider --like NAME`, `service.testing.EmulatedProvider.like(NAME)`).
+
+## Per-connection values
+
+Some providers' URLs name something of the connection: a directory (`{{tenant}}`), a shop or account
+(`{{subdomain}}`), an instance (`{{instance_url}}`), a company (`{{realm_id}}`). The entry says where each comes from:
+
+- **the agent**: `request_authorization(..., connection={{"subdomain": "acme"}})` (embedded and `SidecarClient`), or
+  `"connection": {{...}}` in `POST /v1/elicitations`. A missing one is refused before anything is asked
+  (`missing_connection_value`, naming it), a malformed one too (`invalid_connection_value`): the value's `pattern`
+  decides which hosts receive the client secret and the user's tokens;
+- **the callback**: a query parameter of the provider's redirect (QuickBooks' `realmId`);
+- **the token response**: a JSON pointer into it (Salesforce's `/instance_url`), checked against the pattern.
+
+The values are stored with the grant, encrypted with its tokens, and shown in grant metadata (`connection` of
+`GET /v1/grants`), except those declared `secret`. Refreshes, API calls and revocation use the grant's values.
+
+## Bad answers
+
+A token response that does not match its entry (no token at the configured place, an unreadable expiry, an error
+in a 200 answer, a per-connection value missing or not matching its pattern) ends the authorization with
+`provider_token_error`, naming the provider and the field (`slack.token_response.access_token`); a callback
+without a value it must carry ends it with `provider_callback_error`. Nothing is stored. The errors a provider
+documents as arriving with HTTP 200 (`errors_with_200`) and the refresh errors that mean the user must authorize
+again (`dead_refresh_token_errors`) are data on the entry (`ProviderEntry.quirks.token_response`).
+
+## Adding a provider
+
+1. Find the provider's OAuth documentation: the authorization and token endpoints, how the client authenticates
+   (HTTP Basic or the form body), PKCE, the scope separator, refresh tokens (none, kept, or single-use),
+   revocation, how to learn the account id, the API's base URL.
+2. Copy the table in `config/providers.toml` closest to it, rename it, and write those facts, with the
+   documentation's address as a comment and in `docs_url`. Say in the comment what the documentation does not
+   confirm. Quirks are keys of the table (listed in the file's header); no code changes.
+3. `acp-connector providers check NAME --offline` checks the table without any network;
+   `acp-connector mock-provider --like NAME` serves a mock of it; `make test` runs it through the matrix.
+4. `make reference` regenerates this page.
+
+Not expressible today (and why): a token endpoint reached with `GET` or with the client secret in the URL's
+query (secrets never go in a URL here); a value fetched after the grant (Atlassian's cloud id: the agent reads
+`accessible-resources` through `http()` and names the site in its paths); a refresh answer shaped unlike the
+code exchange's (Slack's user-token rotation).
+
+## The catalog
+
+"""
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _values(entry: ProviderEntry) -> str:
+    return ", ".join(f"`{{{v.name}}}` ({v.source.replace('_', ' ')})" for v in entry.quirks.connection) or "-"
+
+
+def _row(entry: ProviderEntry) -> str:
+    docs = f"[docs]({entry.docs_url})" if entry.docs_url else "-"
+    refresh = entry.quirks.token_request.refresh_tokens
+    revokes = "yes" if entry.revocation_endpoint else "no"
+    cells = [entry.shown_name, f"`{entry.name}`", _values(entry), refresh, revokes, docs]
+    return "| " + " | ".join(_cell(cell) for cell in cells) + " |"
+
+
+def render(catalog_path: Path = CATALOG) -> str:
+    entries = load_catalog(catalog_path, env={}).entries()
+    parts = [_INTRO.format(count=len(entries))]
+    parts.append("| provider | name | per-connection values | refresh tokens | revocation | documentation |\n")
+    parts.append("|---|---|---|---|---|---|\n")
+    parts += [_row(entry) + "\n" for entry in entries]
+    parts.append("\n## Each entry\n")
+    for entry in entries:
+        facts = entry_facts(entry)
+        parts.append(f"\n### {_cell(entry.shown_name)} (`{entry.name}`)\n\n")
+        parts += [f"- {line}\n" for line in facts.needs + facts.quirks]
+    return "".join(parts)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(render())
