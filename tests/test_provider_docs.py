@@ -44,3 +44,17 @@ def test_check_offline_passes_over_the_catalog_without_network(
     assert f"{count} provider(s) checked offline" in out and "PROBLEM" not in out
     assert "errors with HTTP 200: bad_verification_code" in out  # quirks are shown
     assert "{subdomain}: the shop's myshopify.com subdomain, given by the agent" in out
+
+
+@pytest.mark.asyncio
+@pytest.mark.oauth_provider(like="quickbooks")
+async def test_the_pytest_plugin_serves_a_mock_like_a_catalog_entry(
+    oauth_provider: object, oauth_provider_name: str, agent_env: dict[str, str]
+) -> None:
+    from service.testing import EmulatedProvider
+
+    assert isinstance(oauth_provider, EmulatedProvider) and oauth_provider_name == "quickbooks"
+    catalog = load_catalog(Path(agent_env["CONNECTOR_PROVIDERS__CATALOG"]), env=agent_env)
+    entry = catalog.require_configured("quickbooks")  # the entry, on the mock, with the mock's credentials
+    assert entry.token_endpoint == f"{oauth_provider.base_url}/oauth.platform.intuit.com/oauth2/v1/tokens/bearer"
+    assert [value.name for value in entry.quirks.values_from("callback")] == ["realm_id"]

@@ -178,6 +178,7 @@ PREVIOUS_RELEASE_LACKS = {
         ),
         "elicitation_events": ("kind", "detail"),
     },
+    "0013": {"elicitations": ("connection_values",)},
 }
 
 
@@ -229,7 +230,7 @@ async def test_the_previous_release_works_on_the_grant_health_columns_and_grant_
     connection; downgrading keeps the grants."""
     script = ScriptDirectory.from_config(alembic_config())
     assert declared_oldest_code_revision(script, "0012") == declared_oldest_code_revision(script, "0011")
-    assert OLDEST_SCHEMA_REVISION == "0012"  # this code reads the new columns: it needs them
+    assert OLDEST_SCHEMA_REVISION >= "0012"  # this code reads the new columns: it needs them
     migrate(database_url)
     old_grants = as_before("0012", tables.grants)
     old_log = as_before("0012", tables.elicitation_events)
@@ -277,14 +278,40 @@ async def test_the_previous_release_works_on_the_grant_health_columns_and_grant_
         assert (await store.grants.get(mine.id)).health.status is GrantStatus.ACTIVE  # type: ignore[union-attr]
         (read_back,) = await store.outbox.after(0)
         assert read_back == replace(event, id=read_back.id, at=marked_at, origin=store.outbox.origin)
+async def test_the_previous_release_works_on_the_connection_values_column(database_url: str) -> None:
+    """0013 is expand-only: it promises what 0012 promised, a replica of the previous release inserts and reads
+    elicitations beside this one (whose rows carry the agent's per-connection values), and this one reads the
+    older rows as having none; downgrading keeps the elicitations."""
+    from .test_store import elicitation
+
+    script = ScriptDirectory.from_config(alembic_config())
+    assert declared_oldest_code_revision(script, "0013") == declared_oldest_code_revision(script, "0012")
+    assert OLDEST_SCHEMA_REVISION == "0013"  # this code reads the new column: it needs it
+    migrate(database_url)
+    old_table = as_before("0013", tables.elicitations)
+    store = Store.from_url(database_url)
+    try:
+        mine = elicitation(provider="shopify", connection_values={"subdomain": "acme"})
+        await store.elicitations.insert(mine)
+        async with store.engine.begin() as conn:
+            row = (await conn.execute(select(old_table).where(old_table.c.id == mine.id))).mappings().one()
+            await conn.execute(insert(old_table).values({**row, "id": "old-release-elicitation"}))
+            ids = (await conn.execute(select(old_table.c.id))).scalars().all()  # ...and reads
+        assert sorted(ids) == sorted([mine.id, "old-release-elicitation"])
+        theirs = await store.elicitations.get("old-release-elicitation")
+        assert theirs is not None and theirs.connection_values == {}
+        again = await store.elicitations.get(mine.id)
+        assert again is not None and again.connection_values == {"subdomain": "acme"}
     finally:
         await store.close()
 
-    await asyncio.to_thread(command.downgrade, alembic_config(database_url), "0011")
+    await asyncio.to_thread(command.downgrade, alembic_config(database_url), "0012")
     store = Store.from_url(database_url)
     try:
         async with store.engine.connect() as conn:
             kept = (await conn.execute(select(old_grants.c.id).order_by(old_grants.c.id))).scalars().all()
         assert kept == ["g-new", "g-old"]
+            kept = (await conn.execute(select(old_table).where(old_table.c.id == mine.id))).mappings().one()
+        assert kept["provider"] == "shopify"
     finally:
         await store.close()

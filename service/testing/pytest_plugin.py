@@ -7,6 +7,8 @@ Fixtures (all function-scoped; async ones need pytest-asyncio, installed with th
   `@pytest.mark.oauth_provider(expires_in=60, rotate_refresh_tokens=False, token_errors=["invalid_grant"],
   response_delay=0.5, deny_next="access_denied", repos=[...])` (any `MockOAuthProvider` field), or for a whole
   module by overriding the `oauth_provider_options` fixture. Its catalog name is `oauth_provider_name` ("github").
+  `like="slack"` (any entry of the shipped catalog) makes it an `EmulatedProvider` of that entry, quirks and all;
+  its catalog name is then that entry's name.
 - `connector_user`: the `Identity` the connector's local verifier vouches for; bind authorizations to it.
 - `agent_env`: the `CONNECTOR_*` environment of a connector bound to that provider: a migrated SQLite database and
   a key in `tmp_path`, the catalog entry and its credentials, a free loopback port. Pass it to an agent you spawn
@@ -36,6 +38,7 @@ from service.web.server import listening_socket, serving
 
 from .acp_client import ScriptedClient
 from .browser import ScriptedBrowser
+from .mock_like import EmulatedProvider
 from .mock_provider import MockOAuthProvider
 from .toml_text import toml_table
 
@@ -64,9 +67,12 @@ def oauth_provider_options() -> dict[str, Any]:
 
 
 @pytest.fixture
-def oauth_provider_name() -> str:
-    """The catalog name the mock provider is configured under (the `provider` an agent asks for)."""
-    return "github"
+def oauth_provider_name(request: pytest.FixtureRequest, oauth_provider_options: dict[str, Any]) -> str:
+    """The catalog name the mock provider is configured under (the `provider` an agent asks for): the emulated
+    entry's with `like=NAME`, else "github"."""
+    marker = request.node.get_closest_marker("oauth_provider")
+    like = {**oauth_provider_options, **(marker.kwargs if marker is not None else {})}.get("like")
+    return str(like) if like else "github"
 
 
 @pytest.fixture
@@ -79,9 +85,12 @@ def connector_user() -> Identity:
 async def oauth_provider(
     request: pytest.FixtureRequest, oauth_provider_options: dict[str, Any]
 ) -> AsyncIterator[MockOAuthProvider]:
-    """A MockOAuthProvider served on loopback; `@pytest.mark.oauth_provider(**fields)` configures it."""
+    """A MockOAuthProvider served on loopback; `@pytest.mark.oauth_provider(**fields)` configures it
+    (`like="NAME"`: an `EmulatedProvider` of the shipped catalog's entry NAME)."""
     marker = request.node.get_closest_marker("oauth_provider")
-    provider = MockOAuthProvider(**{**oauth_provider_options, **(marker.kwargs if marker is not None else {})})
+    options = {**oauth_provider_options, **(marker.kwargs if marker is not None else {})}
+    like = options.pop("like", None)
+    provider = EmulatedProvider.like(like, **options) if like else MockOAuthProvider(**options)
     async with provider.serve_http():
         yield provider
 
