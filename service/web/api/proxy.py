@@ -33,7 +33,8 @@ from service.core.errors import (
     ProviderUnavailable,
 )
 from service.core.identity import Identity
-from service.oauth import ProviderGateway
+from service.core.records import GrantRecord
+from service.oauth import ProviderGateway, ResolvedProvider
 from service.tokens import GrantAuth, TokenAccess, api_origin
 from service.version import __version__
 
@@ -113,26 +114,7 @@ class ProxyRoute:
             raise FlowRefused("proxy_path_refused")
         provider_name, _, rest = raw_path[len(PREFIX) :].partition("/")
         self.api.check_provider(key, provider_name)
-        try:
-            provider = await self.providers.resolve(provider_name)
-        except ConnectorError as exc:
-            raise FlowRefused(exc.code, detail={"message": str(exc)}) from None
-        if not provider.entry.api_base_url:
-            raise FlowRefused("proxy_not_available")
-        query = request.scope.get("query_string", b"")
-        if provider.api_base_url:  # a base without per-connection values: the path is checked before any read
-            target_url(provider.api_base_url, rest, query)
-        user = _user(request)
-        grant = await self.tokens.grant_for(user, provider.name, ())
-        if grant is None:
-            raise FlowRefused("no_grant")
-        try:
-            provider = self.tokens.bound(grant, provider)  # the API base may be the grant's (an instance URL)
-        except ConnectorError as exc:
-            raise FlowRefused(exc.code, detail={"message": str(exc)}) from None
-        if not provider.api_base_url:
-            raise FlowRefused("proxy_not_available")
-        url = target_url(provider.api_base_url, rest, query)
+        provider, grant, url = await self._destination(request, provider_name, rest)
 
         listed = _listed_in_connection(request) | {provider.quirks.api_auth.header.lower()}
         headers = [
@@ -167,6 +149,30 @@ class ProxyRoute:
             )
         relayed.raw_headers = [(n.lower().encode("latin-1"), v.encode("latin-1")) for n, v in returned]
         return relayed
+
+    async def _destination(
+        self, request: Request, provider_name: str, rest: str
+    ) -> tuple[ResolvedProvider, GrantRecord, httpx.URL]:
+        """The provider bound to the user's grant there, the grant, and the URL the request goes to."""
+        try:
+            provider = await self.providers.resolve(provider_name)
+        except ConnectorError as exc:
+            raise FlowRefused(exc.code, detail={"message": str(exc)}) from None
+        if not provider.entry.api_base_url:
+            raise FlowRefused("proxy_not_available")
+        query = request.scope.get("query_string", b"")
+        if provider.api_base_url:  # a base without per-connection values: the path is checked before any read
+            target_url(provider.api_base_url, rest, query)
+        grant = await self.tokens.grant_for(_user(request), provider.name, ())
+        if grant is None:
+            raise FlowRefused("no_grant")
+        try:
+            provider = self.tokens.bound(grant, provider)  # the API base may be the grant's (an instance URL)
+        except ConnectorError as exc:
+            raise FlowRefused(exc.code, detail={"message": str(exc)}) from None
+        if not provider.api_base_url:
+            raise FlowRefused("proxy_not_available")
+        return provider, grant, target_url(provider.api_base_url, rest, query)
 
     def _small(self, response: httpx.Response) -> bool:
         """Whether the response declares a body small enough to read whole (and within the size limit)."""
