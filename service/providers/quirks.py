@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal, get_args
 
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictStr, field_validator
+
 RequestEncoding = Literal["form", "json"]
 ExpiryForm = Literal["seconds", "milliseconds", "epoch_seconds", "never"]
 RefreshTokens = Literal["none", "reusable", "rotating"]
@@ -53,24 +55,41 @@ def pointer_problem(pointer: str) -> str | None:
     return None
 
 
-@dataclass(frozen=True, slots=True)
-class TokenResponseShape:
-    """Where a token response keeps each member (JSON pointers) and how it gives expiry and errors."""
+class _Table(BaseModel):
+    """A sub-table of a providers.toml entry: its keys as written, nothing unknown; frozen once read."""
 
-    access_token: str = "/access_token"
-    refresh_token: str = "/refresh_token"
-    token_type: str = "/token_type"
-    scope: str = "/scope"
-    id_token: str = "/id_token"
-    expires: str = "/expires_in"
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _pointer(value: str | None) -> str | None:
+    problem = pointer_problem(value) if value is not None else None
+    if problem is not None:
+        raise ValueError(problem)
+    return value
+
+
+class TokenResponseShape(_Table):
+    """`[name.token_response]`: where a token response keeps each member (JSON pointers) and how it gives expiry
+    and errors."""
+
+    access_token: StrictStr = "/access_token"
+    refresh_token: StrictStr = "/refresh_token"
+    token_type: StrictStr = "/token_type"
+    scope: StrictStr = "/scope"
+    id_token: StrictStr = "/id_token"
+    expires: StrictStr = "/expires_in"
     expires_form: ExpiryForm = "seconds"
-    error: str = "/error"  # an OAuth error code, in an answer of any status (a 200 too)
-    ok_flag: str | None = None  # a member that is false when the answer is an error (Slack's `ok`)
+    error: StrictStr = "/error"  # an OAuth error code, in an answer of any status (a 200 too)
+    ok_flag: StrictStr | None = None  # a member that is false when the answer is an error (Slack's `ok`)
     # Documented error codes the provider answers with HTTP 200 (GitHub's bad_verification_code): data for
     # operators and for classifying refresh failures; any error at `error` is refused whatever its status.
-    errors_with_200: tuple[str, ...] = ()
+    errors_with_200: tuple[StrictStr, ...] = ()
     # Errors of a refresh that mean the refresh token is dead (the user must authorize again).
-    dead_refresh_token_errors: tuple[str, ...] = ("invalid_grant",)
+    dead_refresh_token_errors: tuple[StrictStr, ...] = ("invalid_grant",)
+
+    _pointers = field_validator(
+        "access_token", "refresh_token", "token_type", "scope", "id_token", "expires", "error", "ok_flag"
+    )(_pointer)
 
     def members(self) -> dict[str, str]:
         """The non-default pointers, for listings."""
@@ -96,16 +115,21 @@ class TokenRequest:
         object.__setattr__(self, "refresh_params", MappingProxyType(dict(self.refresh_params)))
 
 
-@dataclass(frozen=True, slots=True)
-class Revocation:
-    """How tokens are revoked at `revocation_endpoint` (RFC 7009 by default; GitHub's and Dropbox's are not)."""
+class Revocation(_Table):
+    """`[name.revocation]`: how tokens are revoked at `revocation_endpoint` (RFC 7009 by default; GitHub's and
+    Dropbox's are not)."""
 
     method: RevocationMethod = "POST"
     encoding: RequestEncoding = "form"
     auth: RevocationAuth = "client"  # client: as at the token endpoint; basic: HTTP Basic; bearer: the token itself
-    token_param: str | None = "token"  # the body member carrying the token (None: only the bearer header)
+    token_param: StrictStr | None = "token"  # the body member carrying the token ("" or None: bearer header only)
     token: RevokedToken = "refresh_first"  # which token is sent: the refresh token when there is one, or the access
-    hint: bool = True  # send token_type_hint
+    hint: StrictBool = True  # send token_type_hint
+
+    @field_validator("token_param")
+    @classmethod
+    def _blank_is_none(cls, value: str | None) -> str | None:
+        return value or None
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,14 +9,10 @@ from .quirks import (
     AccountSource,
     ApiAuth,
     ConnectionValue,
-    ExpiryForm,
     Quirks,
     RefreshTokens,
     RequestEncoding,
     Revocation,
-    RevocationAuth,
-    RevocationMethod,
-    RevokedToken,
     TokenRequest,
     TokenResponseShape,
     UserinfoMethod,
@@ -27,55 +23,6 @@ from .quirks import (
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
-
-
-def _pointer(value: str | None) -> str | None:
-    problem = pointer_problem(value) if value is not None else None
-    if problem is not None:
-        raise ValueError(problem)
-    return value
-
-
-class TokenResponseTable(_Strict):
-    """`[name.token_response]`: JSON pointers into the token response, expiry form, errors."""
-
-    access_token: StrictStr = "/access_token"
-    refresh_token: StrictStr = "/refresh_token"
-    token_type: StrictStr = "/token_type"
-    scope: StrictStr = "/scope"
-    id_token: StrictStr = "/id_token"
-    expires: StrictStr = "/expires_in"
-    expires_form: ExpiryForm = "seconds"
-    error: StrictStr = "/error"
-    ok_flag: StrictStr | None = None
-    errors_with_200: list[StrictStr] = Field(default_factory=list)
-    dead_refresh_token_errors: list[StrictStr] = Field(default_factory=lambda: ["invalid_grant"])
-
-    _pointers = field_validator(
-        "access_token", "refresh_token", "token_type", "scope", "id_token", "expires", "error", "ok_flag"
-    )(_pointer)
-
-    def shape(self) -> TokenResponseShape:
-        values = self.model_dump()
-        values["errors_with_200"] = tuple(values["errors_with_200"])
-        values["dead_refresh_token_errors"] = tuple(values["dead_refresh_token_errors"])
-        return TokenResponseShape(**values)
-
-
-class RevocationTable(_Strict):
-    """`[name.revocation]`: how `revocation_endpoint` is called when it is not plain RFC 7009."""
-
-    method: RevocationMethod = "POST"
-    encoding: RequestEncoding = "form"
-    auth: RevocationAuth = "client"
-    token_param: StrictStr | None = "token"  # "": the token is not in the body (bearer only)
-    token: RevokedToken = "refresh_first"
-    hint: StrictBool = True
-
-    @field_validator("token_param")
-    @classmethod
-    def _blank_is_none(cls, value: str | None) -> str | None:
-        return value or None
 
 
 class ConnectionValueTable(_Strict):
@@ -90,7 +37,13 @@ class ConnectionValueTable(_Strict):
     default: StrictStr | None = None
     secret: StrictBool = False
 
-    _pointers = field_validator("pointer")(_pointer)
+    @field_validator("pointer")
+    @classmethod
+    def _pointer(cls, value: str | None) -> str | None:
+        problem = pointer_problem(value) if value is not None else None
+        if problem is not None:
+            raise ValueError(problem)
+        return value
 
 
 class ProviderTable(_Strict):
@@ -126,8 +79,8 @@ class ProviderTable(_Strict):
     scope_aliases: dict[StrictStr, StrictStr] = Field(default_factory=dict)
     token_endpoint_auth_method: TokenEndpointAuthMethod | None = None
     tenant: StrictStr | None = None
-    token_response: TokenResponseTable = Field(default_factory=TokenResponseTable)
-    revocation: RevocationTable = Field(default_factory=RevocationTable)
+    token_response: TokenResponseShape = Field(default_factory=TokenResponseShape)
+    revocation: Revocation = Field(default_factory=Revocation)
     connection: dict[StrictStr, ConnectionValueTable] = Field(default_factory=dict)
 
     def quirks(self) -> Quirks:
@@ -138,8 +91,8 @@ class ProviderTable(_Strict):
                 refresh_params=self.extra_refresh_params,
                 refresh_tokens=self.refresh_tokens,
             ),
-            token_response=self.token_response.shape(),
-            revocation=Revocation(**self.revocation.model_dump()),
+            token_response=self.token_response,
+            revocation=self.revocation,
             api_auth=ApiAuth(self.api_token_header, self.api_token_prefix),
             userinfo_method=self.userinfo_method,
             userinfo_body=self.userinfo_body,

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Self
 from urllib.parse import urlencode
 
-from service.providers import ProviderEntry
+from service.providers import ENDPOINT_FIELDS, ProviderEntry
 from service.providers.loading import build_entry
 from service.providers.quirks import fill
 
@@ -34,15 +34,6 @@ from .mock_shapes import Route, account_document, mock_url, path_pattern, shaped
 
 CATALOG = Path(__file__).resolve().parents[2] / "config" / "providers.toml"
 TENANT_ID = "9188040d-6c67-4c5b-b112-36a304b66dad"  # the tenant the emulated ID tokens name ({tenantid})
-_URL_KEYS = (
-    "authorization_endpoint",
-    "token_endpoint",
-    "revocation_endpoint",
-    "userinfo_endpoint",
-    "api_base_url",
-    "issuer",
-    "jwks_uri",
-)
 
 
 def catalog_table(name: str, catalog: Path = CATALOG) -> dict[str, Any]:
@@ -104,7 +95,7 @@ class EmulatedProvider(MockOIDCProvider):
         if self.discovered:
             return {**self.table, **self.discovery_entry(), "api_base_url": f"{self.base_url}/api"}
         table = dict(self.table)
-        for key in _URL_KEYS:
+        for key in ENDPOINT_FIELDS:
             if table.get(key):
                 table[key] = mock_url(self.base_url, table[key])
         connection = {name: dict(value) for name, value in table.get("connection", {}).items()}
