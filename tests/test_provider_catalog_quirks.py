@@ -68,7 +68,7 @@ def test_an_authorization_url_takes_only_the_agents_values(tmp_path: Path) -> No
         '[acme]\nauthorization_endpoint = "https://{instance_url}/authorize"\ntoken_endpoint = "https://a.example/t"\n'
         'connection.instance_url = { source = "token_response", pointer = "/instance_url", pattern = "^x$" }\n'
     )
-    with pytest.raises(ConfigError, match="acme.authorization_endpoint: unknown placeholder"):
+    with pytest.raises(ConfigError, match=r"acme\.authorization_endpoint: unknown placeholder"):
         load_catalog(path, env={})
 
 
