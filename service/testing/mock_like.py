@@ -20,7 +20,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 from urllib.parse import urlencode
 
 from service.providers import ENDPOINT_FIELDS, ProviderEntry
@@ -31,6 +31,9 @@ from .mock_http import MockRequest, MockResponse, first_values
 from .mock_oidc import MockOIDCProvider
 from .mock_provider import MockOAuthProvider
 from .mock_shapes import Route, account_document, mock_url, path_pattern, shaped_error, shaped_token_answer
+
+if TYPE_CHECKING:
+    import respx
 
 CATALOG = Path(__file__).resolve().parents[2] / "config" / "providers.toml"
 TENANT_ID = "9188040d-6c67-4c5b-b112-36a304b66dad"  # the tenant the emulated ID tokens name ({tenantid})
@@ -120,6 +123,10 @@ class EmulatedProvider(MockOIDCProvider):
         return mock_url(self.base_url, example) if example.startswith("https://") else example
 
     # -- routing -----------------------------------------------------------------------------------------
+    def install(self, router: respx.MockRouter) -> None:
+        """Route every request to `base_url` through `router` (the emulated paths carry placeholders)."""
+        router.route(url__startswith=self.base_url).mock(side_effect=self._respx)
+
     def _relative(self, url: str) -> str:
         absolute = fill(mock_url(self.base_url, url), self._emitted_urls())
         return absolute[len(self.base_url) :] if absolute.startswith(self.base_url) else absolute

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
@@ -32,6 +32,10 @@ class MockServing:
     def handle(self, request: MockRequest) -> MockResponse:
         raise NotImplementedError
 
+    def _routes(self) -> Mapping[tuple[str, str], object]:
+        """(method, path) of each endpoint, for `install`."""
+        raise NotImplementedError
+
     def _answer_lost(self, request: MockRequest, answer: MockResponse) -> bool:
         raise NotImplementedError
 
@@ -46,7 +50,8 @@ class MockServing:
     # -- respx adapter (in-process) --------------------------------------------------------------------
     def install(self, router: respx.MockRouter) -> None:
         """Route this provider's endpoints through `router`: httpx calls to `base_url` never leave the process."""
-        router.route(url__startswith=self.base_url).mock(side_effect=self._respx)
+        for method, path in self._routes():
+            router.request(method, f"{self.base_url}{path}").mock(side_effect=self._respx)
 
     def _respx(self, request: httpx.Request) -> httpx.Response:
         mock_request = MockRequest(
