@@ -278,6 +278,19 @@ async def test_the_previous_release_works_on_the_grant_health_columns_and_grant_
         assert (await store.grants.get(mine.id)).health.status is GrantStatus.ACTIVE  # type: ignore[union-attr]
         (read_back,) = await store.outbox.after(0)
         assert read_back == replace(event, id=read_back.id, at=marked_at, origin=store.outbox.origin)
+    finally:
+        await store.close()
+
+    await asyncio.to_thread(command.downgrade, alembic_config(database_url), "0011")
+    store = Store.from_url(database_url)
+    try:
+        async with store.engine.connect() as conn:
+            kept = (await conn.execute(select(old_grants.c.id).order_by(old_grants.c.id))).scalars().all()
+        assert kept == ["g-new", "g-old"]
+    finally:
+        await store.close()
+
+
 async def test_the_previous_release_works_on_the_connection_values_column(database_url: str) -> None:
     """0013 is expand-only: it promises what 0012 promised, a replica of the previous release inserts and reads
     elicitations beside this one (whose rows carry the agent's per-connection values), and this one reads the
@@ -309,8 +322,6 @@ async def test_the_previous_release_works_on_the_connection_values_column(databa
     store = Store.from_url(database_url)
     try:
         async with store.engine.connect() as conn:
-            kept = (await conn.execute(select(old_grants.c.id).order_by(old_grants.c.id))).scalars().all()
-        assert kept == ["g-new", "g-old"]
             kept = (await conn.execute(select(old_table).where(old_table.c.id == mine.id))).mappings().one()
         assert kept["provider"] == "shopify"
     finally:
