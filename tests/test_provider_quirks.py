@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from service.core.errors import FlowRefused
+from service.core.errors import FlowRefused, GrantNeedsUser
 from service.core.scopes import SessionScope
 
 from .provider_lab import USER, ProviderLab, provider_lab
@@ -105,7 +105,7 @@ async def test_github_errors_with_200_on_code_exchange_and_refresh(lab: Provider
     mock = lab.mocks["github"]
     mock.token_errors = ["invalid_grant"]  # the mock says it as GitHub does: bad_verification_code, HTTP 200
     assert await refused_clearly(lab, "github", "error=bad_verification_code") == "provider_token_error"
-    assert mock.token_statuses[-1] == 200
+    assert mock.token_statuses[-1] == 200, (mock.token_statuses, mock.token_requests)
 
     connected = await lab.connect("github")
     grant = connected.grant
@@ -115,13 +115,14 @@ async def test_github_errors_with_200_on_code_exchange_and_refresh(lab: Provider
     assert (await lab.use("github", "user/repos")).status_code == 200  # refreshed: a new refresh token came
     mock.expire_access_tokens()
     mock.revoke_refresh_tokens()
-    refused = await lab.use("github", "user/repos")  # GitHub answers bad_refresh_token with HTTP 200
-    assert refused.status_code == 401
+    with pytest.raises(GrantNeedsUser):  # GitHub answers bad_refresh_token with HTTP 200: the user must come back
+        await lab.use("github", "user/repos")
     assert mock.token_statuses[-1] == 200
     events = await lab.connector.runtime.store.audit.list(event="refresh_failed")
     assert events[-1].provider == "github" and events[-1].detail["reason"] == "provider_token_error"
-    # The grant stays (the user may authorize again); the entry says which refresh errors mean that.
-    assert [g["grantId"] for g in await grants_at(lab, "github")] == [grant["grantId"]]
+    # The grant stays, marked for the user (the entry says which refresh errors mean that).
+    [kept] = await grants_at(lab, "github")
+    assert kept["grantId"] == grant["grantId"] and kept["status"] == "needs_user"
     assert "bad_refresh_token" in lab.entry("github").quirks.token_response.dead_refresh_token_errors
     await disconnect_all(lab, "github")
 

@@ -109,7 +109,7 @@ def _from_env_text(key: str, text: str) -> Any:
         if text.lower() in _FALSE:
             return False
         raise ValueError("must be true or false")
-    if isinstance(default, list):
+    if isinstance(default, list) or (field_info is not None and "list[" in str(field_info.annotation)):
         if text.startswith("["):
             return _json_value(text, "a JSON list of strings")
         return [part for part in text.replace(",", " ").split() if part]

@@ -79,6 +79,8 @@ class ProviderTable(_Strict):
     scope_aliases: dict[StrictStr, StrictStr] = Field(default_factory=dict)
     token_endpoint_auth_method: TokenEndpointAuthMethod | None = None
     tenant: StrictStr | None = None
+    # Also token_response.dead_refresh_token_errors; this key (read by grant health before quirks had a table) wins.
+    dead_refresh_token_errors: list[StrictStr] | None = None
     token_response: TokenResponseShape = Field(default_factory=TokenResponseShape)
     revocation: Revocation = Field(default_factory=Revocation)
     connection: dict[StrictStr, ConnectionValueTable] = Field(default_factory=dict)
@@ -91,7 +93,11 @@ class ProviderTable(_Strict):
                 refresh_params=self.extra_refresh_params,
                 refresh_tokens=self.refresh_tokens,
             ),
-            token_response=self.token_response,
+            token_response=self.token_response
+            if self.dead_refresh_token_errors is None
+            else self.token_response.model_copy(
+                update={"dead_refresh_token_errors": tuple(self.dead_refresh_token_errors)}
+            ),
             revocation=self.revocation,
             api_auth=ApiAuth(self.api_token_header, self.api_token_prefix),
             userinfo_method=self.userinfo_method,
@@ -120,5 +126,6 @@ QUIRK_KEYS = frozenset(
         "token_response",
         "revocation",
         "connection",
+        "dead_refresh_token_errors",
     }
 )

@@ -251,7 +251,8 @@ class EmulatedProvider(MockOIDCProvider):
         if error == "invalid_grant" and grant_type == "authorization_code":
             error = next((e for e in shape.errors_with_200 if "code" in e), error)
         elif error == "invalid_grant" and grant_type == "refresh_token":
-            error = shape.dead_refresh_token_errors[0] if shape.dead_refresh_token_errors else error
+            dead = shape.dead_refresh_token_errors  # the provider's own form first (GitHub's, with HTTP 200)
+            error = next((e for e in dead if e in shape.errors_with_200), dead[0] if dead else error)
         status, body = shaped_error(entry, error, status)
         return MockResponse.json(status, body)
 
