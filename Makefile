@@ -91,6 +91,8 @@ bench: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check service tests migrations examples bench
 	$(BIN)/ruff format --check service tests migrations examples bench
+	@graded="$$($(BIN)/radon cc --show-complexity --min D service)"; if [ -n "$$graded" ]; then echo "$$graded"; \
+		echo "radon: the functions above are graded D or worse (cyclomatic complexity over 20): split them"; exit 1; fi
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
