@@ -146,10 +146,11 @@ class AgentApi:
             earlier = await self.store.api_elicitations.by_idempotency_key(caller.tenant, idempotency_key)
             if earlier is not None:
                 return await self._replay(earlier, user, provider, scopes, scope, connection_id)
-        try:
-            wanted = tuple(scopes) if scopes is not None else await self.elicitations.default_scopes(provider)
+        try:  # resolved even when the scopes are given: an unknown or unusable provider is refused here
+            default_scopes = await self.elicitations.default_scopes(provider)
         except ConnectorError as exc:
             raise FlowRefused(exc.code, detail={"message": str(exc)}) from None
+        wanted = tuple(scopes) if scopes is not None else default_scopes
         settled = await self.elicitations.settled(user, provider, wanted, ask_again=ask_again, connection=connection)
         grant = await self.store.grants.get(settled.grant.id) if settled and settled.grant else None
         if settled is not None and grant is not None:
