@@ -105,9 +105,11 @@ def configure(
     # httpx logs every request URL at INFO; ours never carry secrets, but keep the noise down.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     logging.getLogger("alembic").setLevel(logging.WARNING)  # readiness checks would log on every probe
-    # uvicorn's own loggers write through ours (no handlers of their own).
+    # uvicorn's own loggers write through ours (no handlers or level of their own: a uvicorn.Config made with its
+    # default log_config elsewhere in the process sets both, and would silence the access log).
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         logging.getLogger(name).handlers[:] = []
+        logging.getLogger(name).setLevel(logging.NOTSET)
         logging.getLogger(name).propagate = True
 
 

@@ -290,14 +290,18 @@ async def last_event(deployment: Deployment, event: str) -> Any:
 @contextmanager
 def logging_restored() -> Iterator[None]:
     """`acp-connector` configures the root logger on stderr (pytest's capture stream): undo that afterwards."""
-    names = ("", "httpx", "alembic", "service.audit")
-    saved = [(logging.getLogger(n), list(logging.getLogger(n).handlers), logging.getLogger(n).level) for n in names]
+    names = ("", "httpx", "alembic", "service.audit", "uvicorn", "uvicorn.error", "uvicorn.access")
+    saved = [
+        (logger, list(logger.handlers), logger.level, logger.propagate)
+        for logger in (logging.getLogger(n) for n in names)
+    ]
     try:
         yield
     finally:
-        for logger, handlers, level in saved:
+        for logger, handlers, level, propagate in saved:
             logger.handlers[:] = handlers
             logger.setLevel(level)
+            logger.propagate = propagate
 
 
 def page_reveals_no_identity(text: str, *identities: Identity) -> bool:

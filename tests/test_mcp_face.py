@@ -61,7 +61,7 @@ async def served(server: MCPServer) -> AsyncIterator[str]:
     with listening_socket("127.0.0.1", 0) as sock:
         assert isinstance(sock, socket.socket)
         port = sock.getsockname()[1]
-        config = uvicorn.Config(server.streamable_http_app(), log_level="warning", lifespan="on")
+        config = uvicorn.Config(server.streamable_http_app(), log_config=None, lifespan="on")
         running = uvicorn.Server(config)
         task = asyncio.create_task(running.serve(sockets=[sock]))
         while not running.started:
