@@ -26,6 +26,9 @@ export type AuthorizationRequest = {
   message?: string;
   /** Ask the user even when a stored grant lacks only scopes the provider refused before. */
   askAgain?: boolean;
+  /** Per-connection values the provider's catalog entry asks of the agent (e.g. `{subdomain: "acme"}`); a missing or
+   * malformed one is refused (`missing_connection_value` / `invalid_connection_value`) before anyone is asked. */
+  connection?: Record<string, string>;
   /** The agent's own cancellation (a timeout, its work stopping): the elicitation ends with cause `agent`. */
   signal?: AbortSignal;
 };
@@ -281,6 +284,9 @@ function createBody(request: AuthorizationRequest): CreateElicitation {
   if (request.scopes !== undefined) body.scopes = request.scopes;
   if (request.message !== undefined) body.message = request.message;
   if (request.askAgain) body.askAgain = true;
+  if (request.connection !== undefined && Object.keys(request.connection).length > 0) {
+    body.connection = request.connection;
+  }
   return body;
 }
 

@@ -14,6 +14,7 @@ after(() => sidecar.kill());
 
 function fresh(): void {
   sidecar.elicitations.clear();
+  sidecar.created.length = 0;
   sidecar.ttlMs = 60_000;
 }
 
@@ -115,4 +116,22 @@ test("a client without URL mode is recorded at the sidecar and sent nothing", as
   assert.match(peers.outcomes[0].describe(), /URL-mode elicitation/);
   assert.deepEqual(peers.received, []);
   peers.close();
+});
+
+test("per-connection values and scopes reach the sidecar as asked; none asked, none sent", async () => {
+  fresh();
+  const decline = (): Promise<{ action: "decline" }> => Promise.resolve({ action: "decline" });
+  const asked = await connect(sidecar.baseUrl, decline, true, {
+    scopes: ["repo"],
+    connection: { subdomain: "acme" },
+  });
+  await asked.prompt();
+  asked.close();
+  const sent = sidecar.created.splice(0);
+  const plain = await connect(sidecar.baseUrl, decline);
+  await plain.prompt();
+  plain.close();
+  assert.ok(sent.length > 0 && sidecar.created.length > 0);
+  for (const body of sent) assert.deepEqual([body.scopes, body.connection], [["repo"], { subdomain: "acme" }]);
+  for (const body of sidecar.created) assert.deepEqual([body.scopes, body.connection], [undefined, undefined]);
 });

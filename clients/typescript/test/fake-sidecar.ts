@@ -15,6 +15,8 @@ export type Elicitation = {
 
 export class FakeSidecar {
   readonly elicitations = new Map<string, Elicitation>();
+  /** The bodies of `POST /v1/elicitations`, as sent. */
+  readonly created: Array<Record<string, unknown>> = [];
   ttlMs = 60_000;
   private server: Server | undefined;
   private port = 0;
@@ -90,6 +92,7 @@ export class FakeSidecar {
     if (match === null) return send(404, { error: { code: "not_found", message: "No such route." } });
     const [, id, action] = match;
     if (id === undefined) {
+      this.created.push(body);
       if (body.grantsOnly === true) return send(200, { status: "needs_user", providerDisplayName: "Demo" });
       if (body.urlMode === false) return send(200, { status: "unsupported", providerDisplayName: "Demo" });
       const elicitationId = `e${this.elicitations.size + 1}`;

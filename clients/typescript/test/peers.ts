@@ -10,7 +10,7 @@ import {
   type CreateElicitationResponse,
 } from "@agentclientprotocol/sdk";
 
-import { SidecarConnector, type AcpLink, type AuthorizationOutcome } from "../src/index.js";
+import { SidecarConnector, type AcpLink, type AuthorizationOutcome, type AuthorizationRequest } from "../src/index.js";
 
 export type ClientAnswer = (params: { elicitationId: string }, agentSide: ClientConnection) => Promise<unknown>;
 
@@ -26,7 +26,12 @@ export type Peers = {
 };
 
 /** The agent (whose prompt requests authorization) and a client answering `elicitation/create` with `answer`. */
-export async function connect(baseUrl: string, answer: ClientAnswer, urlMode = true): Promise<Peers> {
+export async function connect(
+  baseUrl: string,
+  answer: ClientAnswer,
+  urlMode = true,
+  more: Partial<AuthorizationRequest> = {},
+): Promise<Peers> {
   const connector = new SidecarConnector({ baseUrl, apiKey: "acpk_test", backoff: { firstMs: 20, maxMs: 100 } });
   const outcomes: AuthorizationOutcome[] = [];
   const errors: unknown[] = [];
@@ -43,6 +48,7 @@ export async function connect(baseUrl: string, answer: ClientAnswer, urlMode = t
             user: { issuer: "local", subject: "local-user" },
             provider: "demo",
             scope: { sessionId: params.sessionId, toolCallId: "call_1" },
+            ...more,
           });
           outcomes.push(outcome);
         } catch (error) {

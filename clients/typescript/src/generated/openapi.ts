@@ -286,6 +286,14 @@ export interface components {
        */
       askAgain?: boolean;
       /**
+       * Connection
+       * @description Per-connection values the provider's catalog entry asks of the agent (e.g. a shop's `subdomain`, a Microsoft `tenant`); a missing or malformed one is refused with `missing_connection_value` / `invalid_connection_value` naming it.
+       * @default null
+       */
+      connection?: {
+        [key: string]: string;
+      } | null;
+      /**
        * Connectionid
        * @description The agent's own label for the ACP connection; events carry it back.
        * @default null
@@ -494,6 +502,13 @@ export interface components {
       /** Accountid */
       accountId: string;
       /**
+       * Connection
+       * @description The grant's per-connection values (a tenant, a shop's subdomain, an instance URL, a company id): given by the agent, or read from the provider's callback or token response. Secret ones are left out.
+       */
+      connection?: {
+        [key: string]: string;
+      };
+      /**
        * Createdat
        * Format: date-time
        */
@@ -506,15 +521,49 @@ export interface components {
       /** Grantid */
       grantId: string;
       /**
+       * Lastfailureat
+       * @description The last refresh that failed.
+       * @default null
+       */
+      lastFailureAt?: string | null;
+      /**
+       * Lastrefreshat
+       * @description The last refresh that succeeded.
+       * @default null
+       */
+      lastRefreshAt?: string | null;
+      /**
        * Needsuseragain
        * @description Stored without a refresh token although offline_access was asked: when the access token expires (`expiresAt`), the user must authorize again.
        * @default false
        */
       needsUserAgain?: boolean;
+      /**
+       * Nextrefreshat
+       * @description After transient failures: no refresh is tried before this time.
+       * @default null
+       */
+      nextRefreshAt?: string | null;
       /** Provider */
       provider: string;
+      /**
+       * @description Why it is not active: a stable code.
+       * @default null
+       */
+      reason?: components["schemas"]["HealthReason"] | null;
+      /**
+       * Reasontext
+       * @description Why it is not active, in a sentence for people.
+       * @default null
+       */
+      reasonText?: string | null;
       /** Scopes */
       scopes: string[];
+      /**
+       * @description active: usable; needs_user: the provider refused it for good (`reason`), the user must authorize again (creating an elicitation for it says why); expired: its access token expired and it has no refresh token.
+       * @default active
+       */
+      status?: components["schemas"]["GrantStatus"];
       /**
        * Updatedat
        * Format: date-time
@@ -526,6 +575,17 @@ export interface components {
       /** Grants */
       grants: components["schemas"]["Grant"][];
     };
+    /**
+     * GrantStatus
+     * @enum {string}
+     */
+    GrantStatus: "active" | "needs_user" | "expired";
+    /**
+     * HealthReason
+     * @description Why a grant needs the user again (stable codes; `reason_sentence` says each in words).
+     * @enum {string}
+     */
+    HealthReason: "revoked" | "account_changed" | "no_refresh_token";
     /**
      * RotateWebhookSecret
      * @description A new signing secret for the endpoint; the current one keeps signing (a second signature) for the overlap.
@@ -1141,6 +1201,15 @@ export interface operations {
         };
         content?: never;
       };
+      /** @description Error codes: `invalid_input` */
+      400: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          "application/json": components["schemas"]["Error"];
+        };
+      };
       /** @description Error codes: `unauthorized` */
       401: {
         headers: {
@@ -1737,6 +1806,15 @@ export interface operations {
           "application/json": components["schemas"]["WebhookList"];
         };
       };
+      /** @description Error codes: `invalid_input` */
+      400: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          "application/json": components["schemas"]["Error"];
+        };
+      };
       /** @description Error codes: `unauthorized` */
       401: {
         headers: {
@@ -1835,6 +1913,15 @@ export interface operations {
           [name: string]: unknown;
         };
         content?: never;
+      };
+      /** @description Error codes: `invalid_input` */
+      400: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          "application/json": components["schemas"]["Error"];
+        };
       };
       /** @description Error codes: `unauthorized` */
       401: {
