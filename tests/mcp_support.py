@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -20,6 +22,11 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from mcp import Client
 from mcp.client.session import ClientRequestContext, ClientSession
 from mcp.shared.message import SessionMessage
+
+from service.testing import MockOAuthProvider
+
+from .api_support import make_key
+from .sidecar_support import Sidecar, running_sidecar
 
 COMPLETE = "notifications/elicitation/complete"
 
@@ -126,3 +133,24 @@ async def connected(
 
 def text_of(result: types.CallToolResult) -> str:
     return "\n".join(block.text for block in result.content if isinstance(block, types.TextContent))
+
+
+REPOS = [{"id": 1, "full_name": "octocat/hello-world", "private": False}]
+
+
+@asynccontextmanager
+async def shared_sidecar(tmp_path: Path) -> AsyncIterator[tuple[Sidecar, MockOAuthProvider]]:
+    """A sidecar (its own process) over a mock provider with one repository, for a module of tests."""
+    provider = MockOAuthProvider(repos=REPOS)
+    async with running_sidecar(tmp_path, provider) as sidecar:
+        yield sidecar, provider
+
+
+async def fresh_tenant(shared: tuple[Sidecar, MockOAuthProvider], prefix: str) -> Sidecar:
+    """The shared sidecar under a tenant of the calling test's own, its user without grants, no API calls seen."""
+    running, provider = shared
+    provider.api_calls.clear()
+    for grant in await running.store.grants.find(running.local_user, "github"):
+        await running.store.grants.delete(grant.id)
+    running.api_key = await make_key(running.store, tenant=f"{prefix}-{uuid.uuid4().hex[:12]}")
+    return running

@@ -14,7 +14,6 @@ import dataclasses
 import os
 import shutil
 import sys
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import suppress
 from dataclasses import dataclass
@@ -34,31 +33,23 @@ from service.testing import MockOAuthProvider, ScriptedBrowser
 
 from .api_support import make_key
 from .chromium_support import CHROMIUM, FLAGS
-from .mcp_support import COMPLETE, Asker, McpRun, connected, text_of
-from .sidecar_support import Sidecar, free_port, running_sidecar
+from .mcp_support import COMPLETE, Asker, McpRun, connected, fresh_tenant, shared_sidecar, text_of
+from .sidecar_support import Sidecar, free_port
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 ROOT = Path(__file__).resolve().parents[1]
-REPOS = [{"id": 1, "full_name": "octocat/hello-world", "private": False}]
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def shared(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[Sidecar, MockOAuthProvider]]:
-    provider = MockOAuthProvider(repos=REPOS)
-    async with running_sidecar(tmp_path_factory.mktemp("mcp-example"), provider) as sidecar:
-        yield sidecar, provider
+    async with shared_sidecar(tmp_path_factory.mktemp("mcp-example")) as both:
+        yield both
 
 
 @pytest_asyncio.fixture(loop_scope="module")
 async def sidecar(shared: tuple[Sidecar, MockOAuthProvider]) -> Sidecar:
-    """The shared sidecar under a tenant of this test's own, its user without grants."""
-    running, provider = shared
-    provider.api_calls.clear()
-    for grant in await running.store.grants.find(running.local_user, "github"):
-        await running.store.grants.delete(grant.id)
-    running.api_key = await make_key(running.store, tenant=f"mcp-{uuid.uuid4().hex[:12]}")
-    return running
+    return await fresh_tenant(shared, "mcp")
 
 
 @pytest.fixture

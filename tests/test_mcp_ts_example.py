@@ -23,13 +23,12 @@ import pytest_asyncio
 
 from service.testing import MockOAuthProvider, ScriptedBrowser
 
-from .api_support import make_key
-from .sidecar_support import Sidecar, running_sidecar
+from .mcp_support import fresh_tenant, shared_sidecar
+from .sidecar_support import Sidecar
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "mcp_ts_server"
-REPOS = [{"id": 1, "full_name": "octocat/hello-world", "private": False}]
 COMPLETE = "notifications/elicitation/complete"
 
 
@@ -52,19 +51,13 @@ def built() -> Path:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def shared(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[Sidecar, MockOAuthProvider]]:
-    provider = MockOAuthProvider(repos=REPOS)
-    async with running_sidecar(tmp_path_factory.mktemp("mcp-ts"), provider) as sidecar:
-        yield sidecar, provider
+    async with shared_sidecar(tmp_path_factory.mktemp("mcp-ts")) as both:
+        yield both
 
 
 @pytest_asyncio.fixture(loop_scope="module")
 async def sidecar(shared: tuple[Sidecar, MockOAuthProvider]) -> Sidecar:
-    running, provider = shared
-    provider.api_calls.clear()
-    for grant in await running.store.grants.find(running.local_user, "github"):
-        await running.store.grants.delete(grant.id)
-    running.api_key = await make_key(running.store, tenant=f"mcp-ts-{uuid.uuid4().hex[:12]}")
-    return running
+    return await fresh_tenant(shared, "mcp-ts")
 
 
 @pytest.fixture
