@@ -313,3 +313,23 @@ if __name__ == "__main__":  # `make reference`: rewrite the generated block of d
     text = ARCHITECTURE_DOC.read_text()
     start, end = _doc_block(text)
     ARCHITECTURE_DOC.write_text(text[:start] + render_rules() + text[end:])
+
+
+SIZE_LINE = 400
+SIZE_SECTION = "## Files over 400 lines"
+
+
+def test_files_over_the_size_line_are_named_in_the_architecture_doc() -> None:
+    """No file under service/ grows past ~400 lines unnoticed: each one that does is named, with its reason, in
+    docs/architecture.md (and a name there that no longer applies is taken out)."""
+    doc = (SERVICE.parent / "docs" / "architecture.md").read_text()
+    assert SIZE_SECTION in doc
+    section = doc.split(SIZE_SECTION, 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"^- `(service/[\w/]+\.py)`", section, flags=re.MULTILINE))
+    over = {
+        str(path.relative_to(SERVICE.parent))
+        for path in SERVICE.rglob("*.py")
+        if len(path.read_text().splitlines()) > SIZE_LINE
+    }
+    assert over <= named, f"over {SIZE_LINE} lines and not named under {SIZE_SECTION!r}: {sorted(over - named)}"
+    assert named <= over, f"named under {SIZE_SECTION!r} but no longer over {SIZE_LINE} lines: {sorted(named - over)}"
