@@ -120,10 +120,11 @@ async def eventually(check: Callable[[], Any]) -> Any:
 
 
 def recompute(secret: str, received: Received) -> str:
-    """The signature as the README describes it, computed here without the connector's code."""
+    """The signature as the Standard Webhooks specification (and the README) describe it, computed here without the
+    connector's code: `v1,` and the base64 HMAC-SHA256, keyed by the secret's base64 bytes, of id.timestamp.body."""
     key = base64.b64decode(secret.removeprefix("whsec_"))
     signed = f"{received.headers['webhook-id']}.{received.headers['webhook-timestamp']}.".encode() + received.body
-    return "v1=" + hmac.new(key, signed, hashlib.sha256).hexdigest()
+    return "v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
 
 
 async def count_rows(store: Store, table: Any) -> int:
@@ -164,7 +165,12 @@ async def test_signed_delivery_with_retries_after_500_and_timeout(
 
         (attempts,) = receiver.by_id().values()
         assert len(attempts) == 3 and len(receiver.requests) == 3
-        event = json.loads(attempts[0].body)
+        envelope = json.loads(attempts[0].body)
+        assert set(envelope) == {"type", "timestamp", "data"}  # the specification's envelope
+        assert envelope["type"] == "elicitation.declined"
+        logged = datetime.fromisoformat(envelope["timestamp"])  # when the event was logged, not when sent
+        assert envelope["timestamp"].endswith("Z") and abs(datetime.now(UTC) - logged) < timedelta(minutes=5)
+        event = envelope["data"]
         assert event == {
             "id": event["id"],
             "elicitationId": created["elicitationId"],
@@ -176,10 +182,11 @@ async def test_signed_delivery_with_retries_after_500_and_timeout(
             assert each.headers["webhook-id"] == str(event["id"])  # the same id every time: receivers deduplicate
             assert each.body == attempts[0].body
             assert each.headers["webhook-signature"] == recompute(secret, each)
-            assert client_verify_webhook(secret, each.headers, each.body) == event
+            assert client_verify_webhook(secret, each.headers, each.body) == envelope
             assert each.headers["content-type"] == "application/json"
         stamps = [int(each.headers["webhook-timestamp"]) for each in attempts]
         assert stamps == sorted(stamps)
+        assert stamps[0] >= int(logged.timestamp())
 
         (delivery,) = deliveries
         assert (delivery["status"], delivery["attempts"], delivery["lastStatusCode"]) == ("delivered", 3, 200)
@@ -213,7 +220,7 @@ async def test_verify_webhook_refuses_replays_tampering_and_wrong_secrets(deploy
     (received,) = receiver.requests
     headers, body = received.headers, received.body
     stamp = int(headers["webhook-timestamp"])
-    assert verify_webhook(secret, headers, body, now=stamp + 299)["elicitationId"] == created["elicitationId"]
+    assert verify_webhook(secret, headers, body, now=stamp + 299)["data"]["elicitationId"] == created["elicitationId"]
     other_secret = "whsec_" + base64.b64encode(b"\x01" * 32).decode()
     assert verify_webhook([other_secret, secret], headers, body, now=stamp)  # during a secret change
     refused: list[tuple[str | list[str], dict[str, str], bytes, float]] = [
@@ -224,7 +231,9 @@ async def test_verify_webhook_refuses_replays_tampering_and_wrong_secrets(deploy
         (secret, {**headers, "webhook-timestamp": str(stamp + 1)}, body, stamp),  # another time
         (other_secret, headers, body, stamp),  # the wrong secret
         (secret, {k: v for k, v in headers.items() if k != "webhook-signature"}, body, stamp),
-        (secret, {**headers, "webhook-signature": "v1=" + "0" * 64}, body, stamp),
+        (secret, {**headers, "webhook-signature": "v1," + base64.b64encode(b"0" * 32).decode()}, body, stamp),
+        # The signature of the earlier, non-standard form (v1=<hex>) is no longer accepted.
+        (secret, {**headers, "webhook-signature": "v1=" + headers["webhook-signature"][3:]}, body, stamp),
         (secret, {**headers, "webhook-timestamp": "soon"}, body, stamp),
     ]
     for each_secret, each_headers, each_body, now in refused:
@@ -390,7 +399,7 @@ async def test_two_replicas_on_postgresql_make_each_attempt_once(tmp_path: Path)
                         deliveries = (await conn.execute(select(tables.webhook_deliveries))).mappings().all()
             finally:
                 await store.close()
-    assert sorted({json.loads(r.body)["elicitationId"] for r in receiver.requests}) == sorted(ended)
+    assert sorted({json.loads(r.body)["data"]["elicitationId"] for r in receiver.requests}) == sorted(ended)
     assert {event_id: len(sent) for event_id, sent in receiver.by_id().items()} == {
         str(d["event_id"]): 2 for d in deliveries
     }
@@ -445,7 +454,7 @@ async def test_a_rotated_secret_signs_with_the_previous_one_for_the_overlap_then
             one = await end_one_elicitation(api)
             await receiver.wait_until(lambda r: len(r.requests) >= 1)
             overlapping = receiver.requests[-1]
-            assert json.loads(overlapping.body)["elicitationId"] == one
+            assert json.loads(overlapping.body)["data"]["elicitationId"] == one
             assert (
                 overlapping.headers["webhook-signature"]
                 == f"{recompute(second, overlapping)} {recompute(first, overlapping)}"
@@ -570,7 +579,8 @@ async def test_no_endpoint_costs_no_query_and_one_registered_elsewhere_misses_no
         deployment.connector.clock.advance(NO_ENDPOINT_RECHECK)  # this replica reads the endpoints again
         await receiver.wait_until(lambda r: len(r.requests) >= 1)
     (received,) = receiver.requests
-    assert verify_webhook(secret.strip(), received.headers, received.body)["elicitationId"] == created["elicitationId"]
+    verified = verify_webhook(secret.strip(), received.headers, received.body)
+    assert verified["data"]["elicitationId"] == created["elicitationId"]
 
 
 async def signing_secrets(env: dict[str, str], webhook_id: str) -> list[str]:

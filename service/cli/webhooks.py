@@ -22,9 +22,9 @@ def register(commands: Commands) -> None:
         "webhooks",
         help="signed webhook endpoints of /v1 tenants",
         description=(
-            "Endpoints to which a tenant's events (the /v1/events stream) are POSTed, signed with HMAC-SHA256\n"
-            "(headers Webhook-Id, Webhook-Timestamp, Webhook-Signature: v1=...). Each endpoint has its own\n"
-            "secret, printed once when it is created and stored only encrypted by the vault."
+            "Endpoints to which a tenant's events (the /v1/events stream) are POSTed as Standard Webhooks,\n"
+            "signed with HMAC-SHA256 (webhook-id, webhook-timestamp, webhook-signature: v1,<base64>). Each\n"
+            "endpoint has its own secret, printed once when it is created and stored only encrypted by the vault."
         ),
     )
     create = hooks.command(
@@ -33,7 +33,7 @@ def register(commands: Commands) -> None:
         help="register an endpoint and print its secret (shown only this once)",
         description=(
             "Register an https endpoint for a tenant and print its signing secret on stdout. Events logged from\n"
-            "now on are delivered to it (at least once; deduplicate on Webhook-Id)."
+            "now on are delivered to it (at least once; deduplicate on webhook-id)."
         ),
         examples=["acp-connector webhooks create --tenant billing-bot --url https://bot.example.com/hooks/acp"],
     )
@@ -62,7 +62,7 @@ def register(commands: Commands) -> None:
         help="give an endpoint a new secret and print it (the old one keeps signing for the overlap)",
         description=(
             "Print a new signing secret for the endpoint (shown only this once). Until the overlap ends each\n"
-            "delivery carries two signatures, Webhook-Signature: v1=<new> v1=<old>, so its receiver verifies with\n"
+            "delivery carries two signatures, webhook-signature: v1,<new> v1,<old>, so its receiver verifies with\n"
             "either secret and switches when it likes; after it, only the new secret signs. A previous secret\n"
             "still in its overlap is dropped (one previous secret is kept)."
         ),

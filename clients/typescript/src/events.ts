@@ -8,6 +8,12 @@ import { DEFAULT_BACKOFF, type Backoff } from "./retry.js";
 import type { ElicitationEvent } from "./types.js";
 
 export type StreamedEvent = ElicitationEvent;
+/**
+ * A webhook delivery's body: the Standard Webhooks envelope. `type` is `elicitation.<status>` or a grant event's name
+ * (`grant.needs_user`, `grant.recovered`, `grant.revoked`, `grant.deleted`); `timestamp` is when the event was logged
+ * (ISO 8601); `data` is the event as the stream sends it (a grant event's fields for a `grant.*` type).
+ */
+export type WebhookEnvelope = { type: string; timestamp: string; data: StreamedEvent | Record<string, unknown> };
 export type EventOptions = {
   /** Resume after this event id (`Last-Event-ID`); default: from the newest event on. */
   lastEventId?: string | number;
@@ -90,47 +96,48 @@ function secretKey(secret: string): Buffer {
 }
 
 /**
- * Check a webhook request (`Webhook-Id`, `Webhook-Timestamp`, `Webhook-Signature`: `v1=<hex HMAC-SHA256 of
- * "<id>.<timestamp>.<body>">`, several while a secret rotation overlaps) and return its event. `body` is the raw
- * body as received; `secret` may be several (the new and the previous one). Throws `WebhookVerificationError` when
- * a header is missing, the timestamp is more than `toleranceSeconds` from now (a replay), or no signature matches.
+ * Check a webhook request as the Standard Webhooks specification says (`webhook-id`, `webhook-timestamp`,
+ * `webhook-signature`: `v1,<base64 HMAC-SHA256 of "<id>.<timestamp>.<body>">`, several space-separated while a
+ * secret rotation overlaps) and return its body, the envelope. `body` is the raw body as received; `secret` may be
+ * several (the new and the previous one). Throws `WebhookVerificationError` when a header is missing, the timestamp
+ * is more than `toleranceSeconds` from now (a replay), or no signature matches.
  */
 export function verifyWebhook(
   secret: string | string[],
   headers: Headers | Record<string, string | string[] | undefined>,
   body: string | Uint8Array,
   options: { toleranceSeconds?: number; now?: number } = {},
-): StreamedEvent {
+): WebhookEnvelope {
   const header = (name: string): string | undefined => {
     if (headers instanceof Headers) return headers.get(name) ?? undefined;
     const found = Object.entries(headers).find(([key]) => key.toLowerCase() === name.toLowerCase())?.[1];
     return Array.isArray(found) ? found.join(" ") : found;
   };
-  const messageId = header("Webhook-Id");
-  const stamp = header("Webhook-Timestamp");
-  const given = header("Webhook-Signature");
+  const messageId = header("webhook-id");
+  const stamp = header("webhook-timestamp");
+  const given = header("webhook-signature");
   if (!messageId || !stamp || !given) {
-    throw new WebhookVerificationError("a Webhook-Id, Webhook-Timestamp or Webhook-Signature header is missing");
+    throw new WebhookVerificationError("a webhook-id, webhook-timestamp or webhook-signature header is missing");
   }
-  if (!/^\d{1,12}$/.test(stamp)) throw new WebhookVerificationError("the Webhook-Timestamp is not a unix time");
+  if (!/^\d{1,12}$/.test(stamp)) throw new WebhookVerificationError("the webhook-timestamp is not a unix time");
   const now = options.now ?? Date.now() / 1000;
   if (Math.abs(now - Number(stamp)) > (options.toleranceSeconds ?? 300)) {
-    throw new WebhookVerificationError("the Webhook-Timestamp is too far from now (a replayed request?)");
+    throw new WebhookVerificationError("the webhook-timestamp is too far from now (a replayed request?)");
   }
   const raw = typeof body === "string" ? Buffer.from(body) : Buffer.from(body);
   const expected = (Array.isArray(secret) ? secret : [secret]).map((each) => {
-    const mac = createHmac("sha256", secretKey(each)).update(`${messageId}.${stamp}.`).update(raw).digest("hex");
-    return Buffer.from(`v1=${mac}`);
+    const mac = createHmac("sha256", secretKey(each)).update(`${messageId}.${stamp}.`).update(raw).digest("base64");
+    return Buffer.from(`v1,${mac}`);
   });
   let matched = false;
-  for (const candidate of given.split(/[\s,]+/).filter(Boolean)) {
+  for (const candidate of given.split(/\s+/).filter(Boolean)) {
     const offered = Buffer.from(candidate);
     for (const wanted of expected) {
       // Every pair is compared, so the time taken does not tell which (or whether one) matched.
       matched = (offered.length === wanted.length && timingSafeEqual(offered, wanted)) || matched;
     }
   }
-  if (!matched) throw new WebhookVerificationError("no Webhook-Signature matches the secret");
+  if (!matched) throw new WebhookVerificationError("no webhook-signature matches the secret");
   let event: unknown;
   try {
     event = JSON.parse(raw.toString("utf8"));
@@ -140,5 +147,5 @@ export function verifyWebhook(
   if (typeof event !== "object" || event === null || Array.isArray(event)) {
     throw new WebhookVerificationError("the body is not a JSON object");
   }
-  return event as StreamedEvent;
+  return event as WebhookEnvelope;
 }

@@ -29,21 +29,27 @@ test("the event stream resumes from the last event id after the connection break
   assert.deepEqual(lastEventIds, [undefined, "2", "4"]);
 });
 
-// Signed by the connector's Python `signed_headers` (service/core/webhooks.py), so both sides agree.
+// Signed by the connector's Python `signed_headers` (service/core/webhooks/signing.py), so both sides agree.
 const SECRET = "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=";
 const OTHER = "whsec_ZmVkY2JhOTg3NjU0MzIxMGZlZGNiYTk4NzY1NDMyMTA=";
-const BODY = '{"id": 7, "elicitationId": "e7", "status": "completed", "outcome": "authorized", "connectionId": "c"}';
+const BODY =
+  '{"type":"elicitation.completed","timestamp":"2023-11-14T22:13:20.000Z","data":' +
+  '{"id":7,"elicitationId":"e7","status":"completed","outcome":"authorized","connectionId":"c"}}';
 const SIGNED = {
-  "webhook-id": "evt_7",
+  "webhook-id": "7",
   "webhook-timestamp": "1700000000",
-  "webhook-signature": "v1=4aad06768d9a746f2a74cf7dcf2f2c57f8f5e99cf8ee9db16fa51644cc17ac11",
+  "webhook-signature": "v1,boWDXz+rMOFaPoc3faKFQXlpoIRaV7xn+Iby42SXgXY=",
 };
 
 test("a webhook signed by the connector verifies, also among several signatures and secrets", () => {
-  const event = verifyWebhook(SECRET, SIGNED, BODY, { now: 1700000010 });
-  assert.equal(event.elicitationId, "e7");
-  const rotated = { ...SIGNED, "webhook-signature": `v1=${"0".repeat(64)} ${SIGNED["webhook-signature"]}` };
-  assert.equal(verifyWebhook([OTHER, SECRET], rotated, BODY, { now: 1700000010 }).id, 7);
+  const envelope = verifyWebhook(SECRET, SIGNED, BODY, { now: 1700000010 });
+  assert.equal(envelope.type, "elicitation.completed");
+  assert.equal(envelope.data.elicitationId, "e7");
+  const rotated = { ...SIGNED, "webhook-signature": `v1,${"A".repeat(43)}= ${SIGNED["webhook-signature"]}` };
+  assert.equal(verifyWebhook([OTHER, SECRET], rotated, BODY, { now: 1700000010 }).data.id, 7);
+  // The earlier, non-standard form (v1=<hex>) is refused.
+  const hexForm = { ...SIGNED, "webhook-signature": SIGNED["webhook-signature"].replace("v1,", "v1=") };
+  assert.throws(() => verifyWebhook(SECRET, hexForm, BODY, { now: 1700000010 }), WebhookVerificationError);
 });
 
 test("a webhook with a wrong signature, body, or an old timestamp is refused", () => {
@@ -51,5 +57,5 @@ test("a webhook with a wrong signature, body, or an old timestamp is refused", (
   assert.throws(() => verifyWebhook(OTHER, SIGNED, BODY, at), WebhookVerificationError);
   assert.throws(() => verifyWebhook(SECRET, SIGNED, BODY.replace("e7", "e8"), at), WebhookVerificationError);
   assert.throws(() => verifyWebhook(SECRET, SIGNED, BODY, { now: 1700000000 + 301 }), /too far from now/);
-  assert.throws(() => verifyWebhook(SECRET, { "webhook-id": "evt_7" }, BODY, at), /header is missing/);
+  assert.throws(() => verifyWebhook(SECRET, { "webhook-id": "7" }, BODY, at), /header is missing/);
 });

@@ -16,7 +16,7 @@ from ..ports import OutboxRepo, WebhookMetrics, WebhookSender
 from ..records import AttemptRecord, AttemptResult, WebhookDeliveryRecord, WebhookEndpointRecord
 from ..states import DeliveryStatus
 from .endpoints import WebhookEndpoints
-from .payload import event_body, for_tenant
+from .payload import for_tenant, webhook_body
 from .signing import signed_headers
 
 log = logging.getLogger("service.webhooks")
@@ -109,7 +109,7 @@ class WebhookDispatcher:
                 endpoint_id=endpoint.id,
                 event_id=event.id or 0,
                 elicitation_id=event.grant_id if isinstance(event, GrantEvent) else event.elicitation_id,
-                body=event_body(event),
+                body=webhook_body(event),
                 status=DeliveryStatus.PENDING,
                 attempts=0,
                 next_attempt_at=now,

@@ -1,9 +1,15 @@
-"""What a webhook (and the event stream) sends for one logged event: ids, statuses and reason codes as JSON, never
-a secret; and which tenants a logged event is for."""
+"""What the event stream and a webhook send for one logged event: ids, statuses and reason codes as JSON, never a
+secret; and which tenants a logged event is for.
+
+The event stream sends the event itself (`event_body`); a webhook wraps the same JSON in the Standard Webhooks
+envelope (`webhook_body`): `{"type": ..., "timestamp": ..., "data": <the event>}`, `type` being the grant event's
+kind (`grant.needs_user`, `grant.recovered`, `grant.revoked`, `grant.deleted`) or `elicitation.<status>` (e.g.
+`elicitation.completed`), `timestamp` when the event was logged (ISO 8601, UTC), not when it is delivered."""
 
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 from ..agent_api import connection_id_of, tenant_of
@@ -45,3 +51,23 @@ def event_payload(event: LoggedEvent) -> dict[str, Any]:
 def event_body(event: LoggedEvent) -> str:
     """`event_payload` as compact JSON: the body every delivery of the event carries."""
     return json.dumps(event_payload(event), separators=(",", ":"))
+
+
+def event_type(event: LoggedEvent) -> str:
+    """The envelope's `type`: a grant event's kind (`grant.<kind>`), or `elicitation.<status>`."""
+    if isinstance(event, GrantEvent):
+        return event.kind.value
+    return f"elicitation.{event.status.value}"
+
+
+def webhook_body(event: LoggedEvent) -> str:
+    """The body of every delivery of `event`, as compact JSON: the Standard Webhooks envelope around
+    `event_payload`. Its `timestamp` is the event's time in the log (the same for every attempt)."""
+    envelope = {"type": event_type(event), "timestamp": _iso(event.at), "data": event_payload(event)}
+    return json.dumps(envelope, separators=(",", ":"))
+
+
+def _iso(at: datetime | None) -> str:
+    """`at` (aware, as the store gives it) as ISO 8601 in UTC with a `Z`."""
+    moment = (at or datetime.now(UTC)).astimezone(UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")

@@ -1,4 +1,7 @@
-"""A webhook's signature: the endpoint secret, the signed headers a delivery carries, and their check by a receiver."""
+"""A webhook's signature as the Standard Webhooks specification has it (https://www.standardwebhooks.com): the
+endpoint secret (`whsec_<base64>`), the signed headers a delivery carries (`webhook-id`, `webhook-timestamp`,
+`webhook-signature: v1,<base64 HMAC-SHA256>`, several space-separated), and their check by a receiver. Any of the
+specification's reference libraries verifies what `signed_headers` makes."""
 
 from __future__ import annotations
 
@@ -13,9 +16,9 @@ from typing import Any
 
 SECRET_PREFIX = "whsec_"  # noqa: S105 - a prefix, not a secret
 SIGNATURE_VERSION = "v1"
-ID_HEADER = "Webhook-Id"
-TIMESTAMP_HEADER = "Webhook-Timestamp"
-SIGNATURE_HEADER = "Webhook-Signature"
+ID_HEADER = "webhook-id"
+TIMESTAMP_HEADER = "webhook-timestamp"
+SIGNATURE_HEADER = "webhook-signature"
 DEFAULT_TOLERANCE_SECONDS = 300
 
 
@@ -42,14 +45,15 @@ def secret_key(secret: str) -> bytes:
 
 
 def signature(secret: str, message_id: str, timestamp: int, body: bytes) -> str:
-    """`v1=<hex HMAC-SHA256 of "<id>.<timestamp>.<body>">` under the secret."""
+    """`v1,<base64 HMAC-SHA256 of "<id>.<timestamp>.<body>">` under the secret's key (the specification's form)."""
     signed = f"{message_id}.{timestamp}.".encode() + body
-    return f"{SIGNATURE_VERSION}=" + hmac.new(secret_key(secret), signed, hashlib.sha256).hexdigest()
+    digest = hmac.new(secret_key(secret), signed, hashlib.sha256).digest()
+    return f"{SIGNATURE_VERSION}," + base64.b64encode(digest).decode("ascii")
 
 
 def signed_headers(secret: str | Sequence[str], message_id: str, timestamp: int, body: bytes) -> dict[str, str]:
     """The three headers; with several secrets (during a secret rotation's overlap: the new one first), one
-    signature each, space-separated in the one `Webhook-Signature` header."""
+    signature each, space-separated in the one `webhook-signature` header."""
     secrets_ = [secret] if isinstance(secret, str) else list(secret)
     return {
         ID_HEADER: message_id,
@@ -66,7 +70,8 @@ def verify_webhook(
     tolerance_seconds: int = DEFAULT_TOLERANCE_SECONDS,
     now: float | None = None,
 ) -> dict[str, Any]:
-    """Check a webhook request and return its event (the JSON body).
+    """Check a webhook request and return its body: the envelope `{"type", "timestamp", "data"}`, `data` being
+    the event as the event stream sends it.
 
     `headers` may be any mapping (names are compared case-insensitively); `body` is the raw bytes as received.
     `secret` may be several (while an endpoint's secret is replaced, accept the old and the new one). Raises
@@ -78,12 +83,12 @@ def verify_webhook(
     stamp = lowered.get(TIMESTAMP_HEADER.lower())
     given = lowered.get(SIGNATURE_HEADER.lower())
     if not message_id or not stamp or not given:
-        raise WebhookVerificationError("a Webhook-Id, Webhook-Timestamp or Webhook-Signature header is missing")
+        raise WebhookVerificationError("a webhook-id, webhook-timestamp or webhook-signature header is missing")
     timestamp = _fresh_timestamp(stamp, tolerance_seconds, time.time() if now is None else now)
     secrets_ = [secret] if isinstance(secret, str) else list(secret)
     expected = [signature(each, message_id, timestamp, body) for each in secrets_]
     if not _any_matches(given, expected):
-        raise WebhookVerificationError("no Webhook-Signature matches the secret")
+        raise WebhookVerificationError("no webhook-signature matches the secret")
     try:
         event = json.loads(body)
     except ValueError:
@@ -94,19 +99,20 @@ def verify_webhook(
 
 
 def _fresh_timestamp(stamp: str, tolerance_seconds: int, now: float) -> int:
-    """The `Webhook-Timestamp` as unix seconds, if it is one and within `tolerance_seconds` of `now`."""
+    """The `webhook-timestamp` as unix seconds, if it is one and within `tolerance_seconds` of `now`."""
     if not stamp.isdigit() or len(stamp) > 12:
-        raise WebhookVerificationError("the Webhook-Timestamp is not a unix time")
+        raise WebhookVerificationError("the webhook-timestamp is not a unix time")
     timestamp = int(stamp)
     if abs(now - timestamp) > tolerance_seconds:
-        raise WebhookVerificationError("the Webhook-Timestamp is too far from now (a replayed request?)")
+        raise WebhookVerificationError("the webhook-timestamp is too far from now (a replayed request?)")
     return timestamp
 
 
 def _any_matches(given: str, expected: Sequence[str]) -> bool:
-    """Whether any signature of the header equals any expected one. Every pair is compared (in constant time), so
-    the time taken does not tell which (or whether one) matched."""
-    offered = [part.strip() for part in given.replace(",", " ").split() if part.strip()]
+    """Whether any signature of the header (space-separated `v1,<base64>`) equals any expected one. Every pair is
+    compared (in constant time), so the time taken does not tell which (or whether one) matched; a signature of
+    another version matches nothing."""
+    offered = given.split()
     matched = False
     for candidate in offered:
         for wanted in expected:

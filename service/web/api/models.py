@@ -247,7 +247,8 @@ class Webhook(_Model):
 
 
 class WebhookCreated(Webhook):
-    """The new endpoint, with its signing secret: shown this once, keep it (it verifies `Webhook-Signature`)."""
+    """The new endpoint, with its signing secret: shown this once, keep it (it verifies `webhook-signature`; a
+    Standard Webhooks library takes it as it is)."""
 
     secret: str = Field(description="`whsec_` + base64; the HMAC-SHA256 key is the base64-decoded part.")
 
@@ -264,7 +265,7 @@ class RotateWebhookSecret(_Request):
 
 class WebhookSecretRotated(WebhookCreated):
     """The endpoint with its new signing secret: shown this once. Until `previousSecretExpiresAt` each delivery's
-    `Webhook-Signature` holds two signatures, `v1=<new> v1=<previous>`: either secret verifies it."""
+    `webhook-signature` holds two signatures, `v1,<new> v1,<previous>`: either secret verifies it."""
 
     previous_secret_expires_at: datetime | None = Field(
         description="When the previous secret stops signing (null with an overlap of 0)."
@@ -279,7 +280,7 @@ class WebhookDelivery(_Model):
     """One event for one endpoint: how its delivery stands (the answer's body is never kept)."""
 
     delivery_id: str
-    event_id: int = Field(description="The event's id: the `Webhook-Id` header and the body's `id`.")
+    event_id: int = Field(description="The event's id: the `webhook-id` header and the body's `data.id`.")
     elicitation_id: str
     status: DeliveryStatus
     attempts: int

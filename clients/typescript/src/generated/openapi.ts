@@ -649,7 +649,8 @@ export interface components {
     };
     /**
      * WebhookCreated
-     * @description The new endpoint, with its signing secret: shown this once, keep it (it verifies `Webhook-Signature`).
+     * @description The new endpoint, with its signing secret: shown this once, keep it (it verifies `webhook-signature`; a
+     *     Standard Webhooks library takes it as it is).
      */
     WebhookCreated: {
       /**
@@ -689,7 +690,7 @@ export interface components {
       elicitationId: string;
       /**
        * Eventid
-       * @description The event's id: the `Webhook-Id` header and the body's `id`.
+       * @description The event's id: the `webhook-id` header and the body's `data.id`.
        */
       eventId: number;
       /** Lastattemptat */
@@ -718,7 +719,7 @@ export interface components {
     /**
      * WebhookSecretRotated
      * @description The endpoint with its new signing secret: shown this once. Until `previousSecretExpiresAt` each delivery's
-     *     `Webhook-Signature` holds two signatures, `v1=<new> v1=<previous>`: either secret verifies it.
+     *     `webhook-signature` holds two signatures, `v1,<new> v1,<previous>`: either secret verifies it.
      */
     WebhookSecretRotated: {
       /**
@@ -1839,7 +1840,7 @@ export interface operations {
       };
     };
     responses: {
-      /** @description The new endpoint, with its signing secret: shown this once, keep it (it verifies `Webhook-Signature`). */
+      /** @description The new endpoint, with its signing secret: shown this once, keep it (it verifies `webhook-signature`; a */
       201: {
         headers: {
           [name: string]: unknown;
