@@ -45,6 +45,7 @@ async def asking(deployment: Deployment) -> AsyncIterator[Ask]:
         scopes: Sequence[str] = ("repo",),
         user: Identity | None = None,
         answer: str = "accept",
+        message: str | None = None,
     ) -> Pending:
         client = RecordingClient(answer=answer)
         wire = await connect(deployment.connector, deployment.local_user, client)
@@ -57,6 +58,7 @@ async def asking(deployment: Deployment) -> AsyncIterator[Ask]:
                 provider=provider,
                 scopes=list(scopes),
                 scope=SessionScope("sess-1", tool_call_id=f"call-{len(started)}"),
+                message=message,
             )
         )
         url = await asyncio.wait_for(client.urls.get(), 10)

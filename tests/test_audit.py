@@ -86,7 +86,7 @@ async def test_each_ending_and_attack_is_audited_and_logged(
         elif scenario == "replay_attempt":
             pending = await ask()
             callback = await to_callback(browser, pending.url)
-            assert (await browser.get(callback)).status_code == 200
+            assert (await browser.get(callback)).status_code == 303  # to the done page
             assert (await browser.get(callback)).status_code == 400
             expected = "replay_attempt"
         else:  # the agent bound the elicitation to Bob; the browser's verified user is the local user (Alice)

@@ -260,7 +260,7 @@ async def test_iss_parameter_is_checked_before_the_code_is_used(
         callback = await to_callback(browser, pending.url)
         answer = await browser.get(with_query(callback, iss=oidc_provider.issuer if iss == "ISSUER" else iss))
         if not refused:
-            assert answer.status_code == 200, answer.text
+            assert answer.status_code == 303, answer.text
             return
         assert answer.status_code == 400
         assert answer.headers["x-connector-error"] == "issuer_mismatch"
@@ -274,7 +274,7 @@ async def test_iss_parameter_is_checked_before_the_code_is_used(
         assert await status_of(deployment, pending.elicitation_id) is ElicitationStatus.AUTHORIZING
         retry = await to_callback(browser, pending.url)
         done = await browser.get(with_query(retry, iss=oidc_provider.issuer))
-        assert done.status_code == 200, done.text
+        assert done.status_code == 303, done.text
 
 
 async def test_discovery_advertising_iss_support_makes_iss_required(

@@ -91,7 +91,7 @@ async def test_state_replay_is_refused_and_recorded(deployment: Deployment) -> N
         pending = await ask()
         callback = await to_callback(browser, pending.url)
         first = await browser.get(callback)
-        assert first.status_code == 200, first.text
+        assert first.status_code == 303, first.text
         replay = await browser.get(callback)
         assert replay.status_code == 400
         assert replay.headers["x-connector-error"] == "state_used"
@@ -105,7 +105,7 @@ async def test_two_callbacks_at_once_use_the_state_once(deployment: Deployment) 
         pending = await ask()
         callback = await to_callback(browser, pending.url)
         answers = await asyncio.gather(*(browser.client.get(callback) for _ in range(4)))
-        assert sorted(a.status_code for a in answers) == [200, 400, 400, 400]
+        assert sorted(a.status_code for a in answers) == [303, 400, 400, 400]
         assert {a.headers.get("x-connector-error") for a in answers if a.status_code == 400} == {"state_used"}
     assert len(deployment.provider.token_requests) == 1
     assert len(await deployment.connector.runtime.store.grants.find(deployment.local_user, "github")) == 1
@@ -128,7 +128,7 @@ async def test_callback_in_another_browser_is_refused_and_the_rightful_one_still
         assert "browser_mismatch" in await events(deployment, pending.elicitation_id)
         # The state was not spent by the refused attempt: the browser that started the flow completes it.
         finished = await alice.get(callback)
-        assert finished.status_code == 200, finished.text
+        assert finished.status_code == 303, finished.text
         assert (await pending.outcome()).ok
 
 
@@ -169,7 +169,7 @@ async def test_expired_state_is_refused_but_the_elicitation_stays_open(
         assert "state_expired" in await events(deployment, pending.elicitation_id)
         # The user may start again from the same link: a fresh state, then success.
         again = await browser.get(await to_callback(browser, pending.url))
-        assert again.status_code == 200, again.text
+        assert again.status_code == 303, again.text
 
 
 async def test_expired_elicitation_refuses_the_page_and_the_callback(

@@ -80,7 +80,7 @@ async def test_the_demo_link_walks_through_a_whole_flow(deploy_with: Deploy) -> 
         consent = await browser.follow(started)
         assert consent.status_code == 200 and "Connect your Mock Provider account" in consent.text
         done = await browser.follow(await browser.submit(consent, "continue"))
-        assert done.status_code == 200 and "Your Mock Provider account is connected" in done.text
+        assert done.status_code == 200 and "Your Mock Provider account octocat is connected" in done.text
         assert 'href="/"' in done.text  # back to the demo's start page
         grant = await deployment.connector.find_grant(deployment.local_user, "github")
     assert grant is not None

@@ -56,9 +56,14 @@ async def test_consent_and_authorization_in_chromium(
 
                 await page.get_by_role("button", name="Continue to Mock Provider").click()
                 await page.wait_for_load_state()
-                assert "/callback/github" in page.url
+                # Off the provider's redirect: the address bar (and the history entry) holds no code or state.
+                elicitation_id = url.rsplit("/", 1)[1]
+                assert page.url == f"{deployment.base_url}/connect/{elicitation_id}/done"
                 assert await page.locator("h1").inner_text() == "Connected"
+                assert "account octocat is connected" in await page.locator("body").inner_text()
                 assert blocked == []  # the CSP let the form's redirect go to the provider
+                await page.reload()  # told once: a reload names nobody
+                assert "octocat" not in await page.locator("body").inner_text()
                 await browser.close()
 
             await asyncio.wait_for(prompt, 10)
@@ -107,7 +112,7 @@ async def test_consent_in_chromium_for_a_provider_known_only_by_its_discovery_do
                 assert endpoints.base_url in response.headers["content-security-policy"]
                 await page.get_by_role("button", name="Continue to 127.0.0.1").click()
                 await page.wait_for_load_state()
-                assert "/callback/sso" in page.url, (page.url, blocked)
+                assert page.url.endswith(f"/connect/{pending.elicitation_id}/done"), (page.url, blocked)
                 assert await page.locator("h1").inner_text() == "Connected"
                 assert blocked == []  # Chromium enforced the CSP and let the form go to the discovered endpoint
                 await browser.close()

@@ -39,6 +39,16 @@ CLOSED_CODES: dict[ElicitationStatus, str] = {
 
 
 @dataclass(frozen=True, slots=True)
+class Connected:
+    """How a provider's redirect ended well: the elicitation (COMPLETED, or CANCELLED when the agent gave up
+    meanwhile), the provider's display name, and the name the user knows the connected account by (or None)."""
+
+    elicitation: ElicitationRecord
+    display_name: str
+    account_label: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class ConsentView:
     """What the consent page shows."""
 
@@ -202,14 +212,8 @@ class BrowserFlow:
             )
         raise FlowRefused("identity_mismatch")
 
-    async def callback(
-        self, provider_name: str, params: Mapping[str, str], browser_binding: str | None
-    ) -> tuple[ElicitationRecord, str]:
-        """Check and finish the provider's redirect; on success the grant is stored and the elicitation completed.
-
-        Returns the elicitation (COMPLETED, or CANCELLED when the agent gave up meanwhile) and the provider's
-        display name.
-        """
+    async def callback(self, provider_name: str, params: Mapping[str, str], browser_binding: str | None) -> Connected:
+        """Check and finish the provider's redirect; on success the grant is stored and the elicitation completed."""
         store = self.store
         state = params.get("state")
         if not state:
@@ -271,7 +275,7 @@ class BrowserFlow:
             )
             raise FlowRefused(exc.code, detail={"message": str(exc)}) from None
         completed = await self._complete(record, provider, authorized.tokens, authorized.account_id)
-        return completed, provider.display_name
+        return Connected(completed, provider.display_name, authorized.account_label)
 
     # -- helpers ---------------------------------------------------------------------------------------
     async def _refuse_used_state(self, flow: FlowRecord, record: ElicitationRecord) -> None:

@@ -225,6 +225,10 @@ class Provider(Protocol):
         """The host the user is sent to (the consent page highlights it)."""
         ...
 
+    def describe_scope(self, scope: str) -> str | None:
+        """What `scope` gives, in words (the consent page shows it beside the scope), or None."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class AuthorizationRequest:
@@ -239,10 +243,12 @@ class AuthorizationRequest:
 
 @dataclass(frozen=True, slots=True)
 class Authorized:
-    """What the provider granted: the tokens and the provider account they belong to."""
+    """What the provider granted: the tokens, the provider account they belong to, and the name the user knows
+    that account by (a login or an address, from the profile or the ID token; None when neither gives one)."""
 
     tokens: TokenSet
     account_id: str
+    account_label: str | None = None
 
 
 class ProviderGateway(Protocol):

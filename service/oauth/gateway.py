@@ -32,7 +32,7 @@ from .http import ProviderHttp
 from .id_token import IdTokenExpectations, JwksCache, unverified_claims, validate_id_token
 from .resolved import ResolvedProvider
 from .revocation import revoke
-from .userinfo import fetch_account
+from .userinfo import account_label, fetch_account
 
 log = logging.getLogger("service.oauth")
 
@@ -248,10 +248,10 @@ class ProviderGateway:
             id_claims = await self.validate_id_token(provider, tokens.id_token, expect, now=now)
         account = fetch_account(provider, self.http_client(provider), tokens, id_claims)
         if provider.userinfo_endpoint is None:  # the account is the ID token's `sub`: no call
-            account_id, _profile = await account
+            account_id, profile = await account
         else:
-            account_id, _profile = await self._call(provider, ProviderEndpoint.USERINFO, account)
-        return Authorized(tokens, account_id)
+            account_id, profile = await self._call(provider, ProviderEndpoint.USERINFO, account)
+        return Authorized(tokens, account_id, account_label({**(id_claims or {}), **profile}))
 
     # -- using a grant ---------------------------------------------------------------------------------
     async def refresh(

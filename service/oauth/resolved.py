@@ -153,6 +153,9 @@ class ResolvedProvider:
     def scope_aliases(self) -> Mapping[str, str]:
         return self.entry.scope_aliases
 
+    def describe_scope(self, scope: str) -> str | None:
+        return self.entry.describe_scope(scope)
+
     @property
     def sign_in_host(self) -> str:
         """The host the user is sent to (the consent page highlights it)."""

@@ -40,6 +40,22 @@ async def fetch_account(
     return await _userinfo(entry, http, token)
 
 
+# The profile fields (userinfo or ID token claims) a person recognises their account by, most telling first.
+LABEL_FIELDS = ("login", "preferred_username", "email", "username", "name")
+LABEL_MAX_LENGTH = 120
+
+
+def account_label(profile: Mapping[str, Any]) -> str | None:
+    """The name the user knows the connected account by (`LABEL_FIELDS`), printable and short, or None."""
+    for name in LABEL_FIELDS:
+        value = profile.get(name)
+        if isinstance(value, str):
+            printable = "".join(c for c in value if c.isprintable()).strip()
+            if printable:
+                return printable[:LABEL_MAX_LENGTH]
+    return None
+
+
 async def _userinfo(entry: ResolvedProvider, http: httpx.AsyncClient, token: TokenSet) -> tuple[str, dict[str, Any]]:
     if entry.userinfo_endpoint is None:
         if entry.quirks.account_id_source == "token_response":

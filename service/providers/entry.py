@@ -46,6 +46,17 @@ def provider_env_var(name: str, suffix: str) -> str:
     return f"CONNECTOR_PROVIDER_{name.upper().replace('-', '_')}_{suffix.upper()}"
 
 
+# OpenID Connect Core §5.4 and §11: the scopes every OpenID provider gives the same meaning.
+OPENID_SCOPE_DESCRIPTIONS = {
+    "openid": "Confirm who you are (your account's identifier).",
+    "profile": "Your name and basic profile details.",
+    "email": "Your email address.",
+    "address": "Your postal address.",
+    "phone": "Your phone number.",
+    "offline_access": "Keep access while you are away, until you disconnect or revoke it.",
+}
+
+
 @dataclass(frozen=True)
 class ProviderEntry:
     """One OAuth provider: where its endpoints are, what it expects, and (from the environment) our client."""
@@ -70,6 +81,8 @@ class ProviderEntry:
     # A scope as asked -> the name the provider's token response gives it (Google answers `email` with
     # https://www.googleapis.com/auth/userinfo.email): either counts as granted.
     scope_aliases: Mapping[str, str] = field(default_factory=dict, hash=False)
+    # A scope -> what it gives, in words, for the consent page (`describe_scope`).
+    scope_descriptions: Mapping[str, str] = field(default_factory=dict, hash=False)
     token_endpoint_auth_method: TokenEndpointAuthMethod | None = None  # unset: chosen at resolution (oauth)
     client_id: str | None = None
     client_secret: SecretStr | None = field(default=None, repr=False)
@@ -86,6 +99,7 @@ class ProviderEntry:
         object.__setattr__(self, "default_scopes", tuple(self.default_scopes))
         object.__setattr__(self, "extra_authorize_params", MappingProxyType(dict(self.extra_authorize_params)))
         object.__setattr__(self, "scope_aliases", MappingProxyType(dict(self.scope_aliases)))
+        object.__setattr__(self, "scope_descriptions", MappingProxyType(dict(self.scope_descriptions)))
 
     @property
     def has_secret(self) -> bool:
@@ -95,6 +109,14 @@ class ProviderEntry:
     def has_credentials(self) -> bool:
         """A client id, and a secret unless the operator declared a public client (`none`, PKCE only)."""
         return bool(self.client_id) and (self.has_secret or self.token_endpoint_auth_method == "none")
+
+    def describe_scope(self, scope: str) -> str | None:
+        """What `scope` gives, in words: the entry's `scope_descriptions`, else OpenID Connect's standard scopes
+        for an OpenID provider; None when neither says."""
+        described = self.scope_descriptions.get(scope)
+        if described is None and self.oidc:
+            described = OPENID_SCOPE_DESCRIPTIONS.get(scope)
+        return described
 
     @property
     def has_endpoints(self) -> bool:

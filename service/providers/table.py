@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, field_validator
 
 from .entry import TokenEndpointAuthMethod
@@ -46,6 +48,10 @@ class ConnectionValueTable(_Strict):
         return value
 
 
+# What the consent page says a scope gives: one printable sentence, short enough to read at a glance.
+ScopeDescription = Annotated[StrictStr, Field(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")]
+
+
 class ProviderTable(_Strict):
     """One `[name]` table of providers.toml, as written (before placeholders and environment)."""
 
@@ -77,6 +83,7 @@ class ProviderTable(_Strict):
     token_request_encoding: RequestEncoding = "form"
     refresh_tokens: RefreshTokens = "reusable"
     scope_aliases: dict[StrictStr, StrictStr] = Field(default_factory=dict)
+    scope_descriptions: dict[StrictStr, ScopeDescription] = Field(default_factory=dict)
     token_endpoint_auth_method: TokenEndpointAuthMethod | None = None
     tenant: StrictStr | None = None
     # Also token_response.dead_refresh_token_errors; this key (read by grant health before quirks had a table) wins.

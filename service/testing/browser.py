@@ -59,7 +59,7 @@ class ScriptedBrowser:
         self.responses.append(response)
         return response
 
-    async def follow(self, response: httpx.Response, *, limit: int = 5) -> httpx.Response:
+    async def follow(self, response: httpx.Response, *, limit: int = 8) -> httpx.Response:
         """Follow redirects (to the provider and back) as a browser would; at the mock provider's sign-in page
         the user approves as offered (the first user, every scope), as a person pressing Approve would."""
         for _ in range(limit):

@@ -160,6 +160,7 @@ def create_app(parts: WebParts) -> Starlette:
         *([Route("/demo/start", home.demo_start, methods=["GET"])] if home.demo_user is not None else []),
         Route("/connect/{elicitation_id}", checked(browser.connect_page), methods=["GET"]),
         Route("/connect/{elicitation_id}", checked(browser.connect_submit), methods=["POST"]),
+        Route("/connect/{elicitation_id}/done", checked(browser.done_page), methods=["GET"]),
         Route("/connect", browser.connect_page, methods=["GET"]),
         Route("/callback/{provider}", checked(browser.callback), methods=["GET"]),
         *_mounted(f"/identity/{name}", verifier_routes.browser),

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import UTC, datetime
 
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from ..core.browser import BrowserFlow
 from ..core.errors import FlowRefused
+from ..core.identity import Identity
 from ..core.states import ElicitationStatus
 from ..core.urls import host_of, origin
 from ..core.verification import IdentityStep
@@ -17,6 +19,7 @@ from ..vault import Vault
 from .inputs import read_form
 from .kit import browser_facts
 from .pages import Pages
+from .result import Result, ResultCookie, done_path
 from .security import BrowserBinding, csp_with_form_target, csrf_token, csrf_valid
 
 
@@ -37,6 +40,7 @@ class BrowserRoutes:
         self.pages = pages
         self.binding = binding
         self.vault = vault
+        self.result = ResultCookie(vault, secure=binding.secure)
         self.public_host = public_host
         self.trusted_proxies = tuple(trusted_proxies)
 
@@ -61,8 +65,10 @@ class BrowserRoutes:
                     [("sign-in address", assessed), ("this page's address", assess_host(self.public_host))]
                 ),
                 "identity_hosts": [host_of(target) for target in verifier_targets],
-                "scopes": view.elicitation.scopes,
+                "scopes": [(scope, provider.describe_scope(scope)) for scope in view.elicitation.scopes],
                 "message": view.elicitation.message,
+                "bound_to": identity_hint(view.elicitation.identity),
+                "expires": expiry_words(view.elicitation.expires_at, self.flow.now()),
                 "action": f"/connect/{view.elicitation.id}",
                 "csrf": csrf_token(self.vault, view.elicitation.id, binding),
             },
@@ -100,21 +106,29 @@ class BrowserRoutes:
     async def callback(self, request: Request) -> Response:
         provider = request.path_params["provider"]
         params = {k: v for k, v in request.query_params.items()}
-        record, display_name = await self.flow.callback(provider, params, self.binding.read(request))
-        if record.status is ElicitationStatus.CANCELLED:
-            return self.pages.message(
-                request,
-                200,
-                "Connected",
-                f"Your {display_name} account is connected, but the agent had already cancelled the "
-                "request that asked for it. You can close this tab.",
-            )
-        return self.pages.message(
-            request,
-            200,
-            "Connected",
-            f"Your {display_name} account is connected. You can close this tab and return to the agent.",
+        binding = self.binding.read(request)
+        connected = await self.flow.callback(provider, params, binding)
+        assert binding is not None  # the flow refuses a callback from a browser without its binding
+        elicitation_id = connected.elicitation.id
+        # Off the provider's redirect (its code and state) to an address with nothing in it; the cookie says the rest.
+        response = RedirectResponse(done_path(elicitation_id), status_code=303)
+        cancelled = connected.elicitation.status is ElicitationStatus.CANCELLED
+        self.result.set(
+            response, elicitation_id, binding, Result(connected.display_name, connected.account_label, cancelled)
         )
+        return response
+
+    async def done_page(self, request: Request) -> Response:
+        """Where the callback sends the browser: what happened, told once (the cookie is taken)."""
+        elicitation_id = request.path_params["elicitation_id"]
+        result = self.result.read(request, elicitation_id, self.binding.read(request))
+        if result is None:
+            return self.pages.message(
+                request, 200, "Nothing to do here", "There is nothing more to do here. You can close this tab."
+            )
+        page = self.pages.message(request, 200, "Connected", connected_sentence(result))
+        self.result.clear(page, elicitation_id)
+        return page
 
 
 def _ascii_host(host: str) -> str:
@@ -140,3 +154,31 @@ def host_warnings(hosts: list[tuple[str, HostAssessment]]) -> list[str]:
                 "and may look like a different name. Continue only if you are sure it is right."
             )
     return warnings
+
+
+def connected_sentence(result: Result) -> str:
+    account = f"Your {result.display_name} account"
+    if result.account_label is not None:
+        account += f" {result.account_label}"
+    if result.agent_cancelled:
+        return (
+            f"{account} is connected, but the agent had already cancelled the request that asked for it. "
+            "You can close this tab."
+        )
+    return f"{account} is connected. You can close this tab and return to the agent."
+
+
+def identity_hint(identity: Identity) -> str:
+    """Which account a link is for, recognisable by its owner without naming it to whoever else holds the link:
+    the subject's first characters (and an address's domain), and where it signs in."""
+    name, at, domain = identity.subject.partition("@")
+    shown = f"{name[:2]}…" if len(name) > 4 else f"{name[:1]}…"
+    where = host_of(identity.issuer) or identity.issuer
+    return f"{shown}{at}{domain} at {where}"
+
+
+def expiry_words(expires_at: datetime, now: datetime) -> str:
+    """When a link stops working, as a person reads it: "22:45 UTC (in 10 minutes)"."""
+    minutes = max(0, round((expires_at - now).total_seconds() / 60))
+    left = "less than a minute" if minutes == 0 else f"{minutes} minute{'s' if minutes != 1 else ''}"
+    return f"{expires_at.astimezone(UTC):%H:%M} UTC (in {left})"
