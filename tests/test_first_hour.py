@@ -4,7 +4,8 @@
    the demo: a mock provider on loopback and a start page whose demo link walks through consent, the provider and
    the callback. The test is the newcomer's browser (`ScriptedBrowser`).
 2. The example agent's README, "Run it", followed literally: `make run` once, then `try_it --demo`, answering `y`
-   and going through the page the agent links to.
+   and going through the page the agent links to. Then the TypeScript example's README against `make run`, as
+   pasted: an API key, the package and the agent built with npm, the terminal client, the page it links to.
 
 3. The README, block by block: every shell block runs or says why not (`<!-- doctest: ... -->` before it: it serves,
    needs `make run`, real credentials or Docker, or is the suite itself). The block that serves the demo on another
@@ -36,6 +37,7 @@ from .test_cli import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_README = REPO / "examples" / "github_agent" / "README.md"
+TS_EXAMPLE_README = REPO / "examples" / "ts_agent" / "README.md"
 BOOT_SECONDS = 300  # a fresh venv from a warm package cache takes well under a minute; CI machines vary
 README_STEPS = ["make run", ".venv/bin/python -m examples.github_agent.try_it --demo"]
 
@@ -108,6 +110,7 @@ def clone(tmp_path: Path) -> Path:
 async def test_the_first_hour_in_a_fresh_clone(clone: Path) -> None:
     await make_run_serves_a_demo_that_completes_a_whole_flow(clone)
     await the_example_readme_steps_work_literally_against_the_demo_provider(clone)
+    await the_ts_example_readme_steps_work_against_make_run(clone)
     await the_readme_blocks_run_in_the_clone(clone)
 
 
@@ -147,8 +150,51 @@ def test_the_example_readme_steps_are_the_ones_tested() -> None:
 async def the_example_readme_steps_work_literally_against_the_demo_provider(clone: Path) -> None:
     # Step 1 (`make run` once, then Ctrl-C) is what the demo above did; step 2, interactively:
     env = {**newcomer_env(free_port()), "BROWSER": "true"}  # the test is the browser: `webbrowser` opens nothing
+    output, err = await answered_and_authorized(clone, env, README_STEPS[1])
+    assert "demo-user/hello-world" in output and "demo-user/connector-demo" in output
+    assert "agent | " in err  # the agent's log is shown as it runs
+    assert "Traceback" not in err
+
+
+def ts_readme_steps() -> list[str]:
+    """The commands of the TypeScript example README's second block under "Run it" (comments dropped)."""
+    section = TS_EXAMPLE_README.read_text().split("## Run it", 1)[1]
+    blocks = re.findall(r"```sh\n(.*?)```", section, re.S)
+    assert len(blocks) >= 2 and blocks[0].strip().startswith("make run")
+    return [line.split("  #")[0].strip() for line in blocks[1].splitlines() if line.strip()]
+
+
+async def the_ts_example_readme_steps_work_against_make_run(clone: Path) -> None:
+    create_key, build_package, build_agent, export, try_it = ts_readme_steps()
+    assert export.startswith("export SIDECAR_URL=http://127.0.0.1:8700 SIDECAR_API_KEY=acpk_... ")
+    run = MakeRun(clone)  # the README's terminal 1
+    try:
+        await asyncio.to_thread(run.wait_healthy)
+        env = newcomer_env(run.port)
+        created = await bash(clone, create_key, env)
+        printed = re.search(r"^acpk_\S+$", created, re.MULTILINE)  # the key, alone on its line
+        assert printed is not None, created
+        key = printed.group(0)
+        for build in (build_package, build_agent):
+            await bash(clone, build, env, within=600)
+        # The README's export, with this run's port and key in place of 8700 and acpk_...
+        exported = export.replace("http://127.0.0.1:8700", run.base_url).replace("acpk_...", key)
+        for assignment in shlex.split(exported)[1:]:
+            name, _, value = assignment.partition("=")
+            env[name] = value
+        env["BROWSER"] = "true"  # the test is the browser: `webbrowser` opens nothing
+        output, err = await answered_and_authorized(clone, env, try_it)
+    finally:
+        run.stop()
+    assert "demo-user/hello-world" in output, output + err
+    assert "Traceback" not in err
+
+
+async def answered_and_authorized(clone: Path, env: dict[str, str], command: str) -> tuple[str, str]:
+    """A terminal client of an example (`try_it`) answered `y`, and the link it opens authorized by a browser;
+    its stdout and stderr once it ended (exit 0)."""
     process = await asyncio.create_subprocess_exec(
-        *shlex.split(README_STEPS[1]),
+        *shlex.split(command),
         cwd=clone,
         env=env,
         stdin=asyncio.subprocess.PIPE,
@@ -166,9 +212,8 @@ async def the_example_readme_steps_work_literally_against_the_demo_provider(clon
             assert line, "try_it ended before it opened a link:\n" + "".join(seen)
             seen.append(line.decode())
             opening = re.search(r"Opening (http\S+) \.\.\.", seen[-1])
-        url = opening.group(1)
         async with ScriptedBrowser() as browser:
-            page = await browser.authorize(url)
+            page = await browser.authorize(opening.group(1))
         assert page.status_code == 200 and "is connected" in page.text, page.text
         out, err = await asyncio.wait_for(process.communicate(), 60)
     finally:
@@ -177,9 +222,7 @@ async def the_example_readme_steps_work_literally_against_the_demo_provider(clon
             await process.wait()
     output = "".join(seen) + out.decode()
     assert process.returncode == 0, output + err.decode()
-    assert "demo-user/hello-world" in output and "demo-user/connector-demo" in output
-    assert "agent | " in err.decode()  # the agent's log is shown as it runs
-    assert "Traceback" not in err.decode()
+    return output, err.decode()
 
 
 # -- 3. the README's shell blocks ------------------------------------------------------------------------------
