@@ -129,7 +129,7 @@ async def make_run_serves_a_demo_that_completes_a_whole_flow(clone: Path) -> Non
             assert consent.status_code == 200 and "Connect your Demo provider (mock) account" in consent.text
             done = await browser.follow(await browser.submit(consent, "continue"))
         assert done.status_code == 200, done.text
-        assert "Your Demo provider (mock) account octocat is connected" in done.text
+        assert "Your Demo provider (mock) account demo-user is connected" in done.text
     finally:
         run.stop()  # Ctrl-C, as the README's first step says
 
@@ -313,7 +313,7 @@ async def chromium_goes_through_the_demo(base_url: str) -> None:
             await page.get_by_role("button", name="Approve").click()  # the mock provider's sign-in page
             await page.wait_for_load_state()
             assert page.url.startswith(base_url), page.url  # the redirect URI names this port
-            assert "Your Demo provider (mock) account octocat is connected" in await page.content()
+            assert "Your Demo provider (mock) account demo-user is connected" in await page.content()
         finally:
             await browser.close()
 
