@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from .config import Settings
 from .config_warnings import report_configuration_warnings
+from .console import Console
 from .core.agent_api import AgentApi
 from .core.browser import BrowserFlow
 from .core.errors import PortUnavailable
@@ -78,6 +79,7 @@ class Runtime:
     replica: Replica
     webhooks: WebhookEndpoints
     webhook_worker: WebhookWorker | None  # None when this replica does not deliver (`webhooks.deliver`)
+    console: Console  # the operator console's operations (its pages: `[admin]`)
     # Built on first use: only a process that speaks ACP itself imports the SDK (a sidecar never does).
     _acp: AcpAuthorizer[ElicitationRecord, ElicitationEvent] | None = field(default=None, init=False, repr=False)
     # Built on first use: only a process that serves MCP imports the `mcp` SDK (the [mcp] extra).
@@ -160,6 +162,7 @@ def build_runtime(settings: Settings) -> Runtime:
     browser = BrowserFlow(elicitations, store, vault, providers, flow)
     verifier = build_verifier(VerifierContext(settings, flow, store, vault, providers, clock))
     webhooks, webhook_worker = build_webhooks(settings, store, vault, bus, clock, metrics)
+    tokens = TokenAccess(store, vault, providers, bus, clock, metrics, settings.grants.backoff())
     return Runtime(
         settings=settings,
         clock=clock,
@@ -171,7 +174,8 @@ def build_runtime(settings: Settings) -> Runtime:
         browser=browser,
         verifier=verifier,
         verification=IdentityStep(browser, verifier),
-        tokens=TokenAccess(store, vault, providers, bus, clock, metrics, settings.grants.backoff()),
+        tokens=tokens,
+        console=Console(store, tokens, elicitations, webhooks, vault, clock),
         metrics=metrics,
         feed=feed,
         replica=replica,
@@ -203,6 +207,14 @@ def build_web_app(runtime: Runtime) -> Starlette:
     return create_app(runtime)
 
 
+def build_admin_app(runtime: Runtime) -> Starlette | None:
+    """The operator console's own listener's app, when `admin.port` is set."""
+    from .web.app import create_app
+
+    config = runtime.settings.admin
+    return create_app(runtime, console_only=True) if config.enabled and config.port is not None else None
+
+
 def build_metrics_app(runtime: Runtime) -> Starlette | None:
     """The separate metrics listener's app, when `metrics.port` is set."""
     from .web.metrics import metrics_app
@@ -212,7 +224,8 @@ def build_metrics_app(runtime: Runtime) -> Starlette | None:
 
 
 async def serve_runtime(runtime: Runtime, on_listening: Callable[[], None] | None = None) -> None:
-    """Serve the web routes on the configured host and port (and the metrics on theirs) until cancelled.
+    """Serve the web routes on the configured host and port (the metrics and the console on theirs when set) until
+    cancelled.
 
     Every address is bound before anything is served: one that cannot be raises PortUnavailable, and nothing
     was served. `on_listening` runs once all are bound.
@@ -225,6 +238,10 @@ async def serve_runtime(runtime: Runtime, on_listening: Callable[[], None] | Non
     if metrics is not None:
         assert settings.metrics.port is not None
         apps.append((metrics, settings.metrics.host, settings.metrics.port))
+    console = build_admin_app(runtime)
+    if console is not None:
+        assert settings.admin.port is not None
+        apps.append((console, settings.admin.host, settings.admin.port))
     sockets: list[socket.socket] = []
     try:
         for _, host, port in apps:

@@ -35,7 +35,7 @@ LAYERS: list[set[str]] = [
         "service.rotation",
         "service.rate_limiter",
     },
-    {"service.web", "service.factories", "service.config_warnings"},
+    {"service.web", "service.factories", "service.config_warnings", "service.console"},
     {"service.app"},
     {"service.connector", "service.client", "service.bootstrap"},
     {"service.cli", "service.reference", "service.testing", "service"},
@@ -54,6 +54,7 @@ ADAPTER_EDGES = {
     ("service.mcp", "service.faces"),
     ("service.cli", "service.testing"),  # `acp-connector mock-provider` serves the test kit's mock provider
     ("service.reference", "service.cli"),  # docs/reference.md lists the commands
+    ("service.web", "service.console"),  # the console's pages over its operations (the CLI shares them)
 }
 # Third-party packages and the only parts of service/ that may import them.
 CONFINED = {

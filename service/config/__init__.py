@@ -24,6 +24,7 @@ from .origins import (
 from .sections import (
     DATABASE_SCHEMES,
     RATE_LIMIT_STORAGES,
+    AdminSettings,
     ApiSettings,
     DatabaseSettings,
     ElicitationSettings,
@@ -50,6 +51,7 @@ __all__ = [
     "ENV_NESTED_DELIMITER",
     "ENV_PREFIX",
     "RATE_LIMIT_STORAGES",
+    "AdminSettings",
     "ApiSettings",
     "DatabaseSettings",
     "ElicitationSettings",

@@ -35,6 +35,10 @@ _FORBIDDEN_TOML_KEYS: dict[tuple[str, ...], str] = {
     ("metrics", "bearer_token"): (
         "the metrics token does not belong in the config file: set CONNECTOR_METRICS__BEARER_TOKEN"
     ),
+    ("admin", "api_key"): "the operator API key does not belong in the config file: set CONNECTOR_ADMIN__API_KEY",
+    ("admin", "oidc_client_secret"): (
+        "client secrets do not belong in the config file: set CONNECTOR_ADMIN__OIDC_CLIENT_SECRET"
+    ),
     ("identity", "oidc", "client_secret"): (
         "client secrets do not belong in the config file: set CONNECTOR_IDENTITY__OIDC__CLIENT_SECRET"
     ),

@@ -26,6 +26,7 @@ from .values import optional_secret, optional_str, split_list
 __all__ = [
     "DATABASE_SCHEMES",
     "RATE_LIMIT_STORAGES",
+    "AdminSettings",
     "ApiSettings",
     "DatabaseSettings",
     "ElicitationSettings",
@@ -358,6 +359,85 @@ class ApiSettings(_Section):
     events_keepalive_seconds: float = Field(default=15.0, ge=1, le=300)
     """An event stream (`GET /v1/events`) that sent nothing for this long sends a comment, so proxies keep it open.
     Each stream counts its own silence: other tenants' events do not count."""
+
+
+class AdminSettings(_Section):
+    """`[admin]`: the operator console under `/admin` (server-rendered pages) for operators, never agents.
+
+    Operators sign in with OpenID Connect at the operator's identity provider (`oidc_discovery_url`, `oidc_client_id`,
+    and `allowed_users` or `allowed_groups`), or scripts send the operator API key (`api_key`) as a bearer token.
+    An agent's `/v1` API key is refused (403). With `port` set the console is served only on its own listener
+    (`host`:`port`, keep it internal), not on the public one.
+    """
+
+    enabled: bool = False
+    """Serve the operator console (it needs api_key or the OIDC sign-in settings)."""
+    api_key: SecretStr | None = None
+    """The operator API key for scripts (environment only, at least 32 characters), sent as Authorization: Bearer.
+    Distinct from the agents' /v1 API keys."""
+    host: str = Field(default="127.0.0.1", min_length=1)
+    """Address of the console's own listener (with port)."""
+    port: int | None = Field(default=None, ge=1, le=65535)
+    """When set, the console is served only on its own listener (host:port), not on the public one."""
+    base_url: str | None = None
+    """The URL operators' browsers reach the console's listener at (its OIDC redirect URI is <base_url>/admin/login/
+    callback). Unset: public_base_url, or http://<host>:<port> with port set."""
+    oidc_discovery_url: str | None = None
+    """The operators' identity provider's discovery document (.../.well-known/openid-configuration)."""
+    oidc_client_id: str | None = None
+    """The console's client id at that identity provider."""
+    oidc_client_secret: SecretStr | None = None
+    """Its client secret, from the environment only; unset: a public client (PKCE only)."""
+    oidc_scopes: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["openid", "email", "profile"])
+    """Scopes requested at sign-in; openid is always included. Add the scope that releases the groups claim."""
+    allowed_users: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Who may sign in: each entry a subject (`sub`) or a verified e-mail address."""
+    allowed_groups: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Who may sign in: members of any of these groups (the `groups_claim` of the ID token or userinfo)."""
+    groups_claim: str = Field(default="groups", min_length=1, max_length=64)
+    """The claim listing an operator's groups."""
+    session_seconds: int = Field(default=3600, ge=60, le=86400)
+    """How long an operator's sign-in lasts."""
+    page_size: int = Field(default=50, ge=1, le=500)
+    """Rows per page of each list."""
+
+    @field_validator(
+        "api_key", "oidc_client_secret", "port", "base_url", "oidc_discovery_url", "oidc_client_id", mode="before"
+    )
+    @classmethod
+    def _empty_is_none(cls, value: Any) -> Any:
+        return optional_secret(value)
+
+    @field_validator("oidc_scopes", "allowed_users", "allowed_groups", mode="before")
+    @classmethod
+    def _split(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part for part in value.replace(",", " ").split() if part]
+        return value
+
+    @field_validator("api_key")
+    @classmethod
+    def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < 32:
+            raise ValueError("too short: use at least 32 random characters")  # never echo the value
+        return value
+
+    @model_validator(mode="after")
+    def _usable(self) -> AdminSettings:
+        if not self.enabled:
+            return self
+        oidc = self.oidc_discovery_url is not None
+        if oidc != (self.oidc_client_id is not None):
+            raise ValueError("set both oidc_discovery_url and oidc_client_id for the operators' sign-in")
+        if oidc and not (self.allowed_users or self.allowed_groups):
+            raise ValueError("set allowed_users or allowed_groups: nobody could sign in")
+        if not oidc and self.api_key is None:
+            raise ValueError("set api_key (CONNECTOR_ADMIN__API_KEY) or the OIDC sign-in settings")
+        return self
+
+    @property
+    def oidc(self) -> bool:
+        return self.oidc_discovery_url is not None
 
 
 class GrantSettings(_Section):

@@ -41,6 +41,7 @@ from .origins import (
     unknown_key_problem,
 )
 from .sections import (
+    AdminSettings,
     ApiSettings,
     DatabaseSettings,
     ElicitationSettings,
@@ -110,6 +111,7 @@ class Settings(BaseSettings):
     replicas: ReplicaSettings = Field(default_factory=ReplicaSettings)
     webhooks: WebhookSettings = Field(default_factory=WebhookSettings)
     grants: GrantSettings = Field(default_factory=GrantSettings)
+    admin: AdminSettings = Field(default_factory=AdminSettings)
     config_file: Path | None = None
 
     @field_validator("public_base_url")

@@ -87,6 +87,12 @@ _EVENTS: dict[str, str] = {
     "api_key_revoked": "An API key for the /v1 API was revoked (`acp-connector api-keys revoke`).",
     "webhook_created": "A webhook endpoint was registered for a tenant (detail: its id, the tenant, how: api or cli).",
     "webhook_deleted": "A webhook endpoint was removed with its deliveries (detail: its id, the tenant, how).",
+    "operator_signed_in": "An operator signed in to the console (detail: the operator, the issuer and subject).",
+    "operator_sign_in_refused": (
+        "Someone signed in at the operators' identity provider who is not among admin.allowed_users or "
+        "admin.allowed_groups: refused (detail: who)."
+    ),
+    "operator_signed_out": "An operator signed out of the console (detail: the operator).",
     "webhook_secret_rotated": (
         "A webhook endpoint's signing secret was replaced; the previous one signs too until the overlap ends "
         "(detail: its id, the tenant, how, the overlap in seconds)."

@@ -253,6 +253,17 @@ class ProviderGateway:
             account_id, profile = await self._call(provider, ProviderEndpoint.USERINFO, account)
         return Authorized(tokens, account_id, account_label({**(id_claims or {}), **profile}))
 
+    async def profile(
+        self, provider: ResolvedProvider, tokens: TokenSet, id_claims: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """The userinfo answer for a sign-in whose ID token was checked (it must name the same `sub`); {} when the
+        provider has no userinfo endpoint."""
+        if provider.userinfo_endpoint is None:
+            return {}
+        account = fetch_account(provider, self.http_client(provider), tokens, id_claims)
+        _, found = await self._call(provider, ProviderEndpoint.USERINFO, account)
+        return found
+
     # -- using a grant ---------------------------------------------------------------------------------
     async def refresh(
         self, provider: ResolvedProvider, tokens: TokenSet, *, account_id: str, now: datetime

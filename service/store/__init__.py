@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from .api import ApiElicitationRepository, ApiKeyRepository
 from .audit import PENDING_AUDIT_LOG, AuditRepository, log_audit_event
+from .console import AuditFilter, ConsoleRepository, GrantCounts, GrantFilter
 from .elicitations import ElicitationRepository
 from .engine import Database, PoolSettings, connected, create_engine, display_url
 from .flows import FlowRepository
@@ -27,10 +28,14 @@ from .webhooks import WebhookRepository
 __all__ = [
     "ApiElicitationRepository",
     "ApiKeyRepository",
+    "AuditFilter",
     "AuditRepository",
+    "ConsoleRepository",
     "Database",
     "ElicitationRepository",
     "FlowRepository",
+    "GrantCounts",
+    "GrantFilter",
     "GrantRepository",
     "OutboxRepository",
     "PoolSettings",
@@ -69,6 +74,7 @@ class Store:
         self.api_elicitations = ApiElicitationRepository(db)
         self.replicas = ReplicaRepository(db)
         self.webhooks = WebhookRepository(db)
+        self.console = ConsoleRepository(db)
 
     @classmethod
     def from_url(cls, url: str, pool: PoolSettings | None = None) -> Store:

@@ -67,6 +67,9 @@ class UTCDateTime(TypeDecorator[datetime]):
 ID = String(64)
 
 # Completed elicitations whose telling is not settled yet (the rows the completion sweeps look for).
+# Open (not terminal) elicitations: the console's pending list and the overview's count (0017).
+OPEN_ELICITATIONS = "status IN ('pending', 'consented', 'verified', 'authorizing')"
+
 COMPLETION_PENDING = (
     "status = 'completed' AND replica_id IS NOT NULL "
     "AND (completion_delivery IS NULL OR completion_delivery = 'delivering')"
@@ -109,6 +112,15 @@ elicitations = Table(
         "replica_id",
         postgresql_where=text(COMPLETION_PENDING),
         sqlite_where=text(COMPLETION_PENDING),
+    ),
+    # The console's lists, newest first, continued by keyset (0017).
+    Index("ix_elicitations_created_at_id", "created_at", "id"),
+    Index(
+        "ix_elicitations_open",
+        "created_at",
+        "id",
+        postgresql_where=text(OPEN_ELICITATIONS),
+        sqlite_where=text(OPEN_ELICITATIONS),
     ),
 )
 
@@ -187,6 +199,26 @@ grants = Table(
     UniqueConstraint(
         "identity_issuer", "identity_subject", "provider", "provider_account_id", name="uq_grants_account"
     ),
+    # The console: keyset pages newest first, by user and by provider; the overview's counts; keys (0017).
+    Index("ix_grants_updated_at_id", "updated_at", "id"),
+    Index("ix_grants_identity_subject_updated_at_id", "identity_subject", "updated_at", "id"),
+    Index("ix_grants_provider_updated_at_id", "provider", "updated_at", "id"),
+    Index("ix_grants_token_key_id", "token_key_id"),
+    Index(
+        "ix_grants_needs_user",
+        "provider",
+        "updated_at",
+        "id",
+        postgresql_where=text("health_status IS NOT NULL"),
+        sqlite_where=text("health_status IS NOT NULL"),
+    ),
+    Index(
+        "ix_grants_failing",
+        "updated_at",
+        "id",
+        postgresql_where=text("refresh_failures IS NOT NULL"),
+        sqlite_where=text("refresh_failures IS NOT NULL"),
+    ),
 )
 
 audit_events = Table(
@@ -203,6 +235,11 @@ audit_events = Table(
     Column("detail", Text, nullable=False),  # JSON object
     Index(None, "elicitation_id"),
     Index(None, "event"),
+    # The console: keyset pages newest first, by user, provider or event (0017).
+    Index("ix_audit_events_at_id", "at", "id"),
+    Index("ix_audit_events_identity_subject_at_id", "identity_subject", "at", "id"),
+    Index("ix_audit_events_provider_at_id", "provider", "at", "id"),
+    Index("ix_audit_events_event_at_id", "event", "at", "id"),
 )
 
 # One row: the oldest code revision that still runs on this schema, written by every migration run
@@ -318,6 +355,9 @@ webhook_deliveries = Table(
     UniqueConstraint("endpoint_id", "event_id"),
     Index(None, "status", "next_attempt_at"),
     Index(None, "status", "last_attempt_at"),  # retention: ended deliveries, oldest last attempt first
+    # The console: deliveries newest first, of all endpoints or of one (0017).
+    Index("ix_webhook_deliveries_created_at_id", "created_at", "id"),
+    Index("ix_webhook_deliveries_endpoint_id_created_at_id", "endpoint_id", "created_at", "id"),
 )
 
 # Every attempt, one row each: (delivery, attempt number) is unique, so no attempt is made twice.

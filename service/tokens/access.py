@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 
 from service.core.coverage import find_grant
@@ -206,9 +206,10 @@ class TokenAccess:
             removed += await self._disconnect(grant, resolved)
         return removed
 
-    async def disconnect_grant(self, grant: GrantRecord) -> bool:
-        """Revoke one grant (where the provider allows) and delete it; True when this call deleted it."""
-        return await self._disconnect(grant, await self._for_revocation(grant.provider))
+    async def disconnect_grant(self, grant: GrantRecord, *, detail: Mapping[str, object] | None = None) -> bool:
+        """Revoke one grant (where the provider allows) and delete it; True when this call deleted it. `detail`
+        joins the audit line (who asked: an operator)."""
+        return await self._disconnect(grant, await self._for_revocation(grant.provider), detail)
 
     async def _for_revocation(self, provider: str) -> ResolvedProvider | None:
         if provider not in self.providers.catalog or not self.providers.entry(provider).configured:
@@ -219,7 +220,9 @@ class TokenAccess:
             log.warning("disconnect: %s; the grants are deleted without revocation", exc)
             return None
 
-    async def _disconnect(self, grant: GrantRecord, resolved: ResolvedProvider | None) -> bool:
+    async def _disconnect(
+        self, grant: GrantRecord, resolved: ResolvedProvider | None, detail: Mapping[str, object] | None = None
+    ) -> bool:
         """Revoke, then delete the row, audit it and log `grant.revoked` (the provider confirmed the revocation) or
         `grant.deleted` (it did not, or cannot) in one transaction."""
         revoked = False
@@ -242,7 +245,7 @@ class TokenAccess:
                     "disconnected",
                     identity=grant.identity,
                     provider=grant.provider,
-                    detail={"grant_id": grant.id, "revoked": revoked},
+                    detail={**(detail or {}), "grant_id": grant.id, "revoked": revoked},
                     now=now,
                     conn=tx,
                 )

@@ -32,6 +32,7 @@ from ..rate_limiter import RateLimiter
 from ..store import Store
 from ..util.clock import Clock
 from ..vault import Vault
+from .admin import AdminParts, admin_routes
 from .api import ApiParts, api_routes
 from .browser import BrowserRoutes
 from .client_address import ForwardedClient
@@ -50,15 +51,15 @@ log = logging.getLogger("service.web")
 STATIC = Path(__file__).parent / "static"
 
 
-class WebParts(ApiParts, Protocol):
+class WebParts(ApiParts, AdminParts, Protocol):
     """What the web app is built from (the connector's `Runtime` is one); the `/v1` API's parts among them."""
 
     store: Store
     vault: Vault
+    clock: Clock
     browser: BrowserFlow
     verification: IdentityStep
     verifier: IdentityVerifier
-    clock: Clock
     metrics: Metrics
     rate_limiter: RateLimiter
     elicitations: Elicitations
@@ -72,7 +73,9 @@ def _is_api(request: Request) -> bool:
     return request.url.path.startswith("/v1/")
 
 
-def create_app(parts: WebParts) -> Starlette:
+def create_app(parts: WebParts, *, console_only: bool = False) -> Starlette:
+    """The connector's web app; with `console_only`, the operator console's own listener (`admin.port`): the
+    console's routes alone, behind the same front (request ids, security headers, rate limits, input checks)."""
     settings, store = parts.settings, parts.store
     # Demo routes exist only where nobody else can reach them: `Settings` refuses `demo` anywhere else.
     demo_user = parts.demo_user if settings.demo else None
@@ -170,7 +173,12 @@ def create_app(parts: WebParts) -> Starlette:
         Route("/readyz", readyz, methods=["GET"]),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
-    if on_public_listener(settings):
+    console = admin_routes(parts, pages) if settings.admin.enabled else []
+    if console_only:  # the console's own listener: nothing else is served there
+        routes = [*console, Route("/healthz", healthz, methods=["GET"]), routes[-1]]
+    elif settings.admin.port is None:
+        routes[-1:-1] = console  # before /static
+    if not console_only and on_public_listener(settings):
         routes.append(metrics_route(parts.metrics, settings.metrics.bearer_token))
     elif settings.metrics.enabled and settings.metrics.port is None:
         log.warning(

@@ -187,6 +187,28 @@ REFUSALS: dict[str, Refusal] = {
     ),
     # The operator's confirm API.
     "unauthorized": Refusal(401, "Unauthorized", "A valid API key is required (Authorization: Bearer)."),
+    # The operator console (/admin).
+    "operator_unauthorized": Refusal(
+        401,
+        "Sign-in required",
+        "The operator console needs an operator: sign in at /admin/login, or send the operator API key "
+        "(Authorization: Bearer).",
+    ),
+    "operator_forbidden": Refusal(
+        403, "Not for agents", "An agent's API key does not open the operator console: use the operator API key."
+    ),
+    "operator_not_allowed": Refusal(
+        403,
+        "Not an operator",
+        "You signed in, but you are not among the console's operators: ask whoever runs the connector to add you.",
+    ),
+    "operator_csrf_failed": Refusal(
+        403, "Form expired", "This form could not be verified: go back, reload the page and try again."
+    ),
+    "operator_sign_in_failed": Refusal(
+        403, "Sign-in failed", "The sign-in could not be completed ({reason}): start again at /admin/login."
+    ),
+    "confirm_required": Refusal(400, "Not confirmed", "Confirm the action on its page first."),
     # Operations.
     "metrics_unauthorized": Refusal(
         401, "Unauthorized", "The metrics need the metrics bearer token (Authorization: Bearer)."
