@@ -1,14 +1,20 @@
-"""`acp-connector grants list`: users' grants as stored (metadata only: never a token)."""
+"""`acp-connector grants list|revoke`: users' grants as stored (metadata only: never a token), and revoking one as
+the console does (audited with the CLI's operator)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
-from .framework import Commands, Invocation
+from ..core.paging import Page, Position
+from .framework import Commands, Invocation, UsageError
 
 if TYPE_CHECKING:
     from ..core.records import GrantRecord
+    from ..store import Store
+
+T = TypeVar("T")
 
 LIMIT = 1000
 
@@ -35,28 +41,47 @@ def register(commands: Commands) -> None:
     listing.add_argument("--user", metavar="SUBJECT", help="only this user's (their subject at the identity issuer)")
     listing.add_argument("--issuer", help="only users of this identity issuer")
     listing.add_argument("--provider", metavar="NAME", help="only grants at this provider")
+    listing.add_argument(
+        "--status",
+        choices=("needs_user", "failing"),
+        help="only grants needing the user, or backing off after refresh failures",
+    )
+    listing.add_argument("--after", metavar="CURSOR", help="continue after this cursor (the `next` of a --json page)")
+    listing.add_argument("--limit", type=int, default=LIMIT, help=f"rows (1-{LIMIT}, default {LIMIT})")
+    listing.add_argument("--json", action="store_true", help="one JSON object: {items, next} (keyset paging)")
+    revoke = grants.command(
+        "revoke",
+        run_revoke,
+        help="revoke one grant at its provider and delete it",
+        description=(
+            "Asks the provider to revoke the grant's tokens (where it offers revocation), deletes the grant and\n"
+            "records `disconnected` in the audit trail with the operator (cli:<your user name>). The agent's\n"
+            "event stream and webhooks say grant.revoked or grant.deleted."
+        ),
+        examples=["acp-connector grants revoke 3J7vQm0bL2xYc9Tk --json"],
+    )
+    revoke.add_argument("grant_id", metavar="GRANT_ID", help="the grant's id (from grants list)")
+    revoke.add_argument("--json", action="store_true", help='{"grantId", "revoked": true|false}')
 
 
 def run_list(invocation: Invocation) -> int:
-    import asyncio
-
-    from ..store import Store
+    from ..store import GrantFilter
+    from .operating import checked_limit, grant_json, print_page
 
     args = invocation.args
-    settings = invocation.settings()
+    limit = checked_limit(invocation)
+    where = GrantFilter(subject=args.user, issuer=args.issuer, provider=args.provider, status=args.status)
 
-    async def read() -> list[GrantRecord]:
-        store = Store.from_url(settings.database.url)
-        try:
-            await store.check_schema()
-            return await store.grants.listed(subject=args.user, issuer=args.issuer, provider=args.provider, limit=LIMIT)
-        finally:
-            await store.close()
+    async def read(store: Store) -> Page[GrantRecord]:
+        return await store.console.grants(where, after=Position.decode(args.after), limit=limit)
 
-    found = asyncio.run(read())
+    page = _refusals(lambda: invocation.with_store(read))
     now = datetime.now(UTC)
+    if args.json:
+        print_page(invocation, page, lambda grant: grant_json(grant, now))
+        return 0
     rows = [("ID", "ISSUER", "SUBJECT", "PROVIDER", "ACCOUNT", "SCOPES", "EXPIRES", "STATUS", "REFRESHED", "NOTE")]
-    for grant in found:
+    for grant in page.items:
         status, reason = grant.status_at(now)
         rows.append(
             (
@@ -73,9 +98,31 @@ def run_list(invocation: Invocation) -> int:
             )
         )
     invocation.table(rows)
-    if len(found) == LIMIT:
-        invocation.note(f"only the newest {LIMIT} are listed: narrow with --user, --issuer or --provider")
+    if page.next is not None:
+        invocation.note(f"more grants follow: --after {page.next} (or narrow with --user, --issuer or --provider)")
     return 0
+
+
+def run_revoke(invocation: Invocation) -> int:
+    from .operating import cli_operator, print_json, with_console
+
+    grant_id = invocation.args.grant_id
+    revoked = with_console(invocation, lambda console: console.revoke_grant(grant_id, cli_operator()))
+    if invocation.args.json:
+        print_json(invocation, {"grantId": grant_id, "revoked": revoked})
+    else:
+        invocation.out(f"revoked and deleted grant {grant_id}" if revoked else f"no grant {grant_id}: nothing done")
+    return 0 if revoked else 1
+
+
+def _refusals(read: Callable[[], T]) -> T:
+    """A bad cursor is a usage error (exit 2), not a traceback."""
+    from ..core.errors import FlowRefused
+
+    try:
+        return read()
+    except FlowRefused as exc:
+        raise UsageError("--after: the cursor cannot be read", "pass the `next` value of the previous page") from exc
 
 
 def _time(at: datetime | None) -> str:

@@ -16,7 +16,7 @@ from typing import TextIO
 
 from ..core.errors import ConfigError, ConnectorError, VaultError
 from ..version import __version__
-from . import api_keys, grants, keys, migrate, mock_provider, providers, purge, serve, webhooks
+from . import api_keys, audit, elicitations, grants, keys, migrate, mock_provider, providers, purge, serve, webhooks
 from .framework import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -39,6 +39,8 @@ COMMAND_MODULES: tuple[ModuleType, ...] = (
     providers,
     keys,
     grants,
+    elicitations,
+    audit,
     api_keys,
     webhooks,
     mock_provider,
