@@ -62,6 +62,12 @@ $(JS_RECEIVERS_STAMP): tests/js_receivers/package-lock.json
 		echo "npm not found: the tests with JavaScript receivers (tests/js_receivers) will be skipped"; \
 	fi
 
+# axe-core for the operator console's accessibility scan (tests/axe, npm), the same way.
+AXE_STAMP := tests/axe/node_modules/.installed
+
+$(AXE_STAMP): tests/axe/package-lock.json
+	@$(call npm_ci,tests/axe,the console's accessibility scan (tests/test_admin_browser.py) will be skipped)
+
 # Migrate the SQLite default and serve the demo: without provider credentials a mock provider runs on loopback and
 # http://127.0.0.1:8700/ has a link that walks through a whole authorization.
 run: $(RUNTIME_STAMP)
@@ -80,7 +86,7 @@ testing-kit: $(TESTING_STAMP)
 # One worker per core (pytest-xdist); an idle worker takes queued tests from a busy one (worksteal), since a few
 # tests (fresh clones, pip installs, two-process runs) take far longer than the rest.
 PYTEST_WORKERS ?= auto
-test: $(STAMP) $(OIDC_OP_STAMP) $(JS_RECEIVERS_STAMP) ts-client
+test: $(STAMP) $(OIDC_OP_STAMP) $(JS_RECEIVERS_STAMP) $(AXE_STAMP) ts-client
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 # The benchmarks (bench/): each side by side with its baseline on loopback; the tables go into bench/RESULTS.md.

@@ -256,13 +256,27 @@ class ProviderGateway:
     async def profile(
         self, provider: ResolvedProvider, tokens: TokenSet, id_claims: Mapping[str, Any]
     ) -> dict[str, Any]:
-        """The userinfo answer for a sign-in whose ID token was checked (it must name the same `sub`); {} when the
-        provider has no userinfo endpoint."""
-        if provider.userinfo_endpoint is None:
+        """The userinfo answer (OpenID Connect Core 5.3) for a sign-in whose ID token was checked: it must name the
+        same `sub`. {} when the provider has no userinfo endpoint."""
+        endpoint = provider.userinfo_endpoint
+        if endpoint is None:
             return {}
-        account = fetch_account(provider, self.http_client(provider), tokens, id_claims)
-        _, found = await self._call(provider, ProviderEndpoint.USERINFO, account)
-        return found
+
+        async def fetch() -> dict[str, Any]:
+            headers = {"Authorization": f"Bearer {tokens.access_token}", "Accept": "application/json"}
+            response = await self.http_client(provider).get(endpoint, headers=headers)
+            try:
+                body = response.json() if response.status_code == 200 else None
+            except ValueError:
+                body = None
+            if not isinstance(body, dict) or str(body.get("sub")) != str(id_claims.get("sub")):
+                raise ProviderError(
+                    f"{provider.display_name} userinfo did not answer for the signed-in account",
+                    code="provider_bad_response",
+                )
+            return body
+
+        return await self._call(provider, ProviderEndpoint.USERINFO, fetch())
 
     # -- using a grant ---------------------------------------------------------------------------------
     async def refresh(
