@@ -1,5 +1,6 @@
-"""Building the TypeScript package (`clients/typescript`) and the example agent on it (`examples/ts_agent`) for tests:
-`npm ci` and `tsc`, once per change of a lock file or a source, one build at a time across test workers."""
+"""Building the TypeScript package (`clients/typescript`) and the examples on it (the ACP agent `examples/ts_agent`,
+the MCP server `examples/mcp_ts_server`) for tests: `npm ci` and `tsc`, once per change of a lock file or a source,
+one build at a time across test workers."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "clients" / "typescript"
 EXAMPLE = ROOT / "examples" / "ts_agent"
+MCP_EXAMPLE = ROOT / "examples" / "mcp_ts_server"
 
 
 def _newest(paths: list[Path]) -> float:
@@ -39,15 +41,17 @@ def _build(directory: Path, output: Path, command: list[str]) -> None:
         output.touch()
 
 
-def built_example() -> Path:
-    """The compiled example agent's path, with the package it uses built first; skips without Node.js and npm."""
+def built_example(example: Path = EXAMPLE, entry: str = "agent.js") -> Path:
+    """The compiled example's entry point (`example`/dist/`entry`), with the package it uses built first; skips
+    without Node.js and npm."""
     if shutil.which("npm") is None or shutil.which("node") is None:
         pytest.skip("the TypeScript package and example need Node.js 20+ and npm")
-    # pytest-xdist may run TypeScript tests on two workers: one builds, the other waits for it.
+    # pytest-xdist may run TypeScript tests on two workers: one builds, the other waits for it (one lock for both
+    # examples, since both build the package).
     with (EXAMPLE / ".build.lock").open("a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         _install(PACKAGE)
         _build(PACKAGE, PACKAGE / "dist" / "index.js", ["npm", "run", "build"])
-        _install(EXAMPLE)
-        _build(EXAMPLE, EXAMPLE / "dist" / "agent.js", ["npx", "tsc", "-p", "."])
-    return EXAMPLE / "dist" / "agent.js"
+        _install(example)
+        _build(example, example / "dist" / entry, ["npx", "tsc", "-p", "."])
+    return example / "dist" / entry

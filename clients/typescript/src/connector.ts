@@ -6,12 +6,13 @@
 import type { AgentApp, Stream } from "@agentclientprotocol/sdk";
 
 import { SidecarApi, WAIT_SECONDS, type SidecarOptions } from "./api.js";
+import { createBody, readAnswer, settledOutcome } from "./asks.js";
 import { AuthorizationCancelled, ClientNotInitialized, SidecarError } from "./errors.js";
 import { events, type EventOptions, type StreamedEvent } from "./events.js";
 import { AcpLink } from "./link.js";
 import { AuthorizationOutcome } from "./outcomes.js";
 import { untilExpiry, type Backoff } from "./retry.js";
-import type { Answer, CreateElicitation, ElicitationState, Grant, Scope, StopCause, User } from "./types.js";
+import type { Answer, ElicitationState, Grant, Scope, StopCause, User } from "./types.js";
 
 export type AuthorizationRequest = {
   /** The user the agent acts for, as the agent's own sign-in verified them. */
@@ -277,44 +278,4 @@ export class SidecarConnector {
   events(options: EventOptions = {}): AsyncGenerator<StreamedEvent> {
     return events(this.api, { ...(this.backoff ? { backoff: this.backoff } : {}), ...options });
   }
-}
-
-function createBody(request: AuthorizationRequest): CreateElicitation {
-  const body: CreateElicitation = { user: request.user, provider: request.provider, scope: request.scope };
-  if (request.scopes !== undefined) body.scopes = request.scopes;
-  if (request.message !== undefined) body.message = request.message;
-  if (request.askAgain) body.askAgain = true;
-  if (request.connection !== undefined && Object.keys(request.connection).length > 0) {
-    body.connection = request.connection;
-  }
-  return body;
-}
-
-function settledOutcome(
-  provider: string,
-  status: "already_authorized" | "narrowed" | "needs_user" | "unsupported",
-  answer: { providerDisplayName: string; grant?: Grant | null; refusedScopes?: string[] },
-): AuthorizationOutcome {
-  const refusedScopes = answer.refusedScopes ?? [];
-  const reason = status === "narrowed" ? "refused at the provider when the grant was made; not asked again" : null;
-  return new AuthorizationOutcome(status === "needs_user" ? "failed" : status, provider, answer.providerDisplayName, {
-    grant: answer.grant ?? null,
-    reason,
-    refusedScopes,
-  });
-}
-
-/** What the client's result for `elicitation/create` says, as the sidecar takes it. */
-function readAnswer(result: Record<string, unknown>): Answer {
-  const action = result.action;
-  if (action === "accept" || action === "decline") return { action };
-  if (action === "cancel") {
-    // A cancel with the client's own reason is the client refusing by its policy (recorded `refused`).
-    const message = (result._meta as { message?: unknown } | undefined)?.message;
-    return typeof message === "string" && message.trim() !== ""
-      ? { action, message: message.slice(0, 500) }
-      : { action };
-  }
-  const named = typeof action === "string" ? action.slice(0, 64) : "(none)";
-  return { action: "client_error", code: -32602, message: `unknown_action: ${named}` };
 }
