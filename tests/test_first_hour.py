@@ -184,10 +184,22 @@ async def the_ts_example_readme_steps_work_against_make_run(clone: Path) -> None
             env[name] = value
         env["BROWSER"] = "true"  # the test is the browser: `webbrowser` opens nothing
         output, err = await answered_and_authorized(clone, env, try_it)
+        await disconnect_all(run.base_url, key, env)  # the next steps start from a user without grants
     finally:
         run.stop()
     assert "demo-user/hello-world" in output, output + err
     assert "Traceback" not in err
+
+
+async def disconnect_all(base_url: str, key: str, env: dict[str, str]) -> None:
+    """Disconnect every grant of the agent's user through `/v1` (as an agent's "disconnect" would)."""
+    headers = {"Authorization": f"Bearer {key}"}
+    user = {"issuer": env["AGENT_USER_ISSUER"], "subject": env["AGENT_USER_SUBJECT"]}
+    async with httpx.AsyncClient(base_url=base_url, headers=headers) as api:
+        listed = await api.get("/v1/grants", params=user)
+        assert listed.status_code == 200, listed.text
+        for grant in listed.json()["grants"]:
+            assert (await api.delete(f"/v1/grants/{grant['grantId']}")).status_code == 204
 
 
 async def answered_and_authorized(clone: Path, env: dict[str, str], command: str) -> tuple[str, str]:
