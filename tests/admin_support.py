@@ -67,6 +67,11 @@ class Seeded:
             ("POST", f"/admin/webhooks/{w}/rotate"),
             ("GET", "/admin/keys"),
             ("POST", "/admin/logout"),
+            ("GET", "/admin/"),
+            ("GET", "/admin/no-such-page"),
+            ("DELETE", f"/admin/grants/{g}"),
+            ("GET", "/admin/login"),  # no sign-in configured here: nothing, and a stranger is told no more
+            ("GET", "/admin/logout"),
         ]
 
 

@@ -62,6 +62,7 @@ async def test_every_page_shows_what_the_connector_holds(deploy_with: Deploy) ->
             refused = await op.get(bad)
             assert refused.status_code == 400 and refused.headers["x-connector-error"] == "invalid_input", bad
         assert (await op.get("/admin/grants/nope/revoke")).status_code == 404
+        assert (await op.get("/admin/no-such-page")).status_code == 404  # for an operator; a stranger gets 401
 
 
 async def test_strangers_get_401_and_agents_403_on_every_route(deploy_with: Deploy) -> None:

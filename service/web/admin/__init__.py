@@ -17,6 +17,7 @@ from starlette.routing import BaseRoute, Route
 from ...config import Settings
 from ...console import Console
 from ...core.agent_api import AgentApi
+from ...core.errors import FlowRefused
 from ...oauth import ProviderGateway
 from ...store import Store
 from ...util.clock import Clock
@@ -30,6 +31,7 @@ from .views import Views
 
 __all__ = ["AdminParts", "admin_base_url", "admin_routes"]
 
+ANY_METHOD = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 Handler = Callable[[Request, Caller], Awaitable[Response]]
 
 
@@ -93,4 +95,10 @@ def admin_routes(parts: AdminParts, pages: Pages) -> list[BaseRoute]:
             Route("/admin/login", login.start, methods=["GET"]),
             Route(CALLBACK_PATH, checked(login.callback), methods=["GET"]),
         ]
+
+    async def nothing_here(request: Request, caller: Caller) -> Response:
+        raise FlowRefused("not_found")
+
+    # Anything else under /admin: 401/403 before 404, so that a stranger learns nothing of what exists here.
+    routes.append(Route("/admin/{rest:path}", operator(nothing_here), methods=ANY_METHOD))
     return routes
