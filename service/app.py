@@ -152,7 +152,7 @@ def build_runtime(settings: Settings) -> Runtime:
     catalog = load_catalog(settings.providers.catalog, env=settings.environment())
     report_configuration_warnings(settings, catalog)
     metrics = build_metrics(store, (entry.name for entry in catalog.entries()))
-    providers = build_gateway(settings, catalog, metrics)
+    providers = build_gateway(settings, catalog, metrics, vault)
     bus = build_bus(settings, store, clock, metrics)
     feed = OutboxFeed(store.outbox, bus, interval=settings.events.poll_interval_seconds)
     replica = Replica(store, bus, settings.replicas, clock, metrics)

@@ -53,9 +53,12 @@ def build_vault(settings: Settings) -> Vault:
     return Vault(ring)
 
 
-def build_gateway(settings: Settings, catalog: ProviderCatalog, metrics: Metrics) -> ProviderGateway:
-    """The one gateway to the catalog's providers, with pooled HTTP as `[providers]` says."""
-    from .oauth import HttpSettings, ProviderGateway, ProviderHttp
+def build_gateway(
+    settings: Settings, catalog: ProviderCatalog, metrics: Metrics, vault: Vault | None = None
+) -> ProviderGateway:
+    """The one gateway to the catalog's providers, with pooled HTTP as `[providers]` says; with `vault`, it signs
+    private_key_jwt assertions with the key the vault derives."""
+    from .oauth import ClientKeys, HttpSettings, ProviderGateway, ProviderHttp
 
     section = settings.providers
     http = ProviderHttp(
@@ -66,7 +69,10 @@ def build_gateway(settings: Settings, catalog: ProviderCatalog, metrics: Metrics
             keepalive_expiry_seconds=section.http_keepalive_expiry_seconds,
         )
     )
-    return ProviderGateway(catalog, http=http, discovery_ttl=section.discovery_ttl_seconds, metrics=metrics)
+    keys = ClientKeys(vault) if vault is not None else None
+    return ProviderGateway(
+        catalog, http=http, discovery_ttl=section.discovery_ttl_seconds, metrics=metrics, client_keys=keys
+    )
 
 
 def build_verifier(ctx: VerifierContext) -> IdentityVerifier:

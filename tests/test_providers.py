@@ -351,7 +351,7 @@ def test_http_discovery_url_from_env_is_refused() -> None:
         ("colour = 'blue'\n", "acme.colour", "unknown key"),
         ("pkce = 'yes'\n", "acme.pkce", "boolean"),
         ("default_scopes = 'read'\n", "acme.default_scopes", "list"),
-        ("token_endpoint_auth_method = 'private_key_jwt'\n", "acme.token_endpoint_auth_method", "client_secret"),
+        ("token_endpoint_auth_method = 'tls_client_auth'\n", "acme.token_endpoint_auth_method", "client_secret"),
         ("scope_separator = ''\n", "acme.scope_separator", "at least 1"),
         (
             "extra_authorize_params = { redirect_uri = 'https://evil.test' }\n",
@@ -550,7 +550,7 @@ async def test_endpoints_pinned_in_the_catalog_win(tmp_path: Path) -> None:
             "not a boolean",
         ),
         (
-            httpx.Response(200, json=discovery_document(token_endpoint_auth_methods_supported=["private_key_jwt"])),
+            httpx.Response(200, json=discovery_document(token_endpoint_auth_methods_supported=["tls_client_auth"])),
             "lists none of",
         ),
     ],
@@ -675,7 +675,7 @@ def test_a_provider_can_be_described_by_the_environment_alone() -> None:
         ("CONNECTOR_PROVIDERS__OIDC__EXTRA_AUTHORIZE_PARAMS", "prompt=login", "oidc.extra_authorize_params", "JSON"),
         (
             "CONNECTOR_PROVIDERS__OIDC__TOKEN_ENDPOINT_AUTH_METHOD",
-            "private_key_jwt",
+            "tls_client_auth",
             "oidc.token_endpoint_auth_method",
             "",
         ),

@@ -1,4 +1,5 @@
-"""`acp-connector keys ...`: token-encryption keys: generate, status, rotate, retire."""
+"""`acp-connector keys ...`: token-encryption keys: generate, status, rotate, retire; the public JWKS of the
+private_key_jwt signing keys derived from them (jwks)."""
 
 from __future__ import annotations
 
@@ -91,6 +92,19 @@ def register(commands: Commands) -> None:
         examples=["acp-connector keys retire k-20250101-ab12"],
     )
     retire.add_argument("key_id", metavar="KEY_ID", help="the key id to retire")
+    keys.command(
+        "jwks",
+        run_jwks,
+        help="print the public JWKS of the connector's private_key_jwt signing keys",
+        description=(
+            "Print, as JSON, the public keys a provider verifies the connector's private_key_jwt client\n"
+            "assertions with: one ES256 key per vault key, derived from it (the active key's signs). The\n"
+            "connector serves the same document at <public_base_url>/.well-known/jwks.json; paste this output\n"
+            "where a provider takes keys rather than a JWKS URL. A new active vault key adds a key here: paste\n"
+            "again before the old vault key is retired. No private key is ever printed."
+        ),
+        examples=["acp-connector keys jwks"],
+    )
 
 
 def run_generate(invocation: Invocation) -> int:
@@ -104,6 +118,15 @@ def run_generate(invocation: Invocation) -> int:
             "use letters, digits, '-' or '_', at most 64 characters",
         ) from None
     invocation.out(key)
+    return 0
+
+
+def run_jwks(invocation: Invocation) -> int:
+    import json
+
+    from ..oauth import ClientKeys
+
+    invocation.out(json.dumps(ClientKeys(_vault(invocation.settings())).jwks(), indent=2))
     return 0
 
 

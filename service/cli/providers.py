@@ -7,7 +7,9 @@ from typing import TYPE_CHECKING
 from .framework import EXIT_OK, EXIT_RUNTIME, Commands, Invocation
 
 if TYPE_CHECKING:
+    from ..config import Settings
     from ..providers import ProviderEntry
+    from ..vault import Vault
 
 
 def register(commands: Commands) -> None:
@@ -104,6 +106,14 @@ def run_check_offline(invocation: Invocation, entries: list[ProviderEntry]) -> i
     return EXIT_OK
 
 
+def _optional_vault(settings: Settings) -> Vault | None:
+    """The configured vault (private_key_jwt signs with a key derived from it), or None when none is."""
+    from ..vault import Vault, load_key_ring
+
+    ring = load_key_ring(settings.vault.keys, settings.vault.key_file, settings.vault.primary_key_id)
+    return Vault(ring) if ring is not None else None
+
+
 def run_check(invocation: Invocation) -> int:
     import asyncio
 
@@ -119,7 +129,7 @@ def run_check(invocation: Invocation) -> int:
         return run_check_offline(invocation, entries)
 
     async def check_all() -> list[ProviderReport]:
-        gateway = build_gateway(settings, catalog, Metrics(entry.name for entry in entries))
+        gateway = build_gateway(settings, catalog, Metrics(entry.name for entry in entries), _optional_vault(settings))
         try:
             return list(await asyncio.gather(*(check_provider(gateway, entry) for entry in entries)))
         finally:

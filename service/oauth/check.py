@@ -16,6 +16,7 @@ from service.core.records import OFFLINE_ACCESS
 from service.providers import ProviderEntry
 
 from .authorize import prompt_for
+from .client_keys import ALGORITHM, JWKS_PATH
 from .gateway import ProviderGateway
 from .resolved import ResolvedProvider
 
@@ -84,6 +85,8 @@ def _describe(provider: ResolvedProvider, report: ProviderReport) -> None:
             f"token_endpoint_auth_method {provider.token_endpoint_auth_method} is not among the methods the "
             f"provider lists ({', '.join(supported)})"
         )
+    if provider.token_endpoint_auth_method == "private_key_jwt":  # noqa: S105 (a method name)
+        _describe_client_key(provider, report)
     if not provider.api_base_url:
         report.warnings.append("no api_base_url: connector.http() cannot be used with this provider")
     scopes = provider.default_scopes
@@ -96,6 +99,25 @@ def _describe(provider: ResolvedProvider, report: ProviderReport) -> None:
                 f"offline_access is asked with prompt={prompt!r}, without consent: a conformant provider drops it "
                 "and issues no refresh token, so each grant will need the user again when its token expires"
             )
+
+
+def _describe_client_key(provider: ResolvedProvider, report: ProviderReport) -> None:
+    """private_key_jwt: which key signs, where the provider finds its public half, and whether it takes ES256."""
+    if provider.client_keys is None:
+        report.problems.append("private_key_jwt needs the connector's signing key: configure the vault (vault.keys)")
+        return
+    audience = provider.entry.client_assertion_audience
+    report.facts.append(
+        f"client key: {ALGORITHM} key {provider.client_keys.active_kid} from the vault, assertions addressed to the "
+        f"{'token endpoint' if audience == 'token_endpoint' else 'issuer'}; public keys at {JWKS_PATH} of the "
+        "connector, or printed by `acp-connector keys jwks`"
+    )
+    algorithms = provider.extra.get("token_endpoint_auth_signing_alg_values_supported")
+    if isinstance(algorithms, tuple) and ALGORITHM not in algorithms:
+        report.problems.append(
+            f"the provider does not list {ALGORITHM} in token_endpoint_auth_signing_alg_values_supported "
+            f"({', '.join(algorithms)}): it would refuse our client assertions"
+        )
 
 
 async def log_provider_problems(gateway: ProviderGateway) -> list[ProviderReport]:

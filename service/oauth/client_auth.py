@@ -5,6 +5,9 @@ The one place that decides how the connector proves who it is to a provider, and
   first (RFC 6749 §2.3.1, Appendix B), so that a secret with `+`, `/`, `=` or `:` survives the provider's
   form-decoding;
 - `client_secret_post`: `client_id` and `client_secret` in the form body;
+- `private_key_jwt`: a JWT signed with the connector's own key (RFC 7523 §2.2, `client_keys.py`), `client_id`,
+  `client_assertion_type` and `client_assertion` in the form body; the key never leaves the connector, and the
+  provider verifies with the public JWKS the connector serves (or that the operator pasted);
 - `none`: a public client, `client_id` in the form body and PKCE as the only proof.
 
 The method is the configured one, else chosen from the discovery document's
@@ -14,7 +17,7 @@ The method is the configured one, else chosen from the discovery document's
 from __future__ import annotations
 
 import base64
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import get_args
 from urllib.parse import quote_plus
@@ -22,6 +25,8 @@ from urllib.parse import quote_plus
 from pydantic import SecretStr
 
 from service.providers import TokenEndpointAuthMethod
+
+from .client_keys import ASSERTION_TYPE
 
 AUTH_METHODS: tuple[TokenEndpointAuthMethod, ...] = get_args(TokenEndpointAuthMethod)
 # Without a discovery document (or without the field) RFC 6749 and OpenID Connect Discovery both make Basic the
@@ -59,8 +64,13 @@ def choose_auth_method(
     for method in ("client_secret_basic", "client_secret_post"):
         if method in supported:
             return AuthChoice(method, f"the first of the methods we speak that the provider lists ({method})")
+    if "private_key_jwt" in supported:
+        return AuthChoice(
+            "private_key_jwt", "the provider lists no client_secret method, and private_key_jwt (our key in the vault)"
+        )
     raise ValueError(
-        "the provider lists none of client_secret_basic, client_secret_post in token_endpoint_auth_methods_supported"
+        "the provider lists none of client_secret_basic, client_secret_post, private_key_jwt in "
+        "token_endpoint_auth_methods_supported"
     )
 
 
@@ -79,12 +89,20 @@ def authenticate(
     client_id: str,
     client_secret: SecretStr | None,
     form: Mapping[str, str],
+    *,
+    assertion: Callable[[], str] | None = None,
 ) -> tuple[dict[str, str], dict[str, str]]:
-    """(headers, form) for a token or revocation request made by this client."""
+    """(headers, form) for a token, revocation or pushed authorization request made by this client; `assertion`
+    makes a fresh `private_key_jwt` assertion for it."""
     data = dict(form)
     headers: dict[str, str] = {}
     if method == "none":
         data["client_id"] = client_id
+        return headers, data
+    if method == "private_key_jwt":
+        if assertion is None:
+            raise ValueError("private_key_jwt needs the connector's signing key (the vault)")
+        data.update(client_id=client_id, client_assertion_type=ASSERTION_TYPE, client_assertion=assertion())
         return headers, data
     if client_secret is None:
         raise ValueError(f"{method} needs a client secret")

@@ -37,6 +37,7 @@ async def discover(entry: ProviderEntry, url: str, http: httpx.AsyncClient) -> R
     methods = document.text_list("token_endpoint_auth_methods_supported")
     auth = _auth_method(document, methods)
     algorithms = document.text_list("id_token_signing_alg_values_supported")
+    assertion_algs = document.text_list("token_endpoint_auth_signing_alg_values_supported")
     # Endpoints written in the catalog win over discovered ones (operators can pin them); the issuer is the
     # document's exact string, as ID tokens and RFC 9207 `iss` carry it.
     return ResolvedProvider(
@@ -52,7 +53,12 @@ async def discover(entry: ProviderEntry, url: str, http: httpx.AsyncClient) -> R
         auth_method_reason=auth.reason,
         id_token_algorithms=tuple(algorithms) if algorithms is not None else None,
         discovered=True,
-        extra={"token_endpoint_auth_methods_supported": tuple(methods) if methods is not None else None},
+        extra={
+            "token_endpoint_auth_methods_supported": tuple(methods) if methods is not None else None,
+            "token_endpoint_auth_signing_alg_values_supported": (
+                tuple(assertion_algs) if assertion_algs is not None else None
+            ),
+        },
     )
 
 

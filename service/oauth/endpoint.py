@@ -104,7 +104,13 @@ async def post_form(
     Raises EndpointError when the request fails or the answer is an OAuth error (any status, or an error member
     in a 200 answer, as GitHub and Slack send).
     """
-    headers, data = authenticate(provider.token_endpoint_auth_method, provider.client_id, provider.client_secret, form)
+    headers, data = authenticate(
+        provider.token_endpoint_auth_method,
+        provider.client_id,
+        provider.client_secret,
+        form,
+        assertion=provider.client_assertion,
+    )
     return await send(provider, http, "POST", url, action, headers=headers, body=data, encoding=encoding)
 
 

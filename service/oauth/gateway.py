@@ -27,6 +27,7 @@ from service.providers import ProviderCatalog, ProviderEntry
 
 from . import token
 from .authorize import authorization_url, issuer_acceptable, new_flow_secrets
+from .client_keys import ClientKeys
 from .discovery import discover
 from .http import ProviderHttp
 from .id_token import IdTokenExpectations, JwksCache, unverified_claims, validate_id_token
@@ -58,8 +59,10 @@ class ProviderGateway:
         discovery_ttl: float = DISCOVERY_TTL,
         monotonic: Callable[[], float] = time.monotonic,
         metrics: Metrics | None = None,
+        client_keys: ClientKeys | None = None,
     ) -> None:
         self.catalog = catalog
+        self.client_keys = client_keys
         self.http = http or ProviderHttp()
         self.metrics = metrics or Metrics(entry.name for entry in catalog.entries())
         self.discovery_ttl = discovery_ttl
@@ -103,7 +106,8 @@ class ProviderGateway:
         if entry.discovery_url is None:
             static = self._static.get(entry.name)
             if static is None or static.entry is not entry:
-                static = self._static[entry.name] = ResolvedProvider.from_entry(entry)
+                static = ResolvedProvider.from_entry(entry)
+                static = self._static[entry.name] = replace(static, client_keys=self.client_keys)
             return static
         cached = self._discovered.get(entry.name)
         if cached is not None and self._monotonic() < cached.fresh_until:
@@ -134,6 +138,7 @@ class ProviderGateway:
         assert entry.discovery_url is not None
         with self.metrics.provider_call(entry.name, ProviderEndpoint.DISCOVERY):
             provider = await discover(entry, entry.discovery_url, self.http.client(entry.name))
+        provider = replace(provider, client_keys=self.client_keys)
         self._discovered[entry.name] = _Discovered(provider, self._monotonic() + self.discovery_ttl)
         return provider
 

@@ -21,6 +21,7 @@ from service.providers import ProviderEntry, TokenEndpointAuthMethod
 from service.providers.quirks import Quirks, fill, placeholders
 
 from .client_auth import choose_auth_method
+from .client_keys import ClientKeys
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +42,18 @@ class ResolvedProvider:
     # The per-connection values the endpoints were filled with (`bound`): the agent's, the callback's, the
     # token response's. Empty: the catalog's templates as written.
     connection: Mapping[str, str] = field(default_factory=dict)
+    # The connector's own signing keys (the gateway attaches them), for private_key_jwt.
+    client_keys: ClientKeys | None = field(default=None, repr=False, compare=False)
+
+    def client_assertion(self) -> str:
+        """A fresh private_key_jwt assertion for one request to this provider (ProviderError without keys)."""
+        if self.client_keys is None:
+            raise ProviderError(
+                f"{self.display_name}: private_key_jwt needs the connector's signing key, and no vault is configured",
+                code="provider_misconfigured",
+            )
+        audience = self.token_endpoint if self.entry.client_assertion_audience == "token_endpoint" else self.issuer
+        return self.client_keys.assertion(self.client_id, audience or self.token_endpoint)
 
     def bound(self, values: Mapping[str, str]) -> ResolvedProvider:
         """This provider with `{name}` in its endpoints filled from the per-connection `values`.

@@ -38,7 +38,13 @@ def revocation_request(entry: ResolvedProvider, token: TokenSet) -> tuple[dict[s
             )
         headers["Authorization"] = basic_credentials(entry.client_id, entry.client_secret.get_secret_value())
     else:
-        headers, body = authenticate(entry.token_endpoint_auth_method, entry.client_id, entry.client_secret, body)
+        headers, body = authenticate(
+            entry.token_endpoint_auth_method,
+            entry.client_id,
+            entry.client_secret,
+            body,
+            assertion=entry.client_assertion,
+        )
     return headers, body or None
 
 

@@ -15,7 +15,9 @@ from service.core.urls import host_of
 
 from .quirks import Quirks
 
-TokenEndpointAuthMethod = Literal["client_secret_basic", "client_secret_post", "none"]
+TokenEndpointAuthMethod = Literal["client_secret_basic", "client_secret_post", "private_key_jwt", "none"]
+# Where a private_key_jwt assertion is addressed: the issuer (RFC 7523bis, FAPI 2.0) or the token endpoint.
+AssertionAudience = Literal["issuer", "token_endpoint"]
 _AUTH_METHODS: tuple[TokenEndpointAuthMethod, ...] = get_args(TokenEndpointAuthMethod)
 
 
@@ -84,6 +86,7 @@ class ProviderEntry:
     # A scope -> what it gives, in words, for the consent page (`describe_scope`).
     scope_descriptions: Mapping[str, str] = field(default_factory=dict, hash=False)
     token_endpoint_auth_method: TokenEndpointAuthMethod | None = None  # unset: chosen at resolution (oauth)
+    client_assertion_audience: AssertionAudience = "issuer"
     client_id: str | None = None
     client_secret: SecretStr | None = field(default=None, repr=False)
     # Described only by CONNECTOR_PROVIDERS__<NAME>__* variables: the catalog file has no table of this name.
@@ -107,8 +110,11 @@ class ProviderEntry:
 
     @property
     def has_credentials(self) -> bool:
-        """A client id, and a secret unless the operator declared a public client (`none`, PKCE only)."""
-        return bool(self.client_id) and (self.has_secret or self.token_endpoint_auth_method == "none")
+        """A client id, and a secret unless the operator declared a public client (`none`, PKCE only) or one that
+        signs its own assertions (`private_key_jwt`, with the connector's key from the vault)."""
+        return bool(self.client_id) and (
+            self.has_secret or self.token_endpoint_auth_method in ("none", "private_key_jwt")
+        )
 
     def describe_scope(self, scope: str) -> str | None:
         """What `scope` gives, in words: the entry's `scope_descriptions`, else OpenID Connect's standard scopes

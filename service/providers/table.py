@@ -6,7 +6,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, field_validator
 
-from .entry import TokenEndpointAuthMethod
+from .entry import AssertionAudience, TokenEndpointAuthMethod
 from .quirks import (
     AccountSource,
     ApiAuth,
@@ -85,6 +85,7 @@ class ProviderTable(_Strict):
     scope_aliases: dict[StrictStr, StrictStr] = Field(default_factory=dict)
     scope_descriptions: dict[StrictStr, ScopeDescription] = Field(default_factory=dict)
     token_endpoint_auth_method: TokenEndpointAuthMethod | None = None
+    client_assertion_audience: AssertionAudience = "issuer"
     tenant: StrictStr | None = None
     # Also token_response.dead_refresh_token_errors; this key (read by grant health before quirks had a table) wins.
     dead_refresh_token_errors: list[StrictStr] | None = None

@@ -11,12 +11,14 @@ from typing import Any
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from service.core.errors import VaultError
 
 from .ring import NONCE_BYTES, KeyRing, _b64url, _KeyMaterial
+from .signing import derived_keys
 
 _TAG_BYTES = 16
 _SIGN_INFO_PREFIX = b"connector/"
@@ -120,6 +122,11 @@ class Vault:
             return False
         expected = self._mac(key_id, purpose, data)
         return hmac.compare_digest(expected.encode("ascii"), mac.encode("ascii"))
+
+    def signing_keys(self, purpose: str) -> list[tuple[str, ec.EllipticCurvePrivateKey]]:
+        """The P-256 keys every key of the ring yields for `purpose` (the primary's first; see `signing.py`):
+        the primary's signs, all of them publish their public half."""
+        return derived_keys(self._ring, purpose)
 
     def __repr__(self) -> str:
         return f"Vault(primary_key_id={self._ring.primary_key_id!r}, key_ids={self._ring.key_ids!r})"

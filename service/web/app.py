@@ -40,6 +40,7 @@ from .draining import Draining
 from .front import Front
 from .home import Home
 from .inputs import InputGuard, checked
+from .jwks import jwks_route
 from .kit import Kit, api_error
 from .metrics import metrics_route, on_public_listener
 from .pages import Pages
@@ -171,6 +172,7 @@ def create_app(parts: WebParts, *, console_only: bool = False) -> Starlette:
         *(api_routes(parts, draining) if settings.api.enabled else []),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
+        jwks_route(parts.vault),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
     console = admin_routes(parts, pages) if settings.admin.enabled else []

@@ -64,7 +64,7 @@ try {
 
 const KNOWN_KEYS = new Set([
   'clients', 'accounts', 'login_account', 'access_token_ttl', 'refresh_token_ttl', 'refresh_token_rotation',
-  'narrow_scopes', 'scopes', 'claims',
+  'narrow_scopes', 'scopes', 'claims', 'client_auth_methods', 'par', 'loopback_fetch',
 ]);
 for (const key of Object.keys(config)) {
   if (!KNOWN_KEYS.has(key)) fail(`unknown configuration key ${JSON.stringify(key)}`);
@@ -112,6 +112,21 @@ if (![true, false, 'default'].includes(rotation)) fail('"refresh_token_rotation"
 
 const claims = config.claims ?? STANDARD_CLAIMS;
 
+// oidc-provider's `clientAuthMethods`: the client authentication methods it accepts (and lists in discovery).
+const clientAuthMethods = config.client_auth_methods;
+if (clientAuthMethods !== undefined && (!Array.isArray(clientAuthMethods) || clientAuthMethods.length === 0)) {
+  fail('"client_auth_methods" must be a non-empty list of methods');
+}
+// true: the OP may fetch from loopback addresses (a client's jwks_uri served by the connector under test);
+// oidc-provider's SSRF protection refuses special-use addresses otherwise.
+const loopbackFetch = config.loopback_fetch ?? false;
+if (typeof loopbackFetch !== 'boolean') fail('"loopback_fetch" must be a boolean');
+// {"required": true|false}: features.pushedAuthorizationRequests on, required of every client or not.
+const par = config.par;
+if (par !== undefined && (typeof par !== 'object' || par === null || typeof (par.required ?? false) !== 'boolean')) {
+  fail('"par" must be an object {"required": boolean}');
+}
+
 // ------------------------------------------------------------------------------------------ test-only state
 
 // Set through /__admin/sub-override: the next refresh_token grant (of `clientId`, or of any client) is issued
@@ -128,6 +143,7 @@ function emptyStats() {
     revocations: 0, // revocation requests the OP answered with 200
     introspection_requests: 0,
     authorization_requests: 0, // requests to the authorization endpoint (not the resume step)
+    pushed_authorization_requests: 0, // requests to the PAR endpoint (RFC 9126), whatever their outcome
     userinfo_requests: 0,
     sub_overrides_applied: 0,
   };
@@ -210,6 +226,15 @@ function startProvider(issuer) {
       introspection: { enabled: true },
       revocation: { enabled: true },
       userinfo: { enabled: true },
+      ...(par === undefined ? {} : {
+        pushedAuthorizationRequests: { enabled: true, requirePushedAuthorizationRequests: par.required ?? false },
+      }),
+    },
+    ...(clientAuthMethods === undefined ? {} : { clientAuthMethods }),
+    // The documented `fetch` option; with loopback_fetch, without the SSRF-checking dispatcher.
+    fetch: (url, options) => {
+      if (loopbackFetch && ['127.0.0.1', 'localhost'].includes(new URL(url).hostname)) delete options.dispatcher;
+      return globalThis.fetch(url, options);
     },
     pkce: { required: () => true }, // every authorization request needs code_challenge (S256 is the only method)
     rotateRefreshToken: rotation === 'default' ? undefined : rotation,
@@ -221,6 +246,10 @@ function startProvider(issuer) {
   });
 
   provider.on('server_error', (ctx, err) => log(`server_error at ${ctx.path}: ${err.stack ?? err}`));
+  // Why a client was refused (oidc-provider keeps the reason out of the response): for the test's own diagnosis.
+  for (const event of ['grant.error', 'revocation.error', 'pushed_authorization_request.error', 'userinfo.error']) {
+    provider.on(event, (ctx, err) => log(`${event}: ${err.error} ${err.error_detail ?? err.error_description ?? ''}`));
+  }
 
   // Counters and a request log, as an upstream Koa middleware (the documented pre/post-middleware hook).
   provider.use(async (ctx, next) => {
@@ -249,6 +278,9 @@ function startProvider(issuer) {
         break;
       case 'authorization':
         stats.authorization_requests += 1;
+        break;
+      case 'pushed_authorization_request':
+        stats.pushed_authorization_requests += 1;
         break;
       case 'userinfo':
         stats.userinfo_requests += 1;

@@ -1,0 +1,253 @@
+"""A FAPI 2.0-grade client against panva's `oidc-provider` (OpenID Certified, its own Node process), configured one
+way per module fixture: `private_key_jwt` as the only client authentication (with our public keys pasted from
+`acp-connector keys jwks`, or fetched from the connector's `/.well-known/jwks.json`), PAR required.
+
+Each configuration runs the whole flow through the connector's real browser flow and a real ACP connection: the
+`oidc` identity verifier's sign-in, the provider's consent, an API call, a refresh, and the revocation at
+disconnect. No request is refused at the provider, and no private key or client assertion is found in the logs,
+the pages, the ACP wire, the API answers or the database file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import os
+import re
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import pytest_asyncio
+
+from service import AuthorizationStatus, Identity
+from service.oauth import ClientKeys, choose_auth_method
+from service.oauth.check import check_provider
+from service.testing import MockOIDCProvider
+from service.vault import KeyRing, Vault, generate_key
+
+from .conftest import Deployment, deploy, write_catalog
+from .oidc_op_support import OidcOp
+from .test_conformant_provider import Conformant, agent_of, expire, stored_tokens, userinfo
+
+NAME = "sso"
+VAULT_KEY = generate_key("fapi-1")  # the connector's vault key for the module: its derived client key is pasted
+SCOPES = ["openid", "offline_access", "api.read"]
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cli_jwks(port: int, tmp_path: Path) -> dict[str, Any]:
+    """`acp-connector keys jwks`, run as an operator would, with the vault key in the environment."""
+    config = tmp_path / "cli.toml"
+    config.write_text("# from the environment\n")
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("CONNECTOR_")},
+        "CONNECTOR_CONFIG": str(config),
+        "CONNECTOR_VAULT__KEYS": VAULT_KEY,
+        "CONNECTOR_PUBLIC_BASE_URL": f"http://127.0.0.1:{port}",
+        "CONNECTOR_DATABASE__URL": f"sqlite+aiosqlite:///{tmp_path / 'cli.db'}",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "service.cli", "keys", "jwks"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    jwks: dict[str, Any] = json.loads(done.stdout)
+    assert all("d" not in key for key in jwks["keys"]), "a private key member was printed"
+    return jwks
+
+
+@pytest.fixture(scope="module")
+def connector_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture
+def loopback_socket(connector_port: int) -> Iterator[socket.socket]:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", connector_port))
+    yield sock
+    sock.close()
+
+
+def op_config(port: int, jwks: dict[str, Any], **options: Any) -> dict[str, Any]:
+    """Two private_key_jwt clients: the provider connection's, with our public keys pasted (`jwks`), and the
+    identity verifier's, whose keys the OP fetches from the connector's JWKS URL."""
+    base = f"http://127.0.0.1:{port}"
+    common = {
+        "token_endpoint_auth_method": "private_key_jwt",
+        "token_endpoint_auth_signing_alg": "ES256",
+        "grant_types": ["authorization_code", "refresh_token"],
+        "response_types": ["code"],
+    }
+    return {
+        "clients": [
+            {"client_id": "conn", "jwks": jwks, "redirect_uris": [f"{base}/callback/{NAME}"], **common},
+            {
+                "client_id": "idp",
+                "jwks_uri": f"{base}/.well-known/jwks.json",
+                "redirect_uris": [f"{base}/identity/oidc/callback"],
+                **common,
+            },
+        ],
+        "accounts": {"alice": {"email": "alice@example.com", "email_verified": True}},
+        "login_account": "alice",
+        "access_token_ttl": 30,
+        "refresh_token_rotation": True,
+        # Our clients are registered for private_key_jwt alone (the OP refuses any other method for them);
+        # client_secret_basic stays enabled only for the harness's own introspection client.
+        "client_auth_methods": ["private_key_jwt", "client_secret_basic"],
+        "loopback_fetch": True,  # the identity verifier's client keys are at the connector's JWKS URL
+        **options,
+    }
+
+
+CONFIGURATIONS: dict[str, dict[str, Any]] = {
+    "private_key_jwt": {},
+}
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module", params=list(CONFIGURATIONS))
+async def oidc_op(
+    request: pytest.FixtureRequest, connector_port: int, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[OidcOp]:
+    jwks = cli_jwks(connector_port, tmp_path_factory.mktemp("cli"))
+    async with OidcOp.start(op_config(connector_port, jwks, **CONFIGURATIONS[request.param])) as op:
+        op.configuration = request.param  # type: ignore[attr-defined]
+        yield op
+
+
+@pytest_asyncio.fixture
+async def provider(oidc_op: OidcOp) -> Conformant:
+    await oidc_op.reset_stats()
+    discovery = await oidc_op.discovery()
+    return Conformant(
+        "oidc-provider", oidc_op.discovery_url, oidc_op.issuer, "alice", discovery["userinfo_endpoint"], op=oidc_op
+    )
+
+
+@asynccontextmanager
+async def connector(
+    provider: Conformant, connector_env: dict[str, str], tmp_path: Path, sock: socket.socket, **entry: Any
+) -> AsyncIterator[Deployment]:
+    """A connector that knows the provider by its discovery URL, has no client secret for it or for the identity
+    provider, and signs with the module's vault key."""
+    table = {"discovery_url": provider.discovery_url, "oidc": True, "account_id_field": "sub", **entry}
+    catalog = write_catalog(tmp_path / "fapi.toml", {NAME: {**table, "api_base_url": provider.issuer}})
+    env = {
+        "CONNECTOR_VAULT__KEYS": VAULT_KEY,
+        "CONNECTOR_PROVIDERS__CATALOG": str(catalog),
+        "CONNECTOR_PROVIDER_SSO_CLIENT_ID": "conn",
+        "CONNECTOR_PROVIDERS__SSO__TOKEN_ENDPOINT_AUTH_METHOD": "private_key_jwt",
+        "CONNECTOR_PROVIDERS__SSO__DEFAULT_SCOPES": ",".join(SCOPES),
+        "CONNECTOR_IDENTITY__VERIFIER": "oidc",
+        "CONNECTOR_IDENTITY__OIDC__DISCOVERY_URL": provider.discovery_url,
+        "CONNECTOR_IDENTITY__OIDC__CLIENT_ID": "idp",
+        "CONNECTOR_IDENTITY__OIDC__TOKEN_ENDPOINT_AUTH_METHOD": "private_key_jwt",
+    }
+    user = Identity(provider.issuer, provider.account)
+    async with deploy(connector_env, tmp_path, MockOIDCProvider(), sock, user, **env) as deployment:
+        yield deployment
+
+
+JWT = re.compile(r"eyJ[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*")
+
+
+def our_key() -> tuple[str, str]:
+    """The active client key's kid and its private `d` member (what must never be seen)."""
+    keys = ClientKeys(Vault(KeyRing.from_strings([VAULT_KEY])))
+    kid, key = keys._keys()[0]
+    return kid, str(key.as_dict(private=True)["d"])
+
+
+def scan(where: str, text: str) -> None:
+    """No private key (its `d`, or any PEM) and no client assertion (a JWT whose header names our key) in `text`."""
+    kid, d = our_key()
+    assert d not in text and "PRIVATE KEY" not in text, f"a private key in {where}"
+    for token in JWT.findall(text):
+        header = token.split(".", 1)[0]
+        try:
+            decoded = json.loads(base64.urlsafe_b64decode(header + "=" * (-len(header) % 4)))
+        except ValueError:
+            continue
+        assert decoded.get("kid") != kid, f"a client assertion in {where}"
+
+
+async def test_the_whole_flow_with_the_providers_configuration(
+    provider: Conformant,
+    connector_env: dict[str, str],
+    tmp_path: Path,
+    loopback_socket: socket.socket,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Sign-in (identity verifier), consent, use, refresh and revocation, each authenticated by private_key_jwt."""
+    caplog.set_level(logging.DEBUG)
+    configuration = provider.op.configuration  # type: ignore[union-attr]
+    async with connector(provider, connector_env, tmp_path, loopback_socket) as deployment:
+        async with httpx.AsyncClient() as http:
+            served = (await http.get(f"{deployment.base_url}/.well-known/jwks.json")).json()
+        assert served == cli_jwks(int(loopback_socket.getsockname()[1]), tmp_path)
+        async with agent_of(deployment) as agent:
+            try:
+                outcome = await agent.authorize()
+            except AssertionError:
+                print(provider.op.log()[-3000:])  # type: ignore[union-attr]
+                raise
+            assert outcome.status is AuthorizationStatus.AUTHORIZED, outcome.describe()
+            wire = json.dumps(agent.wire.messages, default=str)
+        assert await provider.token_requests("authorization_code") == 2  # the verifier's and the provider's
+        stats = await provider.op.stats()  # type: ignore[union-attr]
+        if configuration == "par_required":
+            assert stats["pushed_authorization_requests"] == 2  # the verifier's and the provider's
+        assert await userinfo(deployment, provider) == 200
+        expire(deployment)
+        assert await userinfo(deployment, provider) == 200
+        assert await provider.token_requests("refresh_token") == 1
+
+        tokens = await stored_tokens(deployment)
+        assert await deployment.connector.disconnect(deployment.local_user, NAME) == 1
+        assert await provider.revocations() == 1
+        assert not await provider.active(tokens["refresh_token"])
+        assert await provider.failures() == []  # no invalid_client, no refused revocation
+        database_file = Path(deployment.connector.runtime.settings.database.url.split("///", 1)[1])
+        database = await asyncio.to_thread(database_file.read_bytes)
+    scan("the ACP wire", wire)
+    scan("the logs", "\n".join(r.getMessage() + json.dumps(r.__dict__, default=str) for r in caplog.records))
+    scan("the database", database.decode("latin-1"))
+
+
+async def test_providers_check_reports_the_client_key(
+    provider: Conformant, connector_env: dict[str, str], tmp_path: Path, loopback_socket: socket.socket
+) -> None:
+    async with connector(provider, connector_env, tmp_path, loopback_socket) as deployment:
+        gateway = deployment.connector.runtime.providers
+        report = await check_provider(gateway, gateway.entry(NAME))
+    kid, _ = our_key()
+    assert report.ok, report.problems
+    assert "client authentication: private_key_jwt (configured (token_endpoint_auth_method))" in report.facts
+    (key,) = [fact for fact in report.facts if fact.startswith("client key:")]
+    assert f"ES256 key {kid} from the vault" in key and "/.well-known/jwks.json" in key
+
+
+def test_private_key_jwt_is_chosen_when_it_is_the_only_method_listed() -> None:
+    chosen = choose_auth_method(None, ["private_key_jwt", "tls_client_auth"], has_secret=True, discovered=True)
+    assert chosen.method == "private_key_jwt"
+    assert choose_auth_method(
+        None, ["client_secret_post", "private_key_jwt"], has_secret=True, discovered=True
+    ).method == ("client_secret_post")
