@@ -37,6 +37,7 @@ class ProviderEndpoint(StrEnum):
     REFRESH = "refresh"  # the token endpoint, for a refresh
     USERINFO = "userinfo"
     REVOCATION = "revocation"
+    PAR = "par"  # the pushed authorization request endpoint (RFC 9126)
 
 
 class RefreshResult(StrEnum):

@@ -23,20 +23,21 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
 import httpx
 import pytest
 import pytest_asyncio
 
-from service import AuthorizationStatus, Identity
+from service import AuthorizationOutcome, AuthorizationStatus, Identity
 from service.oauth import ClientKeys, choose_auth_method
 from service.oauth.check import check_provider
-from service.testing import MockOIDCProvider
+from service.testing import MockOIDCProvider, ScriptedBrowser
 from service.vault import KeyRing, Vault, generate_key
 
 from .conftest import Deployment, deploy, write_catalog
 from .oidc_op_support import OidcOp
-from .test_conformant_provider import Conformant, agent_of, expire, stored_tokens, userinfo
+from .test_conformant_provider import Agent, Conformant, agent_of, expire, stored_tokens, userinfo
 
 NAME = "sso"
 VAULT_KEY = generate_key("fapi-1")  # the connector's vault key for the module: its derived client key is pasted
@@ -120,6 +121,7 @@ def op_config(port: int, jwks: dict[str, Any], **options: Any) -> dict[str, Any]
 
 CONFIGURATIONS: dict[str, dict[str, Any]] = {
     "private_key_jwt": {},
+    "par_required": {"par": {"required": True}},
 }
 
 
@@ -189,6 +191,31 @@ def scan(where: str, text: str) -> None:
         assert decoded.get("kid") != kid, f"a client assertion in {where}"
 
 
+async def authorize(agent: Agent, provider: Conformant) -> tuple[AuthorizationOutcome, str, list[dict[str, str]]]:
+    """The agent asks; the user's browser follows every redirect. The outcome, every page the browser was shown,
+    and the query of each request it made to the provider's authorization endpoint."""
+    endpoint = urlsplit((await provider.op.discovery())["authorization_endpoint"])  # type: ignore[union-attr]
+    asked: list[dict[str, str]] = []
+    shown: list[str] = []
+
+    async def record(request: httpx.Request) -> None:
+        if (request.url.host, request.url.port, request.url.path) == (endpoint.hostname, endpoint.port, endpoint.path):
+            asked.append(dict(parse_qsl(request.url.query.decode())))
+
+    async def keep(response: httpx.Response) -> None:
+        await response.aread()
+        shown.append(f"{response.headers}\n{response.text}")
+
+    outcome = agent.request()
+    url = await agent.wire.client.next_url()
+    async with ScriptedBrowser(event_hooks={"request": [record], "response": [keep]}) as browser:
+        page = await browser.get(url)
+        assert page.status_code == 200, page.text
+        final = await browser.follow(await browser.submit(page, "continue"), limit=20)
+        assert final.status_code == 200, f"{final.text}\n{provider.op.log()[-3000:]}"  # type: ignore[union-attr]
+    return await asyncio.wait_for(outcome, 10), "\n".join(shown), asked
+
+
 async def test_the_whole_flow_with_the_providers_configuration(
     provider: Conformant,
     connector_env: dict[str, str],
@@ -204,17 +231,18 @@ async def test_the_whole_flow_with_the_providers_configuration(
             served = (await http.get(f"{deployment.base_url}/.well-known/jwks.json")).json()
         assert served == cli_jwks(int(loopback_socket.getsockname()[1]), tmp_path)
         async with agent_of(deployment) as agent:
-            try:
-                outcome = await agent.authorize()
-            except AssertionError:
-                print(provider.op.log()[-3000:])  # type: ignore[union-attr]
-                raise
+            outcome, pages, asked = await authorize(agent, provider)
             assert outcome.status is AuthorizationStatus.AUTHORIZED, outcome.describe()
             wire = json.dumps(agent.wire.messages, default=str)
         assert await provider.token_requests("authorization_code") == 2  # the verifier's and the provider's
         stats = await provider.op.stats()  # type: ignore[union-attr]
         if configuration == "par_required":
             assert stats["pushed_authorization_requests"] == 2  # the verifier's and the provider's
+        # With PAR the browser carried client_id and request_uri only: nothing of the request in its URL.
+        expected = {"client_id", "request_uri"} if configuration == "par_required" else None
+        assert len(asked) == 2  # the verifier's and the provider's authorization requests
+        for query in asked:
+            assert set(query) == expected if expected else {"code_challenge", "state", "scope"} <= set(query)
         assert await userinfo(deployment, provider) == 200
         expire(deployment)
         assert await userinfo(deployment, provider) == 200
@@ -228,6 +256,7 @@ async def test_the_whole_flow_with_the_providers_configuration(
         database_file = Path(deployment.connector.runtime.settings.database.url.split("///", 1)[1])
         database = await asyncio.to_thread(database_file.read_bytes)
     scan("the ACP wire", wire)
+    scan("the pages", pages)
     scan("the logs", "\n".join(r.getMessage() + json.dumps(r.__dict__, default=str) for r in caplog.records))
     scan("the database", database.decode("latin-1"))
 
@@ -243,6 +272,11 @@ async def test_providers_check_reports_the_client_key(
     assert "client authentication: private_key_jwt (configured (token_endpoint_auth_method))" in report.facts
     (key,) = [fact for fact in report.facts if fact.startswith("client key:")]
     assert f"ES256 key {kid} from the vault" in key and "/.well-known/jwks.json" in key
+    (par,) = [fact for fact in report.facts if fact.startswith("pushed authorization requests:")]
+    if provider.op.configuration == "par_required":  # type: ignore[union-attr]
+        assert par.startswith("pushed authorization requests: used, the provider requires it")
+    else:
+        assert par.startswith("pushed authorization requests: not used (offered at")  # oidc-provider offers it
 
 
 def test_private_key_jwt_is_chosen_when_it_is_the_only_method_listed() -> None:
@@ -251,3 +285,23 @@ def test_private_key_jwt_is_chosen_when_it_is_the_only_method_listed() -> None:
     assert choose_auth_method(
         None, ["client_secret_post", "private_key_jwt"], has_secret=True, discovered=True
     ).method == ("client_secret_post")
+
+
+async def test_par_asked_by_the_entry_of_a_provider_that_only_offers_it(
+    provider: Conformant, connector_env: dict[str, str], tmp_path: Path, loopback_socket: socket.socket
+) -> None:
+    if provider.op.configuration != "private_key_jwt":  # type: ignore[union-attr]
+        pytest.skip("the provider must offer PAR without requiring it")
+    async with (
+        connector(provider, connector_env, tmp_path, loopback_socket, pushed_authorization_requests=True) as deployment,
+        agent_of(deployment) as agent,
+    ):
+        outcome, _, (verifier, connection) = await authorize(agent, provider)
+        assert outcome.status is AuthorizationStatus.AUTHORIZED, outcome.describe()
+        report = await check_provider(
+            deployment.connector.runtime.providers, deployment.connector.runtime.providers.entry(NAME)
+        )
+    assert {"code_challenge", "state", "scope"} <= set(verifier)  # the identity verifier's entry does not ask for PAR
+    assert set(connection) == {"client_id", "request_uri"}
+    assert (await provider.op.stats())["pushed_authorization_requests"] == 1  # type: ignore[union-attr]
+    assert any(f.startswith("pushed authorization requests: used, the catalog entry asks for it") for f in report.facts)

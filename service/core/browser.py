@@ -121,7 +121,12 @@ class BrowserFlow:
         await self.check_identity(record, browser_user)
         provider = await self.resolve(record.provider, record.connection_values)
         redirect_uri = self.settings.callback_url(provider.name)
-        request = self.providers.authorization_request(provider, redirect_uri=redirect_uri, scopes=record.scopes)
+        try:
+            request = await self.providers.authorization_request(
+                provider, redirect_uri=redirect_uri, scopes=record.scopes
+            )
+        except ConnectorError as exc:  # a pushed authorization request (PAR) refused or failed
+            raise FlowRefused(exc.code, detail={"message": str(exc)}) from None
         now = self.now()
         flow_id = new_id(16)
         verifier_key_id: str | None = None

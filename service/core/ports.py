@@ -267,9 +267,12 @@ class ProviderGateway(Protocol):
         """`provider` with its endpoints filled from a connection's per-connection values."""
         ...
 
-    def authorization_request(
+    async def authorization_request(
         self, provider: Provider, *, redirect_uri: str, scopes: Sequence[str]
-    ) -> AuthorizationRequest: ...
+    ) -> AuthorizationRequest:
+        """A new authorization request (pushed to the provider first where PAR is used: ConnectorError if that
+        fails)."""
+        ...
 
     def issuer_acceptable(self, provider: Provider, expected: str | None, received: str | None) -> bool:
         """RFC 9207: whether the `iss` of an authorization response (None: absent) is acceptable."""

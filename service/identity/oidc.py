@@ -116,7 +116,18 @@ class OidcVerifier:
     async def begin(self, attempt: VerificationAttempt) -> RedirectFirst:
         record = attempt.elicitation
         provider = await self._provider(record.id)
-        request = self.providers.authorization_request(provider, redirect_uri=self.redirect_uri, scopes=self.scopes)
+        try:
+            request = await self.providers.authorization_request(
+                provider, redirect_uri=self.redirect_uri, scopes=self.scopes
+            )
+        except ConnectorError as exc:  # a pushed authorization request (PAR) refused or failed
+            log.warning("identity provider refused the pushed authorization request: %s", exc)
+            raise FlowRefused(
+                "idp_unavailable",
+                event="idp_unavailable",
+                elicitation_id=record.id,
+                audit={"identity_verifier": self.name, "reason": str(exc)},
+            ) from None
         assert request.code_verifier is not None and request.nonce is not None
         verification_id = secrets.token_urlsafe(16)
         key_id, blob = self.ctx.vault.encrypt(request.code_verifier.encode(), aad=verification_aad(verification_id))

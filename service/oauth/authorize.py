@@ -49,6 +49,15 @@ def prompt_for(entry: ResolvedProvider, scopes: Sequence[str]) -> str | None:
 
 
 def authorization_url(entry: ResolvedProvider, *, redirect_uri: str, scopes: Sequence[str], flow: FlowSecrets) -> str:
+    """The authorization request as a URL, every parameter in its query (no PAR)."""
+    params = authorization_params(entry, redirect_uri=redirect_uri, scopes=scopes, flow=flow)
+    return str(add_params_to_uri(entry.authorization_endpoint, params))
+
+
+def authorization_params(
+    entry: ResolvedProvider, *, redirect_uri: str, scopes: Sequence[str], flow: FlowSecrets
+) -> list[tuple[str, str]]:
+    """The parameters of an authorization request (RFC 6749 §4.1.1, PKCE, nonce, the entry's extra ones)."""
     params: list[tuple[str, str]] = [
         ("response_type", "code"),
         ("client_id", entry.client_id),
@@ -67,7 +76,7 @@ def authorization_url(entry: ResolvedProvider, *, redirect_uri: str, scopes: Seq
     if prompt is not None:
         params.append(("prompt", prompt))
     params += list(entry.extra_authorize_params.items())
-    return str(add_params_to_uri(entry.authorization_endpoint, params))
+    return params
 
 
 def issuer_acceptable(entry: ResolvedProvider, expected: str | None, received: str | None) -> bool:

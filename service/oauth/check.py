@@ -85,6 +85,7 @@ def _describe(provider: ResolvedProvider, report: ProviderReport) -> None:
             f"token_endpoint_auth_method {provider.token_endpoint_auth_method} is not among the methods the "
             f"provider lists ({', '.join(supported)})"
         )
+    _describe_par(provider, report)
     if provider.token_endpoint_auth_method == "private_key_jwt":  # noqa: S105 (a method name)
         _describe_client_key(provider, report)
     if not provider.api_base_url:
@@ -99,6 +100,18 @@ def _describe(provider: ResolvedProvider, report: ProviderReport) -> None:
                 f"offline_access is asked with prompt={prompt!r}, without consent: a conformant provider drops it "
                 "and issues no refresh token, so each grant will need the user again when its token expires"
             )
+
+
+def _describe_par(provider: ResolvedProvider, report: ProviderReport) -> None:
+    """Pushed authorization requests (RFC 9126): used or not, and why."""
+    reason = provider.par_reason
+    if reason is None:
+        offered = f"offered at {provider.par_endpoint}" if provider.par_endpoint else "not offered"
+        report.facts.append(f"pushed authorization requests: not used ({offered}, not required)")
+    elif provider.par_endpoint is None:
+        report.problems.append(f"pushed authorization requests: {reason}, but the provider has no endpoint for them")
+    else:
+        report.facts.append(f"pushed authorization requests: used, {reason} ({provider.par_endpoint})")
 
 
 def _describe_client_key(provider: ResolvedProvider, report: ProviderReport) -> None:

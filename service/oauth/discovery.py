@@ -22,7 +22,14 @@ from .resolved import ResolvedProvider
 DISCOVERY_FAILED = DiscoveryError.code
 DISCOVERY_TIMEOUT = httpx.Timeout(10.0)
 # The endpoint members read, in this order (RFC 8414 section 2: the first two are required for the code flow).
-_ENDPOINTS = ("authorization_endpoint", "token_endpoint", "userinfo_endpoint", "revocation_endpoint", "jwks_uri")
+_ENDPOINTS = (
+    "authorization_endpoint",
+    "token_endpoint",
+    "userinfo_endpoint",
+    "revocation_endpoint",
+    "jwks_uri",
+    "pushed_authorization_request_endpoint",
+)
 _REQUIRED_ENDPOINTS = frozenset(_ENDPOINTS[:2])
 
 
@@ -48,6 +55,8 @@ async def discover(entry: ProviderEntry, url: str, http: httpx.AsyncClient) -> R
         userinfo_endpoint=entry.userinfo_endpoint or endpoints["userinfo_endpoint"],
         revocation_endpoint=entry.revocation_endpoint or endpoints["revocation_endpoint"],
         jwks_uri=entry.jwks_uri or endpoints["jwks_uri"],
+        par_endpoint=entry.pushed_authorization_request_endpoint or endpoints["pushed_authorization_request_endpoint"],
+        par_required=_boolean(document, "require_pushed_authorization_requests"),
         authorization_response_iss_parameter_supported=iss_supported,
         token_endpoint_auth_method=auth.method,
         auth_method_reason=auth.reason,
@@ -144,6 +153,14 @@ def _iss_parameter_supported(document: _Document) -> bool:
     value = document.members.get(key, False)
     if not isinstance(value, bool):
         raise document.error(f"has an {key} that is not a boolean", key)
+    return value
+
+
+def _boolean(document: _Document, key: str) -> bool:
+    """A boolean metadata member (absent: false)."""
+    value = document.members.get(key, False)
+    if not isinstance(value, bool):
+        raise document.error(f"has a {key} that is not a boolean", key)
     return value
 
 

@@ -26,11 +26,12 @@ from service.metrics import Metrics, ProviderEndpoint
 from service.providers import ProviderCatalog, ProviderEntry
 
 from . import token
-from .authorize import authorization_url, issuer_acceptable, new_flow_secrets
+from .authorize import authorization_params, authorization_url, issuer_acceptable, new_flow_secrets
 from .client_keys import ClientKeys
 from .discovery import discover
 from .http import ProviderHttp
 from .id_token import IdTokenExpectations, JwksCache, unverified_claims, validate_id_token
+from .par import pushed_authorization_url
 from .resolved import ResolvedProvider
 from .revocation import revoke
 from .userinfo import account_label, fetch_account
@@ -169,12 +170,19 @@ class ProviderGateway:
         return _resolved(provider).bound(values)
 
     # -- the authorization code flow -------------------------------------------------------------------
-    def authorization_request(
+    async def authorization_request(
         self, provider: Provider, *, redirect_uri: str, scopes: Sequence[str]
     ) -> AuthorizationRequest:
+        """A new authorization request: its URL (pushed to the provider first where PAR is used) and its secrets."""
         provider = _resolved(provider)
         flow = new_flow_secrets(provider)
-        url = authorization_url(provider, redirect_uri=redirect_uri, scopes=scopes, flow=flow)
+        if provider.par_reason is None:
+            url = authorization_url(provider, redirect_uri=redirect_uri, scopes=scopes, flow=flow)
+        else:
+            params = authorization_params(provider, redirect_uri=redirect_uri, scopes=scopes, flow=flow)
+            url = await self._call(
+                provider, ProviderEndpoint.PAR, pushed_authorization_url(provider, self.http_client(provider), params)
+            )
         return AuthorizationRequest(url, flow.state, flow.code_verifier, flow.nonce, provider.issuer)
 
     def issuer_acceptable(self, provider: Provider, expected: str | None, received: str | None) -> bool:

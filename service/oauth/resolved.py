@@ -36,6 +36,8 @@ class ResolvedProvider:
     authorization_response_iss_parameter_supported: bool
     token_endpoint_auth_method: TokenEndpointAuthMethod
     auth_method_reason: str = "configured"  # why this method (`providers check` says it)
+    par_endpoint: str | None = None  # RFC 9126's pushed_authorization_request_endpoint
+    par_required: bool = False  # the provider's require_pushed_authorization_requests
     id_token_algorithms: tuple[str, ...] | None = None  # id_token_signing_alg_values_supported, when discovered
     discovered: bool = False  # endpoints came (partly) from a discovery document
     extra: Mapping[str, object] = field(default_factory=dict)  # other discovery metadata, for checks
@@ -44,6 +46,15 @@ class ResolvedProvider:
     connection: Mapping[str, str] = field(default_factory=dict)
     # The connector's own signing keys (the gateway attaches them), for private_key_jwt.
     client_keys: ClientKeys | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def par_reason(self) -> str | None:
+        """Why authorization requests are pushed first (RFC 9126), or None when they are not."""
+        if self.par_required:
+            return "the provider requires it (require_pushed_authorization_requests)"
+        if self.entry.pushed_authorization_requests:
+            return "the catalog entry asks for it (pushed_authorization_requests)"
+        return None
 
     def client_assertion(self) -> str:
         """A fresh private_key_jwt assertion for one request to this provider (ProviderError without keys)."""
@@ -93,6 +104,7 @@ class ResolvedProvider:
             userinfo_endpoint=entry.userinfo_endpoint,
             revocation_endpoint=entry.revocation_endpoint,
             jwks_uri=entry.jwks_uri,
+            par_endpoint=entry.pushed_authorization_request_endpoint,
             authorization_response_iss_parameter_supported=entry.authorization_response_iss_parameter_supported,
             token_endpoint_auth_method=auth.method,
             auth_method_reason=auth.reason,
@@ -186,4 +198,5 @@ _BOUND_FIELDS = (
     "revocation_endpoint",
     "jwks_uri",
     "issuer",
+    "par_endpoint",
 )

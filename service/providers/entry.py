@@ -31,6 +31,7 @@ ENDPOINT_FIELDS: tuple[str, ...] = (
     "issuer",
     "discovery_url",
     "jwks_uri",
+    "pushed_authorization_request_endpoint",
 )
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_-]{0,62}$")
@@ -78,6 +79,9 @@ class ProviderEntry:
     authorization_response_iss_parameter_supported: bool = False
     discovery_url: str | None = None
     jwks_uri: str | None = None  # the provider's signing keys, for ID tokens (OpenID Connect)
+    # PAR (RFC 9126): push every authorization request first (also done whenever the provider's metadata requires it)
+    pushed_authorization_requests: bool = False
+    pushed_authorization_request_endpoint: str | None = None  # without discovery; discovery's otherwise
     account_id_field: str = "id"
     extra_authorize_params: Mapping[str, str] = field(default_factory=dict, hash=False)
     # A scope as asked -> the name the provider's token response gives it (Google answers `email` with

@@ -75,6 +75,8 @@ class ProviderTable(_Strict):
     authorization_response_iss_parameter_supported: StrictBool = False
     discovery_url: StrictStr | None = None
     jwks_uri: StrictStr | None = None
+    pushed_authorization_requests: StrictBool = False
+    pushed_authorization_request_endpoint: StrictStr | None = None
     account_id_field: StrictStr = Field(default="id", min_length=1)
     account_id_source: AccountSource = "userinfo"
     extra_authorize_params: dict[StrictStr, StrictStr] = Field(default_factory=dict)
