@@ -97,7 +97,13 @@ class OperatorLogin:
     async def start(self, request: Request) -> Response:
         """`GET /admin/login`: off to the identity provider."""
         provider = await self._provider()
-        sign_in = self.gateway.authorization_request(provider, redirect_uri=self.redirect_uri, scopes=self.scopes)
+        try:
+            sign_in = await self.gateway.authorization_request(
+                provider, redirect_uri=self.redirect_uri, scopes=self.scopes
+            )
+        except ConnectorError as exc:  # a pushed authorization request (PAR) refused or failed
+            log.warning("the operators' identity provider refused the sign-in request: %s", exc)
+            raise FlowRefused("idp_unavailable") from None
         memo = {"state": sign_in.state, "verifier": sign_in.code_verifier, "nonce": sign_in.nonce, "at": time.time()}
         key_id, blob = self.vault.encrypt_json(memo, aad=LOGIN_AAD)
         response = RedirectResponse(sign_in.url, status_code=303)
