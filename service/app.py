@@ -43,7 +43,7 @@ from .oauth import ProviderGateway
 from .oauth.check import ProviderReport, log_provider_problems
 from .providers import load_catalog
 from .store import Store
-from .tokens import TokenAccess
+from .tokens import ProactiveRefresh, TokenAccess
 from .util.clock import Clock
 from .vault import Vault
 
@@ -74,6 +74,7 @@ class Runtime:
     metrics: Metrics
     feed: OutboxFeed
     sweeper: Sweeper
+    proactive_refresh: ProactiveRefresh | None  # None unless `[grants] proactive_refresh`
     agent_api: AgentApi
     rate_limiter: RateLimiter
     replica: Replica
@@ -124,6 +125,8 @@ class Runtime:
         if self.webhook_worker is not None:
             await self.webhook_worker.start()
         self.sweeper.start()
+        if self.proactive_refresh is not None:
+            self.proactive_refresh.start()
         self.provider_check = asyncio.create_task(log_provider_problems(self.providers))
 
     async def close(self) -> None:
@@ -131,6 +134,8 @@ class Runtime:
             self.provider_check.cancel()
             await asyncio.gather(self.provider_check, return_exceptions=True)
         await self.sweeper.close()
+        if self.proactive_refresh is not None:
+            await self.proactive_refresh.close()
         await self.feed.close()
         if self.webhook_worker is not None:
             await self.webhook_worker.close()
@@ -163,6 +168,7 @@ def build_runtime(settings: Settings) -> Runtime:
     verifier = build_verifier(VerifierContext(settings, flow, store, vault, providers, clock))
     webhooks, webhook_worker = build_webhooks(settings, store, vault, bus, clock, metrics)
     tokens = TokenAccess(store, vault, providers, bus, clock, metrics, settings.grants.backoff())
+    proactive = settings.grants.proactive()
     return Runtime(
         settings=settings,
         clock=clock,
@@ -188,6 +194,7 @@ def build_runtime(settings: Settings) -> Runtime:
             interval=settings.elicitation.sweep_interval_seconds,
             retention_interval=settings.retention.interval_seconds,
         ),
+        proactive_refresh=ProactiveRefresh(tokens, proactive) if proactive is not None else None,
         agent_api=AgentApi(elicitations, store, bus, clock),
         rate_limiter=rate_limiter,
     )

@@ -17,7 +17,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import NoDecode
 
-from service.core.health import RefreshBackoff
+from service.core.health import ProactivePolicy, RefreshBackoff
 from service.core.retention import RetentionPolicy
 from service.core.webhooks import WebhookPolicy
 
@@ -451,12 +451,34 @@ class GrantSettings(_Section):
     """The wait after the first transient refresh failure (drawn between half of it and all of it)."""
     refresh_retry_max_seconds: float = Field(default=300.0, gt=0, le=86400)
     """The longest wait between two refresh attempts of one grant."""
+    proactive_refresh: bool = False
+    """Refresh the access tokens of grants this replica used lately before they expire, in the background, so that
+    an agent's call rarely waits on a refresh. Off: a token is refreshed when a call finds it due."""
+    proactive_refresh_used_within_seconds: float = Field(default=3600.0, gt=0, le=30 * 86400)
+    """Only grants this replica used within this many seconds are refreshed ahead (others wait for their next use)."""
+    proactive_refresh_ahead_seconds: float = Field(default=300.0, gt=0, le=86400)
+    """A grant's access token is refreshed ahead once it expires within this many seconds."""
+    proactive_refresh_interval_seconds: float = Field(default=30.0, gt=0, le=3600)
+    """How often this replica looks for tokens to refresh ahead."""
+    proactive_refresh_concurrency: int = Field(default=4, ge=1, le=64)
+    """How many refreshes ahead run at once on this replica."""
 
     def backoff(self) -> RefreshBackoff:
         """The refresh backoff, as plain values."""
         return RefreshBackoff(
             base=timedelta(seconds=self.refresh_retry_initial_seconds),
             cap=timedelta(seconds=self.refresh_retry_max_seconds),
+        )
+
+    def proactive(self) -> ProactivePolicy | None:
+        """What is refreshed ahead, as plain values; None when `proactive_refresh` is off."""
+        if not self.proactive_refresh:
+            return None
+        return ProactivePolicy(
+            used_within=self.proactive_refresh_used_within_seconds,
+            ahead=self.proactive_refresh_ahead_seconds,
+            interval=self.proactive_refresh_interval_seconds,
+            concurrency=self.proactive_refresh_concurrency,
         )
 
 

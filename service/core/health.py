@@ -95,3 +95,14 @@ class RefreshBackoff:
         if retry_after is not None:
             drawn = max(drawn, timedelta(seconds=max(retry_after, 0.0)))
         return min(drawn, self.cap)
+
+
+@dataclass(frozen=True, slots=True)
+class ProactivePolicy:
+    """Which tokens are refreshed ahead (`service.tokens.proactive`): those of grants used within `used_within`
+    seconds that expire within `ahead` seconds, looked for every `interval` seconds, `concurrency` at a time."""
+
+    used_within: float
+    ahead: float
+    interval: float
+    concurrency: int

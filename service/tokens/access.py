@@ -69,6 +69,8 @@ class TokenAccess:
         # Grant lookups: (issuer, subject, provider) -> {scopes asked: grant}, newest use last.
         self._grants: OrderedDict[tuple[str, str, str], dict[frozenset[str], GrantRecord]] = OrderedDict()
         self._generations: dict[tuple[str, str, str], int] = {}
+        # Grants this process used: grant id -> (when, provider), for refreshing ahead (`used_since`).
+        self._used: dict[str, tuple[float, str]] = {}
         events.add_listener(self._on_event)
 
     # -- finding a grant -----------------------------------------------------------------------------------
@@ -96,6 +98,8 @@ class TokenAccess:
             self._generations[pair] = self._generations.get(pair, 0) + 1
             self._grants.pop(pair, None)
             self._tokens.pop(event.grant_id, None)
+            if event.change is GrantChange.DELETED:
+                self._used.pop(event.grant_id, None)
 
     def _changed(self, grant: GrantRecord, change: GrantChange) -> None:
         self.events.publish(GrantChanged(grant.id, grant.identity, grant.provider, change))
@@ -124,21 +128,43 @@ class TokenAccess:
         values = self.connection(grant)
         return provider.bound(values) if values else provider
 
-    def _due(self, tokens: TokenSet) -> bool:
-        return tokens.expires_within(refresh_margin(tokens), now=self.now().timestamp())
+    def _due(self, tokens: TokenSet, ahead: float = 0.0) -> bool:
+        return tokens.expires_within(max(refresh_margin(tokens), ahead), now=self.now().timestamp())
 
-    def _must_refresh(self, tokens: TokenSet, stale: str | None) -> bool:
-        """Whether `tokens` must be refreshed before use: due, or its access token is the one just rejected."""
-        return (stale is not None and tokens.access_token == stale) or self._due(tokens)
+    def _must_refresh(self, tokens: TokenSet, stale: str | None, ahead: float = 0.0) -> bool:
+        """Whether `tokens` must be refreshed before use: due (or expiring within `ahead` seconds), or its access
+        token is the one just rejected."""
+        return (stale is not None and tokens.access_token == stale) or self._due(tokens, ahead)
 
     async def access_token(self, grant_id: str, provider: ResolvedProvider, *, stale: str | None = None) -> str:
         """A usable access token; refreshes when due, or when the caller saw `stale` rejected."""
+        self._used[grant_id] = (self.now().timestamp(), provider.name)
+        return await self._token(grant_id, provider, stale, 0.0)
+
+    def used_since(self, moment: datetime) -> dict[str, str]:
+        """The grants this process used at or after `moment`: grant id -> provider (older uses are forgotten)."""
+        cutoff = moment.timestamp()
+        for grant_id in [grant_id for grant_id, (at, _) in self._used.items() if at < cutoff]:
+            del self._used[grant_id]
+        return {grant_id: provider for grant_id, (_, provider) in self._used.items()}
+
+    def expiring_within(self, grant_id: str, seconds: float) -> bool | None:
+        """Whether the grant's access token, as this process holds it, expires within `seconds` (None: not held)."""
         cached = self._tokens.get(grant_id)
-        if cached is not None and not self._must_refresh(cached, stale):
+        return None if cached is None else self._due(cached, seconds)
+
+    async def refresh_ahead(self, grant_id: str, provider: ResolvedProvider, ahead: float) -> None:
+        """Refresh the grant's tokens now if they expire within `ahead` seconds (the same lock and checks as a
+        refresh on use: across replicas one refresh reaches the provider). Not a use of the grant."""
+        await self._token(grant_id, provider, None, ahead)
+
+    async def _token(self, grant_id: str, provider: ResolvedProvider, stale: str | None, ahead: float) -> str:
+        cached = self._tokens.get(grant_id)
+        if cached is not None and not self._must_refresh(cached, stale, ahead):
             return cached.access_token
         async with self._locks.hold(grant_id):
             cached = self._tokens.get(grant_id)  # another task here may have refreshed it meanwhile
-            if cached is not None and not self._must_refresh(cached, stale):
+            if cached is not None and not self._must_refresh(cached, stale, ahead):
                 return cached.access_token
             if cached is None:  # the first use in this process (or since the grant changed): the stored set may do
                 grant = await self.store.grants.get(grant_id)
@@ -147,11 +173,11 @@ class TokenAccess:
                 if grant.health.needs_user:  # never refreshed again, nor used, until the user authorizes anew
                     raise needs_user_error(grant, provider.display_name, grant.health.reason)
                 cached = self._tokens[grant_id] = self.decrypt(grant)
-                if not self._must_refresh(cached, stale):
+                if not self._must_refresh(cached, stale, ahead):
                     return cached.access_token
-            return await self._refresh(grant_id, provider, stale)
+            return await self._refresh(grant_id, provider, stale, ahead)
 
-    async def _refresh(self, grant_id: str, provider: ResolvedProvider, stale: str | None) -> str:
+    async def _refresh(self, grant_id: str, provider: ResolvedProvider, stale: str | None, ahead: float) -> str:
         """Refresh under the grant's lock (one replica at a time), unless what is stored by then will do.
 
         The set read once the lock is held is the newest: a replica that refreshed first stored its result (with
@@ -166,7 +192,7 @@ class TokenAccess:
             if grant.health.needs_user:
                 self._tokens.pop(grant_id, None)
                 raise needs_user_error(grant, provider.display_name, grant.health.reason)
-            if not self._must_refresh(tokens, stale):
+            if not self._must_refresh(tokens, stale, ahead):
                 self.metrics.refresh(grant.provider, RefreshResult.REUSED)  # another replica refreshed first
                 self._tokens[grant_id] = tokens
                 return tokens.access_token
