@@ -71,8 +71,9 @@ class ClientCreation:
 
 
 @asynccontextmanager
-async def deployment(tmp: Path, provider: MockOAuthProvider) -> AsyncIterator[Connector]:
-    """A migrated connector whose catalog names the served mock provider, its web routes on a loopback port."""
+async def deployment(tmp: Path, provider: MockOAuthProvider, **settings_env: str) -> AsyncIterator[Connector]:
+    """A migrated connector whose catalog names the served mock provider, its web routes on a loopback port
+    (`settings_env`: more CONNECTOR_* settings)."""
     entry = provider.catalog_entry()
     catalog = tmp / "providers.toml"
     catalog.write_text("[github]\n" + "\n".join(f"{k} = {_toml(v)}" for k, v in entry.items()) + "\n")
@@ -86,6 +87,7 @@ async def deployment(tmp: Path, provider: MockOAuthProvider) -> AsyncIterator[Co
             "CONNECTOR_PROVIDER_GITHUB_CLIENT_SECRET": provider.client_secret,
             "CONNECTOR_IDENTITY__LOCAL__ISSUER": "https://login.example.com",
             "CONNECTOR_IDENTITY__LOCAL__SUBJECT": "bench-user",
+            **settings_env,
         }
         config = tmp / "connector.toml"
         config.write_text("")
@@ -191,9 +193,9 @@ async def main(calls: int, rounds: int, flows: int) -> None:
 
 
 @asynccontextmanager
-async def deployment_in_tmp(provider: MockOAuthProvider) -> AsyncIterator[Connector]:
+async def deployment_in_tmp(provider: MockOAuthProvider, **settings_env: str) -> AsyncIterator[Connector]:
     with tempfile.TemporaryDirectory() as tmp:
-        async with deployment(Path(tmp), provider) as deployed:
+        async with deployment(Path(tmp), provider, **settings_env) as deployed:
             yield deployed
 
 
