@@ -47,6 +47,15 @@ async def check_provider(gateway: ProviderGateway, entry: ProviderEntry, *, keys
         missing = "client credentials" if not entry.has_credentials else "endpoints (a discovery URL)"
         report.facts.append(f"not configured: no {missing}; skipped")
         return report
+    if entry.credential is not None:
+        check = entry.credential.check
+        report.facts.append(f"{entry.kind}: sent only to {entry.api_base_url}")
+        report.facts.append(
+            f"check request: {check.method} {check.path}, run when a user enters the credential"
+            if check is not None
+            else "no check request: a credential is stored once its format passes"
+        )
+        return report
     try:
         provider = await gateway.rediscover(entry)
     except DiscoveryError as exc:

@@ -93,7 +93,21 @@ class ResolvedProvider:
 
     @classmethod
     def from_entry(cls, entry: ProviderEntry) -> ResolvedProvider:
-        """An entry whose endpoints are all written in the catalog (no discovery)."""
+        """An entry whose endpoints are all written in the catalog (no discovery). A credential entry has no
+        authorization server: its OAuth endpoints are empty and never used."""
+        if entry.is_credential:
+            return cls(
+                entry=entry,
+                authorization_endpoint="",
+                token_endpoint="",
+                issuer=None,
+                userinfo_endpoint=None,
+                revocation_endpoint=None,
+                jwks_uri=None,
+                authorization_response_iss_parameter_supported=False,
+                token_endpoint_auth_method="none",
+                auth_method_reason="a credential entry: no token endpoint",
+            )
         assert entry.authorization_endpoint is not None and entry.token_endpoint is not None
         auth = choose_auth_method(entry.token_endpoint_auth_method, None, has_secret=entry.has_secret, discovered=False)
         return cls(
@@ -183,7 +197,10 @@ class ResolvedProvider:
 
     @property
     def sign_in_host(self) -> str:
-        """The host the user is sent to (the consent page highlights it)."""
+        """The host the user is sent to (the consent page highlights it); for a credential entry, the API host
+        that what the user types is sent to."""
+        if self.entry.is_credential:
+            return self.entry.api_host or ""
         return host_of(self.authorization_endpoint) or ""
 
     def join_scopes(self, scopes: Iterable[str]) -> str:

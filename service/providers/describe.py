@@ -61,8 +61,39 @@ def _revocation(entry: ProviderEntry, style: Revocation) -> str:
     return f"revocation: {style.method} {style.encoding if style.token_param else ''} {auth}, {which} {carried}"
 
 
+def credential_facts(entry: ProviderEntry) -> EntryFacts:
+    """What a credential entry asks the user for, how it is carried and checked."""
+    spec = entry.credential
+    assert spec is not None
+    facts = EntryFacts(entry.name, entry.shown_name)
+    for name, field_spec in spec.fields.items():
+        shape = [f"starts with {' or '.join(field_spec.prefix.split('|'))}"] if field_spec.prefix else []
+        if field_spec.min_length == field_spec.max_length:
+            shape.append(f"{field_spec.min_length} characters")
+        if field_spec.characters:
+            shape.append(f"characters [{field_spec.characters}]")
+        checked = f" ({', '.join(shape)})" if shape else ""
+        facts.needs.append(f"the user types {field_spec.label} (`{name}`){checked}: {field_spec.docs_url}")
+    if entry.docs_url:
+        facts.needs.append(f"documentation: {entry.docs_url}")
+    facts.quirks.append(f"{spec.kind}: " + "; ".join(injection.describe() for injection in spec.inject))
+    if spec.check is None:
+        facts.quirks.append("no check request: stored once its format passes")
+    else:
+        check = spec.check
+        account = f", account at {check.account}" if check.account else ""
+        facts.quirks.append(f"check: {check.method} {check.path} expects {', '.join(map(str, check.expect))}{account}")
+    facts.quirks.append(
+        "disconnect deletes the stored copy; the key stays valid at the provider"
+        + (f" (revoke it at {spec.revoke_url})" if spec.revoke_url else "")
+    )
+    return facts
+
+
 def entry_facts(entry: ProviderEntry) -> EntryFacts:
     """The entry's needs and quirks (and, for an offline check, what is missing)."""
+    if entry.is_credential:
+        return credential_facts(entry)
     facts = EntryFacts(entry.name, entry.shown_name)
     quirks = entry.quirks
     facts.needs.append(f"credentials: {entry.client_id_env_var}, {entry.client_secret_env_var}")

@@ -16,7 +16,7 @@ _INTRO = """\
 
 <!-- Generated from config/providers.toml by `make reference` (python -m service.providers.docs). Do not edit. -->
 
-The connector ships a catalog of {count} OAuth 2.0 / OpenID Connect providers (`config/providers.toml`). Each
+The connector ships a catalog of {count} OAuth 2.0 / OpenID Connect providers and {credentials} API-key or Basic-credential entries (`config/providers.toml`). Each
 entry's facts come from the provider's published documentation, whose address is in the entry (and below); what
 could not be confirmed there is said in the entry's comment. A provider is usable once its client credentials are
 in the environment (`CONNECTOR_PROVIDER_<NAME>_CLIENT_ID` / `_CLIENT_SECRET`) and the redirect URI
@@ -72,6 +72,27 @@ code exchange's (Slack's user-token rotation).
 """
 
 
+_CREDENTIALS_INTRO = """
+## API keys and other credentials
+
+{count} entries are not OAuth providers: the user brings an API key, a personal access token or an HTTP Basic
+pair (`kind = "api_key"` or `"basic"`). The agent asks for one exactly as for OAuth (`request_authorization(...,
+provider="openai")`, `POST /v1/elicitations`): a URL-mode elicitation opens the connector's own page, which
+verifies the user first, then shows one password field per value (no autocomplete, nothing echoed back). What is
+typed is format-checked (prefix, length, characters), then proven by the entry's check request at the provider;
+only then is it stored, encrypted like tokens, as a grant (with the account the check revealed, where it names
+one), and `elicitation/complete` is sent. A refused value keeps the user on the page with the provider's refusal
+in words and stores nothing. `Connector.http()` and `/v1/proxy` carry it as the entry says (a header, HTTP Basic
+or a query parameter), only to the entry's API base; a 401 there marks the grant `needs_user` (reason
+`key_rejected`), and asking again replaces it. `disconnect` deletes the stored copy only: the key stays valid at
+the provider until the user revokes it there (the page and the entry say where).
+
+To add one, copy the closest credential table in `config/providers.toml` (its keys are listed above the first
+one); `tests/test_credential_entries.py` checks each entry against a mock API in its injection format.
+
+"""
+
+
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
@@ -81,6 +102,8 @@ def _values(entry: ProviderEntry) -> str:
 
 
 def _row(entry: ProviderEntry) -> str:
+    if entry.credential is not None:
+        return _credential_row(entry)
     docs = f"[docs]({entry.docs_url})" if entry.docs_url else "-"
     refresh = entry.quirks.token_request.refresh_tokens
     revokes = "yes" if entry.revocation_endpoint else "no"
@@ -88,12 +111,30 @@ def _row(entry: ProviderEntry) -> str:
     return "| " + " | ".join(_cell(cell) for cell in cells) + " |"
 
 
+def _credential_row(entry: ProviderEntry) -> str:
+    spec = entry.credential
+    assert spec is not None
+    docs = f"[docs]({entry.docs_url})" if entry.docs_url else "-"
+    fields = ", ".join(f"`{name}`" for name in spec.fields)
+    carried = "; ".join(injection.describe() for injection in spec.inject)
+    check = f"{spec.check.method} {spec.check.path}" if spec.check else "-"
+    cells = [entry.shown_name, f"`{entry.name}`", fields, carried, check, docs]
+    return "| " + " | ".join(_cell(cell) for cell in cells) + " |"
+
+
 def render(catalog_path: Path = CATALOG) -> str:
-    entries = load_catalog(catalog_path, env={}).entries()
-    parts = [_INTRO.format(count=len(entries))]
+    everything = load_catalog(catalog_path, env={}).entries()
+    entries = [entry for entry in everything if entry.credential is None]
+    credentials = [entry for entry in everything if entry.credential is not None]
+    parts = [_INTRO.format(count=len(entries), credentials=len(credentials))]
     parts.append("| provider | name | per-connection values | refresh tokens | revocation | documentation |\n")
     parts.append("|---|---|---|---|---|---|\n")
     parts += [_row(entry) + "\n" for entry in entries]
+    parts.append(_CREDENTIALS_INTRO.format(count=len(credentials)))
+    parts.append("| provider | name | fields | carried as | check request | documentation |\n")
+    parts.append("|---|---|---|---|---|---|\n")
+    parts += [_row(entry) + "\n" for entry in credentials]
+    entries = everything
     parts.append("\n## Each entry\n")
     for entry in entries:
         facts = entry_facts(entry)

@@ -13,8 +13,10 @@ from pydantic import SecretStr
 from service.core.errors import FlowRefused, ProviderNotConfigured, UnknownProvider
 from service.core.urls import host_of
 
+from .credentials import CredentialSpec
 from .quirks import Quirks
 
+EntryKind = Literal["oauth", "api_key", "basic"]
 TokenEndpointAuthMethod = Literal["client_secret_basic", "client_secret_post", "private_key_jwt", "none"]
 # Where a private_key_jwt assertion is addressed: the issuer (RFC 7523bis, FAPI 2.0) or the token endpoint.
 AssertionAudience = Literal["issuer", "token_endpoint"]
@@ -97,6 +99,9 @@ class ProviderEntry:
     environment_only: bool = False
     quirks: Quirks = field(default_factory=Quirks, hash=False)
     docs_url: str | None = None  # the provider's documentation: where to register the app, what it publishes
+    kind: EntryKind = "oauth"
+    # kind "api_key" / "basic": the fields the user types on the connector's page, their injection and check.
+    credential: CredentialSpec | None = field(default=None, hash=False)
 
     def __post_init__(self) -> None:
         if not self.scope_separator:
@@ -109,13 +114,21 @@ class ProviderEntry:
         object.__setattr__(self, "scope_descriptions", MappingProxyType(dict(self.scope_descriptions)))
 
     @property
+    def is_credential(self) -> bool:
+        """A credential entry (API key, HTTP Basic): the user types it on the connector's page; no OAuth."""
+        return self.credential is not None
+
+    @property
     def has_secret(self) -> bool:
         return self.client_secret is not None and bool(self.client_secret.get_secret_value())
 
     @property
     def has_credentials(self) -> bool:
         """A client id, and a secret unless the operator declared a public client (`none`, PKCE only) or one that
-        signs its own assertions (`private_key_jwt`, with the connector's key from the vault)."""
+        signs its own assertions (`private_key_jwt`, with the connector's key from the vault). A credential entry
+        needs none: the user brings the credential."""
+        if self.is_credential:
+            return True
         return bool(self.client_id) and (
             self.has_secret or self.token_endpoint_auth_method in ("none", "private_key_jwt")
         )
@@ -130,7 +143,9 @@ class ProviderEntry:
 
     @property
     def has_endpoints(self) -> bool:
-        """Endpoints are known, or can be discovered."""
+        """Endpoints are known, or can be discovered (a credential entry: its API base)."""
+        if self.is_credential:
+            return bool(self.api_base_url)
         return bool(self.authorization_endpoint and self.token_endpoint) or bool(self.discovery_url)
 
     @property
@@ -143,7 +158,10 @@ class ProviderEntry:
 
     @property
     def provider_host(self) -> str | None:
-        """Host the user is sent to (for the consent page); the discovery host until resolved."""
+        """Host the user is sent to (for the consent page); the discovery host until resolved. A credential entry's
+        is its API host: where what the user types goes."""
+        if self.is_credential:
+            return self.api_host
         return host_of(self.authorization_endpoint) or host_of(self.discovery_url)
 
     @property
@@ -157,6 +175,7 @@ class ProviderEntry:
             or host_of(self.issuer)
             or host_of(self.discovery_url)
             or host_of(self.authorization_endpoint)
+            or host_of(self.api_base_url if self.is_credential else None)
             or self.name
         )
 
@@ -239,6 +258,10 @@ class ProviderCatalog:
 
     def require_configured(self, name: str) -> ProviderEntry:
         entry = self.get(name)
+        if entry.is_credential:
+            if not entry.api_base_url:
+                raise ProviderNotConfigured(f"provider {name!r} has no api_base_url in {self.source}")
+            return entry
         if not entry.has_credentials:
             raise ProviderNotConfigured(
                 f"provider {name!r} has no client credentials: set {entry.client_id_env_var} "

@@ -25,13 +25,16 @@ from service.core.urls import url_problem
 from .entry import ENDPOINT_FIELDS, NAME_RE, TENANT_ID_PLACEHOLDER, ProviderCatalog, ProviderEntry
 from .entry import provider_env_var as provider_env_var
 from .quirks import PLACEHOLDER, Quirks, placeholders
-from .table import QUIRK_KEYS, ProviderTable
+from .credentials import CredentialSpec
+from .table import CREDENTIAL_KEYS, OAUTH_ONLY_KEYS, QUIRK_KEYS, ProviderTable
 
 _TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]{0,127}$")
 _DEFAULT_TENANT = "common"
 _SECRET_KEYS = ("client_id", "client_secret")
 # Optional text keys: an empty string means "not set", since TOML has no null.
-_OPTIONAL_TEXT = frozenset({*ENDPOINT_FIELDS, "display_name", "docs_url", "tenant", "token_endpoint_auth_method"})
+_OPTIONAL_TEXT = frozenset(
+    {*ENDPOINT_FIELDS, "display_name", "docs_url", "tenant", "token_endpoint_auth_method", "revoke_url"}
+)
 _RESERVED_PARAMS = frozenset(
     {
         "client_id",
@@ -263,6 +266,32 @@ def _check_consistency(values: dict[str, Any], table: ProviderTable, source: _So
             raise source.error(key, f"may not set {', '.join(sorted(reserved))}: the connector sets those itself")
 
 
+def _credential(table: ProviderTable, raw: Mapping[str, Any], source: _Source) -> CredentialSpec | None:
+    """A credential entry's fields, injection and check, checked together (None for an OAuth entry)."""
+    if table.kind == "oauth":
+        for key in sorted(CREDENTIAL_KEYS):
+            if key in raw:
+                raise source.error(key, 'belongs to a credential entry (kind = "api_key" or "basic")')
+        return None
+    for key in OAUTH_ONLY_KEYS:
+        if raw.get(key):
+            raise source.error(key, f"an entry of kind {table.kind!r} has no authorization server: remove it")
+    if not table.api_base_url:
+        raise source.error("api_base_url", f"is required for an entry of kind {table.kind!r}")
+    try:
+        return CredentialSpec(
+            kind=table.kind,
+            fields=table.fields,
+            inject=tuple(table.inject),
+            check=table.check,
+            revoke_url=table.revoke_url,
+        )
+    except ValidationError as exc:
+        error = exc.errors(include_url=False, include_input=False)[0]
+        problem = error["msg"].removeprefix("Value error, ")
+        raise source.error(dotted_key(tuple(error["loc"])) or "kind", problem) from None
+
+
 def _credentials(name: str, environ: Mapping[str, str]) -> tuple[str | None, SecretStr | None]:
     client_id = (environ.get(provider_env_var(name, "CLIENT_ID")) or "").strip() or None
     secret_text = (environ.get(provider_env_var(name, "CLIENT_SECRET")) or "").strip()
@@ -279,7 +308,8 @@ def build_entry(
     tenant = _tenant(table, source)
     quirks = _quirks(table, tenant, source)
     filled_tenant = None if quirks.value("tenant") is not None else tenant
-    values: dict[str, Any] = table.model_dump(exclude=set(QUIRK_KEYS) | {"tenant"})
+    credential = _credential(table, raw, source)
+    values: dict[str, Any] = table.model_dump(exclude=set(QUIRK_KEYS) | set(CREDENTIAL_KEYS) | {"tenant"})
     for key in ENDPOINT_FIELDS:
         if values.get(key) is not None:
             values[key] = _endpoint(key, values[key], filled_tenant, quirks, source)
@@ -288,7 +318,9 @@ def build_entry(
         raise source.error("docs_url", "must be an https URL")
     client_id, client_secret = _credentials(name, environ)
     values["default_scopes"] = tuple(values["default_scopes"])
-    return ProviderEntry(name=name, client_id=client_id, client_secret=client_secret, quirks=quirks, **values)
+    return ProviderEntry(
+        name=name, client_id=client_id, client_secret=client_secret, quirks=quirks, credential=credential, **values
+    )
 
 
 def load_catalog(path: Path, env: Mapping[str, str] | None = None) -> ProviderCatalog:

@@ -6,7 +6,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, field_validator
 
-from .entry import AssertionAudience, TokenEndpointAuthMethod
+from .credentials import CheckRequest, CredentialField, Injection
+from .entry import AssertionAudience, EntryKind, TokenEndpointAuthMethod
 from .quirks import (
     AccountSource,
     ApiAuth,
@@ -55,6 +56,7 @@ ScopeDescription = Annotated[StrictStr, Field(min_length=1, max_length=200, patt
 class ProviderTable(_Strict):
     """One `[name]` table of providers.toml, as written (before placeholders and environment)."""
 
+    kind: EntryKind = "oauth"
     display_name: StrictStr | None = None
     docs_url: StrictStr | None = None
     authorization_endpoint: StrictStr | None = None
@@ -94,6 +96,11 @@ class ProviderTable(_Strict):
     token_response: TokenResponseShape = Field(default_factory=TokenResponseShape)
     revocation: Revocation = Field(default_factory=Revocation)
     connection: dict[StrictStr, ConnectionValueTable] = Field(default_factory=dict)
+    # Credential entries (kind = "api_key" / "basic"): see service.providers.credentials.
+    fields: dict[StrictStr, CredentialField] = Field(default_factory=dict)
+    inject: list[Injection] = Field(default_factory=list)
+    check: CheckRequest | None = None
+    revoke_url: StrictStr | None = None
 
     def quirks(self) -> Quirks:
         return Quirks(
@@ -138,4 +145,17 @@ QUIRK_KEYS = frozenset(
         "connection",
         "dead_refresh_token_errors",
     }
+)
+# Keys of a credential entry, not fields of `ProviderEntry` as such: they become its `credential`.
+CREDENTIAL_KEYS = frozenset({"fields", "inject", "check", "revoke_url"})
+# Keys only an OAuth entry may set (a credential entry has no authorization server).
+OAUTH_ONLY_KEYS = (
+    "authorization_endpoint",
+    "token_endpoint",
+    "revocation_endpoint",
+    "userinfo_endpoint",
+    "discovery_url",
+    "issuer",
+    "jwks_uri",
+    "default_scopes",
 )
