@@ -23,7 +23,7 @@ from .core.events import ElicitationEvent, Event, GrantEvent
 from .core.identity import Identity
 from .core.outcomes import GrantInfo
 from .core.records import ElicitationRecord
-from .tokens import GrantAuth
+from .tokens import grant_auth
 from .util.clock import Clock
 
 if TYPE_CHECKING:
@@ -126,7 +126,9 @@ class Connector(AgentCalls):
     async def http(
         self, user: Identity, provider: str, *, scopes: Sequence[str] = (), **client_kwargs: Any
     ) -> AsyncIterator[httpx.AsyncClient]:
-        """An httpx client for the provider's API with the user's token injected (and refreshed) server-side.
+        """An httpx client for the provider's API with the user's token injected (and refreshed) server-side, or,
+        for a credential entry (an API key), its values as the catalog entry says (a 401 then marks the grant
+        `needs_user` and raises GrantNeedsUser).
 
         Requests to any other host are refused before they are sent, so the token cannot be steered elsewhere.
         The client runs over the provider's long-lived connection pool, so opening one per call is cheap;
@@ -139,7 +141,7 @@ class Connector(AgentCalls):
         if grant is None:
             raise NotAuthorized(f"{user} has no {resolved.display_name} grant with scopes {list(scopes)}")
         resolved = runtime.tokens.bound(grant, resolved)  # the API base may be the grant's (an instance URL)
-        auth = GrantAuth(runtime.tokens, grant.id, resolved)
+        auth = grant_auth(runtime.tokens, grant.id, resolved)
         async with runtime.providers.api_client(resolved, auth=auth, client_kwargs=client_kwargs) as client:
             yield client
 

@@ -102,7 +102,8 @@ def configure(
     # something restored warnings.showwarning since).
     logging.captureWarnings(False)
     logging.captureWarnings(True)
-    # httpx logs every request URL at INFO; ours never carry secrets, but keep the noise down.
+    # httpx logs every request URL at INFO: a credential entry injected as a query parameter (Pipedrive's api_token)
+    # puts a key in the URL it calls, so these lines are never written.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     logging.getLogger("alembic").setLevel(logging.WARNING)  # readiness checks would log on every probe
     # uvicorn's own loggers write through ours (no handlers or level of their own: a uvicorn.Config made with its

@@ -38,6 +38,7 @@ class ProviderEndpoint(StrEnum):
     USERINFO = "userinfo"
     REVOCATION = "revocation"
     PAR = "par"  # the pushed authorization request endpoint (RFC 9126)
+    CREDENTIAL_CHECK = "credential_check"  # the check request of a credential entry (an API key typed by the user)
 
 
 class RefreshResult(StrEnum):

@@ -37,8 +37,12 @@ REDIS_ENV = "CONNECTOR_TEST_REDIS_URL"
 def _toml_value(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):  # an inline table (a credential entry's fields, check)
+        return "{" + ", ".join(f'"{k}" = {_toml_value(v)}' for k, v in value.items()) + "}"
     return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
 DEMO_CATALOG = Path("var/demo-providers.toml")
 DEMO_PROVIDER = "demo"
+DEMO_KEY_PROVIDER = "demo-key"  # the API-key demo: a mock API that takes an API key typed on the connector's page
 
 
 def register(commands: Commands) -> None:
@@ -94,27 +95,33 @@ async def _serve_demo(invocation: Invocation, settings: Settings) -> int:
             "serve the demo on 127.0.0.1 only, or drop --demo",
         )
     catalog = load_catalog(settings.providers.catalog, env=settings.environment())
-    if any(entry.configured for entry in catalog.entries()):
-        ready = ", ".join(entry.name for entry in catalog.entries() if entry.configured)
+    # Credential entries (API keys) need no set-up, so they do not count as a provider someone configured.
+    oauth_ready = [entry.name for entry in catalog.entries() if entry.configured and not entry.is_credential]
+    if oauth_ready:
+        ready = ", ".join(oauth_ready)
         invocation.note(f"demo: using the configured provider(s) {ready}")
         demo = _reload(invocation, {"CONNECTOR_DEMO": "true"})
         return await _serve(invocation, use_development_key(demo))
-    async with _demo_provider(settings) as extra_env:
+    async with _demo_provider(settings) as (extra_env, demo_key):
         demo = _reload(invocation, {"CONNECTOR_DEMO": "true", **extra_env})
         greeting = (
             f"DEMO: no provider has credentials, so a mock provider ('{DEMO_PROVIDER}') serves on loopback. "
-            f"Open {demo.public_base_url}/ and press “Start a demo authorization”."
+            f"Open {demo.public_base_url}/ and press “Start a demo authorization”. For the API-key demo "
+            f"('{DEMO_KEY_PROVIDER}', a mock API on loopback) press “Start an API-key demo” and type the mock's "
+            f"demo key {demo_key} (valid only for this mock, for this run)."
         )
         return await _serve(invocation, use_development_key(demo), greeting)
 
 
 @asynccontextmanager
-async def _demo_provider(settings: Settings) -> AsyncIterator[dict[str, str]]:
-    """Serve the mock provider on loopback; yields the environment that adds it to the catalog."""
+async def _demo_provider(settings: Settings) -> AsyncIterator[tuple[dict[str, str], str]]:
+    """Serve the mock provider and the keyed mock API on loopback; yields the environment that adds them to the
+    catalog, and the demo key the keyed API accepts."""
     import secrets
 
     from ..core.urls import is_loopback_host
     from ..providers import provider_env_var
+    from ..testing.mock_keyed import MockKeyedApi
     from ..testing.mock_provider import MockOAuthProvider
 
     provider = MockOAuthProvider(
@@ -126,27 +133,45 @@ async def _demo_provider(settings: Settings) -> AsyncIterator[dict[str, str]]:
         display_name="Demo provider (mock)",
         sign_in_page=True,  # what a real provider shows: choose a user, approve or deny, narrow the scopes
     )
+    keyed = MockKeyedApi(display_name="Demo API (mock, API key)")
+    demo_key = keyed.add_key({"id": "demo-account", "name": "Demo User"})
     host = settings.server.host if is_loopback_host(settings.server.host) else "127.0.0.1"
-    async with provider.serve_http(host, 0):
-        catalog = _write_demo_catalog(settings, provider.catalog_entry())
-        yield {
+    async with provider.serve_http(host, 0), keyed.serve_http(host, 0):
+        catalog = _write_demo_catalog(
+            settings, {DEMO_PROVIDER: provider.catalog_entry(), DEMO_KEY_PROVIDER: keyed.catalog_entry()}
+        )
+        env = {
             "CONNECTOR_PROVIDERS__CATALOG": str(catalog),
             provider_env_var(DEMO_PROVIDER, "CLIENT_ID"): provider.client_id,
             provider_env_var(DEMO_PROVIDER, "CLIENT_SECRET"): provider.client_secret,
         }
+        yield env, demo_key
 
 
-def _write_demo_catalog(settings: Settings, entry: dict[str, object]) -> Path:
-    """The catalog as configured (its entries are listed as not set up on /), plus the demo provider."""
+def _write_demo_catalog(settings: Settings, entries: dict[str, dict[str, object]]) -> Path:
+    """The catalog as configured (its entries are listed as not set up on /), plus the demo providers."""
     configured = settings.providers.catalog
     original = configured.read_text() if configured.is_file() else ""
-    table = "\n".join(f"{key} = {json.dumps(value)}" for key, value in entry.items())
+    tables = "".join(f"\n[{name}]\n{_toml_table(entry)}\n" for name, entry in entries.items())
     DEMO_CATALOG.parent.mkdir(parents=True, exist_ok=True)
     DEMO_CATALOG.write_text(
-        f"# Written by `acp-connector serve --demo` at every start: {configured} and the mock provider it serves\n"
-        f"# on loopback.\n{original}\n\n[{DEMO_PROVIDER}]\n{table}\n"
+        f"# Written by `acp-connector serve --demo` at every start: {configured} and the mock providers it serves\n"
+        f"# on loopback.\n{original}\n{tables}"
     )
     return DEMO_CATALOG.resolve()
+
+
+def _toml_table(entry: dict[str, object]) -> str:
+    """`key = value` lines (JSON is TOML for strings, numbers, booleans and lists; tables become inline tables)."""
+    return "\n".join(f"{key} = {_toml_value(value)}" for key, value in entry.items())
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(k)} = {_toml_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return json.dumps(value)
 
 
 def _reload(invocation: Invocation, extra_env: dict[str, str]) -> Settings:

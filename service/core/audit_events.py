@@ -41,6 +41,11 @@ _EVENTS: dict[str, str] = {
     "rate_limited": "A client went over a rate limit (once per key and window).",
     "audit_suppressed": "More requests without any credential than audit_per_address or audit_total allow in a "
     "window: their audit rows are left out from here (once per window).",
+    # The credential form (an API key typed on the connector's page; values are never in the detail).
+    "credential_malformed": "A credential typed on the form failed its format check (detail: which fields).",
+    "credential_refused": "The provider's check request refused a credential typed on the form: nothing stored.",
+    "credential_rejected": "The provider answered 401 to a stored credential in use: the grant needs the user.",
+    "credential_unchecked": "The provider did not answer a credential's check request (in time): nothing stored.",
     # The identity step.
     "identity_challenge": "The identity verifier sent the browser to sign in first.",
     "identity_mismatch": "The person in the browser is not the bound user: the link stays open for the right one.",

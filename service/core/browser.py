@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from .credentials import ticket_flow
 from .errors import ConnectorError, FlowRefused, ProviderError
 from .handles import binding_hash, flow_aad, grant_aad, new_id, state_hash
 from .identity import Identity
@@ -119,6 +120,11 @@ class BrowserFlow:
         `record` is the elicitation as just read by `open_elicitation`: the one conditional UPDATE below is what
         decides whether it may still start."""
         await self.check_identity(record, browser_user)
+        if self.providers.credential_form(record.provider) is not None:
+            # A credential entry: the browser goes to the connector's own form instead of a provider.
+            ticket, form = ticket_flow(record, browser_binding, self.settings.connect_url(record.id), self.now())
+            await self._start(record, ticket)
+            return form
         provider = await self.resolve(record.provider, record.connection_values)
         redirect_uri = self.settings.callback_url(provider.name)
         try:
@@ -147,7 +153,12 @@ class BrowserFlow:
             expires_at=min(record.expires_at, now + FLOW_TTL),
             used_at=None,
         )
-        store = self.store
+        await self._start(record, flow)
+        return request.url
+
+    async def _start(self, record: ElicitationRecord, flow: FlowRecord) -> None:
+        """The verified browser's flow begins: -> AUTHORIZING, the flow stored, `verified` audited, together."""
+        store, now = self.store, flow.created_at
         async with store.transaction() as tx:
             # -> VERIFIED -> AUTHORIZING as one UPDATE. A first start has no flow to supersede; a restart (back
             # button, second click) supersedes the earlier flow.
@@ -163,7 +174,6 @@ class BrowserFlow:
                 await store.flows.invalidate_open(record.id, now, conn=tx)
             await store.flows.insert(flow, conn=tx)
             await self.elicitations.audit(record, "verified", now=now, conn=tx)
-        return request.url
 
     def _whose_browser(self, browser_user: Identity) -> dict[str, str]:
         """What an audit row of a refused browser says about who was there, and who vouched for it."""
@@ -279,7 +289,7 @@ class BrowserFlow:
                 detail={"error": exc.code, **({"check": check} if check is not None else {})},
             )
             raise FlowRefused(exc.code, detail={"message": str(exc)}) from None
-        completed = await self._complete(record, provider, authorized.tokens, authorized.account_id)
+        completed = await self.complete(record, provider, authorized.tokens, authorized.account_id)
         return Connected(completed, provider.display_name, authorized.account_label)
 
     # -- helpers ---------------------------------------------------------------------------------------
@@ -328,9 +338,11 @@ class BrowserFlow:
         )
         raise FlowRefused("access_denied" if declined else "provider_error", detail={"error": error})
 
-    async def _complete(
+    async def complete(
         self, record: ElicitationRecord, provider: Provider, tokens: TokenSet, account_id: str
     ) -> ElicitationRecord:
+        """Store what the user granted (OAuth tokens, or a credential typed on the form) encrypted as a grant of
+        `account_id`, and complete the elicitation in the same transaction (`Elicitations.finish`)."""
         now = self.now()
         previous = await previous_grant(self.store, record.identity, provider.name, account_id)
         tokens = carried_over(tokens, previous, self.vault)

@@ -30,6 +30,7 @@ class HealthReason(StrEnum):
     REVOKED = "revoked"  # the provider refused the refresh token (invalid_grant or its own "bad refresh token")
     ACCOUNT_CHANGED = "account_changed"  # a refresh answered for another account (the ID token's `sub` changed)
     NO_REFRESH_TOKEN = "no_refresh_token"  # noqa: S105 - a reason code. The access token expired and there is nothing to refresh it with
+    KEY_REJECTED = "key_rejected"  # the provider answered 401 to a credential the user typed (an API key revoked)
 
 
 def known_reason(value: str | None) -> HealthReason | None:
@@ -44,6 +45,7 @@ _SENTENCES = {
     HealthReason.REVOKED: "{provider} access was revoked or has expired on {provider}'s side",
     HealthReason.ACCOUNT_CHANGED: "{provider} answered for another account than the one that was authorized",
     HealthReason.NO_REFRESH_TOKEN: "the {provider} access has expired and was granted without a way to renew it",
+    HealthReason.KEY_REJECTED: "{provider} no longer accepts the key that was entered (it may have been revoked)",
 }
 
 

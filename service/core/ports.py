@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
+from .credentials import CredentialForm, CredentialVerdict
 from .events import ElicitationEvent, Event, GrantEvent, LoggedEvent
 from .identity import Identity
 from .records import (
@@ -293,6 +294,28 @@ class ProviderGateway(Protocol):
     ) -> Authorized:
         """Redeem the code; an OpenID provider's ID token must carry `nonce` and be issued after `issued_after`.
         `callback`: the callback's parameters (some providers send a per-connection value there)."""
+        ...
+
+    # -- credential entries (API keys, HTTP Basic): typed on the connector's page -------------------------------
+    def credential_form(self, name: str) -> CredentialForm | None:
+        """What the credential page asks for provider `name`; None for an OAuth provider."""
+        ...
+
+    def entry_kind(self, name: str) -> str:
+        """The catalog entry's kind: "oauth", "api_key" or "basic"."""
+        ...
+
+    def credential_problems(self, name: str, values: Mapping[str, str]) -> dict[str, str]:
+        """Each field's format problem (field name -> a sentence that never repeats the value); empty when none."""
+        ...
+
+    async def check_credential(self, provider: Provider, values: Mapping[str, str]) -> CredentialVerdict:
+        """Run the entry's check request with `values` injected: the account it names, or the refusal in words.
+        ProviderError (`provider_timeout`, `provider_unavailable`) when the provider gave no usable answer."""
+        ...
+
+    def credential_hint(self, name: str, values: Mapping[str, str]) -> str:
+        """What may be shown of stored values (the last four characters of each)."""
         ...
 
 

@@ -163,6 +163,9 @@ class TokenSet:
     connection: Mapping[str, str] = field(default_factory=dict, hash=False)
     # The provider account, when the token response names it (not stored: the grant row holds it).
     account_id: str | None = None
+    # A credential entry's values as the user typed them (API keys, an account SID and auth token), by field name;
+    # `token_type` is then the entry's kind ("api_key", "basic") and `access_token` empty.
+    credential: Mapping[str, str] = field(default_factory=dict, hash=False)
 
     def __repr__(self) -> str:
         return f"TokenSet(token_type={self.token_type!r}, expires_at={self.expires_at!r}, scopes={self.scopes!r})"
@@ -177,6 +180,7 @@ class TokenSet:
             "id_token": self.id_token,
             "issued_at": self.issued_at,
             **({"connection": dict(self.connection)} if self.connection else {}),
+            **({"credential": dict(self.credential)} if self.credential else {}),
         }
 
     @classmethod
@@ -191,7 +195,25 @@ class TokenSet:
             id_token=data.get("id_token"),
             issued_at=data.get("issued_at"),
             connection={str(k): str(v) for k, v in (data.get("connection") or {}).items()},
+            credential={str(k): str(v) for k, v in (data.get("credential") or {}).items()},
         )
+
+    @classmethod
+    def of_credential(cls, kind: str, values: Mapping[str, str], *, now: float) -> TokenSet:
+        """What a credential grant encrypts: the values typed, under the entry's kind; no expiry, no refresh."""
+        return cls(
+            access_token="",
+            token_type=kind,
+            refresh_token=None,
+            expires_at=None,
+            scopes=None,
+            issued_at=now,
+            credential=dict(values),
+        )
+
+    @property
+    def is_credential(self) -> bool:
+        return bool(self.credential)
 
     def expires_within(self, seconds: float, *, now: float | None = None) -> bool:
         if self.expires_at is None:

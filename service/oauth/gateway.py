@@ -19,13 +19,14 @@ from typing import Any, TypeVar
 
 import httpx
 
+from service.core.credentials import CredentialForm, CredentialVerdict
 from service.core.errors import DiscoveryError, EndpointError, ProviderError
 from service.core.ports import AuthorizationRequest, Authorized, Provider
 from service.core.records import TokenSet
 from service.metrics import Metrics, ProviderEndpoint
 from service.providers import ProviderCatalog, ProviderEntry
 
-from . import token
+from . import credentials, token
 from .authorize import authorization_params, authorization_url, issuer_acceptable, new_flow_secrets
 from .client_keys import ClientKeys
 from .discovery import discover
@@ -290,6 +291,27 @@ class ProviderGateway:
             return body
 
         return await self._call(provider, ProviderEndpoint.USERINFO, fetch())
+
+    # -- credential entries (API keys, HTTP Basic) ---------------------------------------------------------
+    def credential_form(self, name: str) -> CredentialForm | None:
+        return credentials.form_of(self.catalog.get(name))
+
+    def entry_kind(self, name: str) -> str:
+        return self.catalog.get(name).kind
+
+    def credential_problems(self, name: str, values: Mapping[str, str]) -> dict[str, str]:
+        return credentials.spec_of(self.catalog.get(name)).problems(values)
+
+    def credential_hint(self, name: str, values: Mapping[str, str]) -> str:
+        return credentials.spec_of(self.catalog.get(name)).hint(values)
+
+    async def check_credential(self, provider: Provider, values: Mapping[str, str]) -> CredentialVerdict:
+        resolved = _resolved(provider)
+        with self.metrics.provider_call(resolved.name, ProviderEndpoint.CREDENTIAL_CHECK):
+            verdict = await credentials.check(resolved, self.http_client(resolved), values)
+        if verdict.refusal is not None:
+            self.metrics.provider_failed(resolved.name, ProviderEndpoint.CREDENTIAL_CHECK)
+        return verdict
 
     # -- using a grant ---------------------------------------------------------------------------------
     async def refresh(

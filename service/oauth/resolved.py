@@ -105,7 +105,7 @@ class ResolvedProvider:
                 revocation_endpoint=None,
                 jwks_uri=None,
                 authorization_response_iss_parameter_supported=False,
-                token_endpoint_auth_method="none",
+                token_endpoint_auth_method="none",  # noqa: S106 - a method name; there is no token endpoint
                 auth_method_reason="a credential entry: no token endpoint",
             )
         assert entry.authorization_endpoint is not None and entry.token_endpoint is not None

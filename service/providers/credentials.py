@@ -134,7 +134,8 @@ class CheckRequest(_Table):
     path: StrictStr = Field(pattern=r"^/[^\s?#]*$")  # under the API base; may name fields ({account_sid})
     body: StrictStr | None = None  # a JSON body (a GraphQL query), sent as application/json
     expect: list[StrictInt] = Field(default_factory=lambda: [200])  # statuses that mean "works"
-    refused: list[StrictInt] = Field(default_factory=lambda: [401, 403])  # statuses that mean "this credential is wrong"
+    # Statuses that mean "this credential is wrong" (any other is the provider failing: nothing stored either).
+    refused: list[StrictInt] = Field(default_factory=lambda: [401, 403])
     account: StrictStr | None = None  # JSON pointer to the provider account in the answer (e.g. /id)
     error: StrictStr | None = None  # JSON pointer to the provider's refusal code in a refused answer
     timeout_seconds: float = Field(default=10.0, gt=0, le=60)
@@ -208,8 +209,8 @@ class CredentialSpec(_Table):
         parts = []
         for name, spec in self.fields.items():
             value = values.get(name, "")
-            shown = f"…{value[-4:]}" if len(value) >= 12 else "(set)"
-            parts.append(f"{spec.label} {shown}")
+            shown = f"…{value[-4:]}" if len(value) >= 12 else "set"
+            parts.append(shown if len(self.fields) == 1 else f"{spec.label} {shown}")
         return ", ".join(parts)
 
 

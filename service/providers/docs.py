@@ -16,10 +16,11 @@ _INTRO = """\
 
 <!-- Generated from config/providers.toml by `make reference` (python -m service.providers.docs). Do not edit. -->
 
-The connector ships a catalog of {count} OAuth 2.0 / OpenID Connect providers and {credentials} API-key or Basic-credential entries (`config/providers.toml`). Each
-entry's facts come from the provider's published documentation, whose address is in the entry (and below); what
-could not be confirmed there is said in the entry's comment. A provider is usable once its client credentials are
-in the environment (`CONNECTOR_PROVIDER_<NAME>_CLIENT_ID` / `_CLIENT_SECRET`) and the redirect URI
+The connector ships a catalog of {count} OAuth 2.0 / OpenID Connect providers and {credentials} API-key or HTTP Basic
+entries (`config/providers.toml`; the latter under "API keys and other credentials" below). Each entry's facts
+come from the provider's published documentation, whose address is in the entry (and below); what could not be
+confirmed there is said in the entry's comment. An OAuth provider is usable once its client credentials are in the
+environment (`CONNECTOR_PROVIDER_<NAME>_CLIENT_ID` / `_CLIENT_SECRET`) and the redirect URI
 `<public_base_url>/callback/<name>` is registered with it (`acp-connector providers list` prints it).
 
 Every entry is tested end to end (`tests/test_provider_matrix.py`): connect, use through `Connector.http()` and

@@ -22,10 +22,10 @@ from service.config.origins import ENVIRONMENT, dotted_key
 from service.core.errors import ConfigError
 from service.core.urls import url_problem
 
+from .credentials import CredentialSpec
 from .entry import ENDPOINT_FIELDS, NAME_RE, TENANT_ID_PLACEHOLDER, ProviderCatalog, ProviderEntry
 from .entry import provider_env_var as provider_env_var
 from .quirks import PLACEHOLDER, Quirks, placeholders
-from .credentials import CredentialSpec
 from .table import CREDENTIAL_KEYS, OAUTH_ONLY_KEYS, QUIRK_KEYS, ProviderTable
 
 _TENANT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.-]{0,127}$")

@@ -16,7 +16,7 @@ from datetime import datetime
 from service.core.coverage import find_grant
 from service.core.errors import ConnectorError, NotAuthorized, ProviderError
 from service.core.events import Event, GrantChange, GrantChanged, GrantEvent, GrantEventKind
-from service.core.health import RefreshBackoff
+from service.core.health import HealthReason, RefreshBackoff
 from service.core.identity import Identity
 from service.core.records import GrantRecord, TokenSet
 from service.metrics import Metrics, RefreshResult
@@ -25,6 +25,7 @@ from service.store import Store
 from service.util.locks import KeyedLocks
 from service.vault import Vault
 
+from .classify import Kind, Verdict
 from .refresh import EventBus, Refreshed, Refresher, needs_user_error
 
 log = logging.getLogger("service.tokens")
@@ -221,6 +222,38 @@ class TokenAccess:
         if usable:
             return before.access_token
         raise result.error
+
+    # -- credentials (API keys, HTTP Basic) -----------------------------------------------------------------
+    async def credential(self, grant_id: str, provider: ResolvedProvider) -> Mapping[str, str]:
+        """The values of a credential grant (decrypted once, cached until the grant changes); GrantNeedsUser when
+        the provider refused them before."""
+        cached = self._tokens.get(grant_id)
+        if cached is None:
+            grant = await self.store.grants.get(grant_id)
+            if grant is None:
+                raise NotAuthorized("the grant was disconnected")
+            if grant.health.needs_user:
+                raise needs_user_error(grant, provider.display_name, grant.health.reason)
+            cached = self._tokens[grant_id] = self.decrypt(grant)
+        if not cached.credential:
+            raise NotAuthorized(f"the {provider.display_name} grant holds no credential")
+        return cached.credential
+
+    async def credential_rejected(self, grant_id: str, provider: ResolvedProvider) -> NotAuthorized:
+        """The provider answered 401 to the grant's credential: mark it `needs_user` (reason `key_rejected`, with
+        `grant.needs_user` logged); the error for the caller to raise."""
+        async with self.store.grants.locked_for_refresh(grant_id) as locked:
+            if locked is None:
+                self._tokens.pop(grant_id, None)
+                return NotAuthorized("the grant was disconnected")
+            verdict = Verdict(Kind.NEEDS_USER, HealthReason.KEY_REJECTED.value)
+            detail: dict[str, object] = {"grant_id": grant_id, "reason": "http_401", "verdict": "needs_user"}
+            result = await self.refresher.needs_user(locked, provider, verdict, detail, "credential_rejected")
+        self._tokens.pop(grant_id, None)
+        for event in result.published:
+            self.events.publish(event)
+        assert isinstance(result.error, NotAuthorized)
+        return result.error
 
     # -- disconnecting -------------------------------------------------------------------------------------
     async def disconnect(self, user: Identity, provider: str) -> int:

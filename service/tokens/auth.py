@@ -1,4 +1,5 @@
-"""`GrantAuth`: httpx auth that adds a grant's bearer token, only for the provider's API host."""
+"""httpx auth for a grant, only for the provider's API host: `GrantAuth` adds an OAuth grant's bearer token,
+`CredentialAuth` a credential grant's values as its catalog entry says; `grant_auth` picks the one that fits."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import httpx
 
 from service.core.errors import ConnectorError, GrantNeedsUser, NotAuthorized
 from service.oauth import ResolvedProvider
+from service.oauth.credentials import check_destination, inject, spec_of
 
 from .access import TokenAccess
 
@@ -60,3 +62,37 @@ class GrantAuth(httpx.Auth):
             if fresh != token and isinstance(request.stream, httpx.ByteStream):
                 request.headers[auth.header] = auth.value(fresh)
                 yield request
+
+
+class CredentialAuth(httpx.Auth):
+    """httpx auth that injects a credential grant's values (a header, HTTP Basic or a query parameter, as the
+    catalog entry says), only for the provider's API host. A 401 marks the grant `needs_user` (`key_rejected`) and
+    raises GrantNeedsUser: a key the provider no longer accepts is not sent again until the user replaces it."""
+
+    def __init__(self, tokens: TokenAccess, grant_id: str, provider: ResolvedProvider) -> None:
+        self._tokens = tokens
+        self._grant_id = grant_id
+        self._provider = provider
+        self._spec = spec_of(provider.entry)
+        if not provider.api_base_url:
+            raise ConnectorError(
+                f"{provider.display_name} has no api_base_url (provider '{provider.name}')",
+                code="provider_misconfigured",
+            )
+        self._origin = api_origin(provider.api_base_url)
+
+    async def async_auth_flow(self, request: httpx.Request) -> AsyncGenerator[httpx.Request, httpx.Response]:
+        check_destination(request.url, self._origin, self._provider.display_name)
+        values = await self._tokens.credential(self._grant_id, self._provider)
+        inject(request, self._spec, values)
+        response = yield request
+        if response.status_code == 401:
+            await response.aread()
+            raise await self._tokens.credential_rejected(self._grant_id, self._provider)
+
+
+def grant_auth(tokens: TokenAccess, grant_id: str, provider: ResolvedProvider) -> httpx.Auth:
+    """The auth that carries grant `grant_id` at `provider`: its token (OAuth) or its credential values."""
+    if provider.entry.is_credential:
+        return CredentialAuth(tokens, grant_id, provider)
+    return GrantAuth(tokens, grant_id, provider)

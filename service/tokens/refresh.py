@@ -137,7 +137,7 @@ class Refresher:
         detail: dict[str, object] = {"grant_id": grant.id, "reason": exc.code, "verdict": verdict.kind.value}
         detail.update({"check": check} if check else {})
         if verdict.kind is Kind.NEEDS_USER:
-            return await self._needs_user(locked, provider, verdict, detail)
+            return await self.needs_user(locked, provider, verdict, detail)
         failures = grant.health.failures + 1
         wait = self.backoff.wait(failures, verdict.retry_after, self.rand)
         await locked.refresh_failed(now=now, next_refresh_at=now + wait, failures=failures)
@@ -155,9 +155,16 @@ class Refresher:
             error = ProviderError(f"{exc}; the refresh is retried in {wait.total_seconds():.0f} s", code=exc.code)
         return Refreshed(error=error)
 
-    async def _needs_user(
-        self, locked: LockedGrant, provider: ResolvedProvider, verdict: Verdict, detail: dict[str, object]
+    async def needs_user(
+        self,
+        locked: LockedGrant,
+        provider: ResolvedProvider,
+        verdict: Verdict,
+        detail: dict[str, object],
+        failed_event: str = "refresh_failed",
     ) -> Refreshed:
+        """Mark the grant `needs_user` for `verdict.reason` (audited as `failed_event`, then `grant_needs_user`,
+        with `grant.needs_user` logged), unless it was stored anew meanwhile."""
         grant, now = locked.grant, self.now()
         self.metrics.refresh(grant.provider, RefreshResult.NEEDS_USER, verdict.reason)
         event = GrantEvent(
@@ -171,7 +178,7 @@ class Refresher:
         published: list[GrantChanged | GrantEvent] = []
         async with locked.writing() as conn:
             await self.store.audit.record(
-                "refresh_failed", identity=grant.identity, provider=grant.provider, detail=detail, now=now, conn=conn
+                failed_event, identity=grant.identity, provider=grant.provider, detail=detail, now=now, conn=conn
             )
             if await locked.mark_needs_user(reason=verdict.reason, now=now, conn=conn):
                 await self.store.audit.record(

@@ -22,6 +22,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp
 
 from ..core.browser import BrowserFlow
+from ..core.credentials import CredentialStep
 from ..core.errors import FlowRefused, SchemaNotCurrent
 from ..core.identity import Identity
 from ..core.lifecycle import Elicitations
@@ -36,6 +37,7 @@ from .admin import AdminParts, admin_routes
 from .api import ApiParts, api_routes
 from .browser import BrowserRoutes
 from .client_address import ForwardedClient
+from .credentials import CredentialRoutes
 from .draining import Draining
 from .front import Front
 from .home import Home
@@ -100,6 +102,8 @@ def create_app(parts: WebParts, *, console_only: bool = False) -> Starlette:
         public_host=settings.public_host,
         trusted_proxies=settings.server.trusted_proxies,
     )
+
+    credential_form = CredentialRoutes(CredentialStep(parts.browser), pages, binding, parts.vault)
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -166,6 +170,8 @@ def create_app(parts: WebParts, *, console_only: bool = False) -> Starlette:
         Route("/connect/{elicitation_id}", checked(browser.connect_submit), methods=["POST"]),
         Route("/connect/{elicitation_id}/done", checked(browser.done_page), methods=["GET"]),
         Route("/connect", browser.connect_page, methods=["GET"]),
+        Route("/connect/{elicitation_id}/credentials", checked(credential_form.form_page), methods=["GET"]),
+        Route("/connect/{elicitation_id}/credentials", checked(credential_form.form_submit), methods=["POST"]),
         Route("/callback/{provider}", checked(browser.callback), methods=["GET"]),
         *_mounted(f"/identity/{name}", verifier_routes.browser),
         *_mounted(f"/v1/identity/{name}", verifier_routes.api),

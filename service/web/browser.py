@@ -53,6 +53,7 @@ class BrowserRoutes:
         assessed = assess_host(sign_in_host)
         # Continue redirects to the identity verifier's sign-in first (oidc, confirm) or straight to the provider.
         verifier_targets = await self.identity.verifier.form_targets()
+        credential = self.flow.providers.credential_form(provider.name)
         response = self.pages.render(
             request,
             "consent.html",
@@ -71,9 +72,12 @@ class BrowserRoutes:
                 "expires": expiry_words(view.elicitation.expires_at, self.flow.now()),
                 "action": f"/connect/{view.elicitation.id}",
                 "csrf": csrf_token(self.vault, view.elicitation.id, binding),
+                "credential": credential,
             },
         )
-        targets = [*verifier_targets, origin(provider.authorization_endpoint)]
+        # Continue goes on to the provider, or (a credential entry) to this connector's own form.
+        provider_target = [] if credential is not None else [origin(provider.authorization_endpoint)]
+        targets = [*verifier_targets, *provider_target]
         response.headers["Content-Security-Policy"] = csp_with_form_target(" ".join(dict.fromkeys(targets)))
         if is_new:
             self.binding.set(response, binding)

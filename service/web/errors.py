@@ -85,6 +85,16 @@ REFUSALS: dict[str, Refusal] = {
     "not_found": Refusal(404, "Not found", "There is nothing at this address."),
     "method_not_allowed": Refusal(405, "Method not allowed", "There is nothing at this address."),
     "internal_error": Refusal(500, "Something went wrong", "The connector hit an internal error. Try the link again."),
+    # The credential form (an API key typed on the connector's page).
+    "credential_form_invalid": Refusal(
+        400, "Form not open", "This form is not open for this browser. Open the agent's link again to start over."
+    ),
+    "credential_form_used": Refusal(
+        400, "Already submitted", "This form was already submitted. If you just connected, you are done."
+    ),
+    "credential_form_expired": Refusal(
+        400, "Took too long", "The form was open too long. Open the agent's link again to start over."
+    ),
     # The provider's answer.
     "missing_state": Refusal(400, "Invalid request", "The provider's answer carries no state."),
     "unknown_state": Refusal(400, "Invalid request", "This authorization answer does not match any request."),

@@ -44,7 +44,9 @@ class Home:
         # A public deployment says what it is and nothing about its version or setup.
         private = self.settings.is_loopback_deployment
         entries = self.providers.catalog.entries() if private else []
-        configured = [entry for entry in entries if entry.configured]
+        configured = [entry for entry in entries if entry.configured and not entry.is_credential]
+        # API-key and Basic-credential entries: ready without set-up (the user types the key on our page).
+        credentials = [entry for entry in entries if entry.is_credential and entry.configured]
         return self.pages.render(
             request,
             "home.html",
@@ -56,6 +58,8 @@ class Home:
                 "all_local": bool(configured)
                 and all(is_loopback_host(entry.provider_host or "") for entry in configured),
                 "unconfigured": [entry for entry in entries if not entry.configured],
+                "credentials": credentials,
+                "local_credentials": [e for e in credentials if is_loopback_host(e.provider_host or "")],
                 "demo": self.demo_user is not None,
                 "demo_user": self.demo_user.subject if self.demo_user is not None else None,
             },
@@ -66,8 +70,10 @@ class Home:
         user = self.demo_user
         if user is None:
             raise FlowRefused("not_found")
-        configured = [entry.name for entry in self.providers.catalog.entries() if entry.configured]
-        name = request.query_params.get("provider") or (configured[0] if configured else "")
+        entries = self.providers.catalog.entries()
+        configured = [entry.name for entry in entries if entry.configured]
+        oauth = [entry.name for entry in entries if entry.configured and not entry.is_credential]
+        name = request.query_params.get("provider") or (oauth[0] if oauth else "")
         if name not in configured:
             raise FlowRefused("provider_not_configured", detail={"message": _not_configured(name)})
         entry = self.providers.entry(name)
@@ -77,7 +83,9 @@ class Home:
             provider=name,
             scopes=entry.default_scopes,
             scope=RequestScope(f"demo-{secrets.token_hex(4)}"),
-            message=f"Demo: connect your {entry.shown_name} account (no agent is waiting for this one).",
+            message=f"Demo: connect your {entry.shown_name} account (no agent is waiting for this one)."
+            if not entry.is_credential
+            else f"Demo: enter your {entry.shown_name} API key (no agent is waiting for this one).",
         )
         await self.elicitations.consented(record)  # the demo plays the client that accepted
         return RedirectResponse(f"/connect/{record.id}", status_code=303)

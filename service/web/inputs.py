@@ -84,8 +84,12 @@ QUERY_PARAMETERS: dict[str, Rule] = {
     "code": ASCII,
     "error": Rule(256, ASCII.pattern, ASCII.shape),
     "iss": Rule(2048, ASCII.pattern, ASCII.shape),
+    "ticket": HANDLE,
 }
 FORM_FIELDS: dict[str, Rule] = {"csrf": CSRF, "action": CHOICE}
+# The credential form: its binding and ticket, and the values typed (any other name: TEXT, at most 4096 characters).
+CREDENTIAL_FORM_FIELDS: dict[str, Rule] = {"csrf": CSRF, "ticket": HANDLE}
+MAX_CREDENTIAL_FORM_BODY = 16 * 1024
 
 
 def printable(value: str) -> bool:

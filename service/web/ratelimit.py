@@ -94,7 +94,7 @@ class RateLimitGuard:
 
 # Which requests are limited, and what identifies their elicitation. The callback's elicitation is known only
 # through its `state`, so the per-elicitation bucket of a callback is keyed by (a hash of) the state.
-_CONNECT = re.compile(r"^/connect(?:/(?P<id>[^/]+))?/?$")
+_CONNECT = re.compile(r"^/connect(?:/(?P<id>[^/]+)(?:/credentials)?)?/?$")
 # The provider callbacks, and the identity verifiers' browser routes (e.g. the oidc sign-in callback).
 _CALLBACK = re.compile(r"^/(?:callback/[^/]+|identity/[^/]+/[^/]+)/?$")
 # The identity verifiers' API routes (e.g. the operator's confirm call).

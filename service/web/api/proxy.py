@@ -35,7 +35,7 @@ from service.core.errors import (
 from service.core.identity import Identity
 from service.core.records import GrantRecord
 from service.oauth import ProviderGateway, ResolvedProvider
-from service.tokens import GrantAuth, TokenAccess, api_origin
+from service.tokens import TokenAccess, api_origin, grant_auth
 from service.version import __version__
 
 from ..inputs import read_body
@@ -132,7 +132,7 @@ class ProxyRoute:
         )
         try:
             response = await self.providers.http.send_bare(
-                provider.name, upstream, GrantAuth(self.tokens, grant.id, provider)
+                provider.name, upstream, grant_auth(self.tokens, grant.id, provider)
             )
         except (NotAuthorized, ProviderError, httpx.HTTPError) as exc:
             raise _refusal(exc) from None
