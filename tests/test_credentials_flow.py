@@ -6,16 +6,22 @@ client: tests/test_credentials_browser.py."""
 from __future__ import annotations
 
 import socket
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from service import ElicitationStatus
+from service.core.records import TokenSet
 from service.testing import MockKeyedApi, MockOAuthProvider, ScriptedBrowser
+from service.tokens import grant_aad_of
+from service.vault import KeyRing, Vault, generate_key
 
 from .api_support import api_client, make_key, user_headers
+from .conftest import Deployment
 from .credential_support import KEYED, keyed_deployment, to_form, type_key
 from .flow_support import asking, assert_nothing_stored, events, status_of
+from .test_key_rotation import cli_env, keys_command
 
 
 @pytest.fixture
@@ -61,7 +67,7 @@ async def keyed_env(
     mock_provider: MockOAuthProvider,
     keyed: MockKeyedApi,
     loopback_socket: socket.socket,
-):  # type: ignore[no-untyped-def]
+) -> AsyncIterator[Deployment]:
     async with keyed_deployment(connector_env, tmp_path, mock_provider, keyed, loopback_socket) as deployment:
         yield deployment
 
@@ -77,8 +83,8 @@ async def keyed_env(
     ids=["refused", "wrong-prefix", "too-short", "wrong-characters"],
 )
 async def test_a_wrong_or_malformed_key_keeps_the_user_on_the_form_and_stores_nothing(
-    keyed_env, keyed: MockKeyedApi, typed: str, sentence: str
-) -> None:  # type: ignore[no-untyped-def]
+    keyed_env: Deployment, keyed: MockKeyedApi, typed: str, sentence: str
+) -> None:
     deployment = keyed_env
     calls = len(keyed.api_calls)
     async with asking(deployment) as ask:
@@ -98,7 +104,7 @@ async def test_a_wrong_or_malformed_key_keeps_the_user_on_the_form_and_stores_no
     assert len(keyed.api_calls) == calls + (1 if "refused" in sentence else 0)
 
 
-async def test_a_check_that_times_out_stores_nothing_and_says_so(keyed_env, keyed: MockKeyedApi) -> None:  # type: ignore[no-untyped-def]
+async def test_a_check_that_times_out_stores_nothing_and_says_so(keyed_env: Deployment, keyed: MockKeyedApi) -> None:
     deployment = keyed_env
     key = keyed.add_key()
     keyed.check_timeouts = 1
@@ -118,7 +124,9 @@ async def test_a_check_that_times_out_stores_nothing_and_says_so(keyed_env, keye
         assert (await pending.outcome()).ok
 
 
-async def test_the_form_is_shown_only_to_the_verified_browser_and_only_once(keyed_env, keyed: MockKeyedApi) -> None:  # type: ignore[no-untyped-def]
+async def test_the_form_is_shown_only_to_the_verified_browser_and_only_once(
+    keyed_env: Deployment, keyed: MockKeyedApi
+) -> None:
     deployment = keyed_env
     key = keyed.add_key()
     async with asking(deployment) as ask:
@@ -147,8 +155,8 @@ async def test_the_form_is_shown_only_to_the_verified_browser_and_only_once(keye
 
 
 async def test_a_401_marks_the_grant_needs_user_and_asking_again_replaces_the_key(
-    keyed_env, keyed: MockKeyedApi
-) -> None:  # type: ignore[no-untyped-def]
+    keyed_env: Deployment, keyed: MockKeyedApi
+) -> None:
     deployment = keyed_env
     connector = deployment.connector
     first = keyed.add_key({"id": "acct_1"})
@@ -191,8 +199,8 @@ async def test_a_401_marks_the_grant_needs_user_and_asking_again_replaces_the_ke
 
 
 async def test_through_v1_the_proxy_injects_the_key_and_it_never_comes_back(
-    keyed_env, keyed: MockKeyedApi, captured_logs: pytest.LogCaptureFixture
-) -> None:  # type: ignore[no-untyped-def]
+    keyed_env: Deployment, keyed: MockKeyedApi, captured_logs: pytest.LogCaptureFixture
+) -> None:
     deployment = keyed_env
     key = keyed.add_key()
     api_key = await make_key(deployment.connector.runtime.store)
@@ -224,3 +232,30 @@ async def test_through_v1_the_proxy_injects_the_key_and_it_never_comes_back(
     audit = str([a.detail for a in await deployment.connector.runtime.store.audit.list()])
     for where in (answers, log_text, audit):
         assert key not in where and key[8:] not in where
+
+
+async def test_keys_rotate_re_encrypts_a_stored_key_and_the_old_vault_key_retires(
+    keyed_env: Deployment, keyed: MockKeyedApi, connector_env: dict[str, str], tmp_path: Path
+) -> None:
+    deployment = keyed_env
+    key = keyed.add_key({"id": "acct_rot"})
+    async with asking(deployment) as ask:
+        pending = await ask(provider=KEYED, scopes=())
+        async with ScriptedBrowser() as browser:
+            assert (await type_key(browser, await to_form(browser, pending.url), key)).status_code == 200
+        assert (await pending.outcome()).ok
+    store = deployment.connector.runtime.store
+    (before,) = await store.grants.find(deployment.local_user, KEYED)
+    assert before.token_key_id == "k1"
+    new_key = generate_key("k2")
+    env = cli_env(connector_env["CONNECTOR_DATABASE__URL"], f"{new_key},{connector_env['CONNECTOR_VAULT__KEYS']}")
+    code, _, err = await keys_command(tmp_path, env, "rotate")
+    assert code == 0, err
+    (after,) = await store.grants.find(deployment.local_user, KEYED)
+    assert after.token_key_id == "k2" and after.token_ciphertext != before.token_ciphertext
+    only_new = Vault(KeyRing.from_strings([new_key]))
+    sealed = only_new.decrypt_json(after.token_key_id, after.token_ciphertext, aad=grant_aad_of(after))
+    tokens = TokenSet.from_json(sealed)
+    assert tokens.credential == {"api_key": key} and tokens.token_type == "api_key"
+    code, _, err = await keys_command(tmp_path, env, "retire", "k1")
+    assert code == 0, err

@@ -69,6 +69,8 @@ class AgentCalls(ABC):
         When the provider grants fewer scopes than asked, the outcome is `narrowed`: `refused_scopes` names the
         others and `grant` is the stored grant. Asking again for scopes the provider refused is answered the same
         way at once, without a new `elicitation/create`, unless `ask_again=True` (e.g. after the user said so).
+        For an API-key provider (a credential entry of the catalog) `ask_again=True` asks for a new key although
+        one is stored: the one the user types replaces it.
 
         `connection` gives the per-connection values the provider's catalog entry asks of the agent (e.g.
         `{"subdomain": "acme"}` for a shop, `{"tenant": "contoso.onmicrosoft.com"}`); they fill the provider's

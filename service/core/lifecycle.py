@@ -110,6 +110,8 @@ class Elicitations:
         malformed one."""
         self.providers.connection_values(provider, connection)
         grants = await self.store.grants.find(user, provider)
+        if ask_again and self.providers.credential_form(provider) is not None:
+            return None  # a credential entry asked again: the user replaces the stored key on the form
         return settled_by(grants, provider, self.display_name(provider), scopes, ask_again=ask_again)
 
     async def outcome(self, record: ElicitationRecord) -> AuthorizationOutcome:
