@@ -120,8 +120,7 @@ class BrowserFlow:
         `record` is the elicitation as just read by `open_elicitation`: the one conditional UPDATE below is what
         decides whether it may still start."""
         await self.check_identity(record, browser_user)
-        if self.providers.credential_form(record.provider) is not None:
-            # A credential entry: the browser goes to the connector's own form instead of a provider.
+        if self.providers.credential_form(record.provider) is not None:  # an API key: to our own form instead
             ticket, form = ticket_flow(record, browser_binding, self.settings.connect_url(record.id), self.now())
             await self._start(record, ticket)
             return form
@@ -341,8 +340,7 @@ class BrowserFlow:
     async def complete(
         self, record: ElicitationRecord, provider: Provider, tokens: TokenSet, account_id: str
     ) -> ElicitationRecord:
-        """Store what the user granted (OAuth tokens, or a credential typed on the form) encrypted as a grant of
-        `account_id`, and complete the elicitation in the same transaction (`Elicitations.finish`)."""
+        """Store the tokens (or a typed credential) as `account_id`'s grant and complete the elicitation, together."""
         now = self.now()
         previous = await previous_grant(self.store, record.identity, provider.name, account_id)
         tokens = carried_over(tokens, previous, self.vault)
