@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from datetime import timedelta
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -145,6 +146,13 @@ async def test_an_operator_signs_in_and_works_in_chromium(deploy_with: Deploy, o
             again = await page.goto(f"{seeded.base_url}/admin")
             assert again is not None and again.status == 401
             assert csp == []
+
+            # A session lasts admin.session_seconds: signed in again, then past it, the console answers 401.
+            await page.goto(f"{seeded.base_url}/admin/login")
+            await page.wait_for_url(f"{seeded.base_url}/admin")
+            seeded.deployment.connector.runtime.clock.advance(timedelta(seconds=3601))
+            expired = await page.goto(f"{seeded.base_url}/admin")
+            assert expired is not None and expired.status == 401
             await browser.close()
 
 
