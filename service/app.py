@@ -11,6 +11,7 @@ import asyncio
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from .config import Settings
@@ -145,6 +146,7 @@ class Runtime:
             await self._mcp.close()
         await self.replica.close()
         await self.bus.close()
+        await self.console.close()
         await self.providers.aclose()
         await self.store.close()
 
@@ -181,7 +183,15 @@ def build_runtime(settings: Settings) -> Runtime:
         verifier=verifier,
         verification=IdentityStep(browser, verifier),
         tokens=tokens,
-        console=Console(store, tokens, elicitations, webhooks, vault, clock),
+        console=Console(
+            store,
+            tokens,
+            elicitations,
+            webhooks,
+            vault,
+            clock,
+            timedelta(seconds=settings.admin.counts_max_age_seconds),
+        ),
         metrics=metrics,
         feed=feed,
         replica=replica,

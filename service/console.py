@@ -10,9 +10,12 @@ ends: its waiters and its agent are told), a secret is rotated by `WebhookEndpoi
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from .core.errors import FlowRefused
 from .core.lifecycle import Elicitations
@@ -29,6 +32,9 @@ from .vault import Vault
 __all__ = ["AuditFilter", "Console", "GrantFilter", "KeyRow", "Operator", "Overview"]
 
 OPERATOR_CANCEL_REASON = "cancelled by an operator"
+DEFAULT_COUNTS_MAX_AGE = timedelta(seconds=30)
+T = TypeVar("T")
+log = logging.getLogger("service.console")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +53,7 @@ class Operator:
 @dataclass(frozen=True, slots=True)
 class Overview:
     grants: GrantCounts
+    counted_at: datetime  # when `grants` was counted (a snapshot at most `Console.counts_max_age` old)
     pending: dict[ElicitationStatus, int]
     webhook_backlog: int
     webhook_oldest: datetime | None
@@ -59,6 +66,43 @@ class KeyRow:
     usage: KeyUsage
 
 
+class Snapshot(Generic[T]):
+    """A count over whole tables (a million grants cost a scan whatever the index), kept for `max_age`: read at once
+    when fresh; when older, the stale one is answered and one refresh starts in the background (stale while it
+    revalidates); the first read waits for the count. One count at a time per snapshot."""
+
+    def __init__(self, count: Callable[[], Awaitable[T]], clock: Clock, max_age: timedelta) -> None:
+        self._count = count
+        self._clock = clock
+        self._max_age = max_age
+        self._value: tuple[datetime, T] | None = None
+        self._lock = asyncio.Lock()
+        self._refresh: asyncio.Task[None] | None = None
+
+    async def get(self) -> tuple[datetime, T]:
+        current = self._value
+        if current is None:
+            async with self._lock:
+                if self._value is None:
+                    self._value = (self._clock(), await self._count())
+                return self._value
+        if self._clock() - current[0] >= self._max_age and (self._refresh is None or self._refresh.done()):
+            self._refresh = asyncio.create_task(self._recount())
+        return current
+
+    async def _recount(self) -> None:
+        async with self._lock:
+            try:
+                self._value = (self._clock(), await self._count())
+            except Exception:  # the stale count stays; the next read tries again
+                log.warning("console: counting failed", exc_info=True)
+
+    async def close(self) -> None:
+        if self._refresh is not None:
+            self._refresh.cancel()
+            await asyncio.gather(self._refresh, return_exceptions=True)
+
+
 class Console:
     def __init__(
         self,
@@ -68,6 +112,7 @@ class Console:
         webhooks: WebhookEndpoints,
         vault: Vault,
         clock: Clock,
+        counts_max_age: timedelta = DEFAULT_COUNTS_MAX_AGE,
     ) -> None:
         self.store = store
         self.tokens = tokens
@@ -75,13 +120,20 @@ class Console:
         self.webhooks = webhooks
         self.vault = vault
         self.clock = clock
+        self.counts_max_age = counts_max_age
+        self._grant_counts = Snapshot(store.console.grant_counts, clock, counts_max_age)
+        self._key_usage = Snapshot(lambda: key_usage(store, clock()), clock, counts_max_age)
+
+    async def close(self) -> None:
+        await self._grant_counts.close()
+        await self._key_usage.close()
 
     # -- reading ------------------------------------------------------------------------------------------
     async def overview(self) -> Overview:
-        counts = await self.store.console.grant_counts()
+        counted_at, counts = await self._grant_counts.get()
         pending = await self.store.elicitations.count_open()
         backlog, oldest = await self.store.webhooks.backlog()
-        return Overview(counts, pending, backlog, oldest)
+        return Overview(counts, counted_at, pending, backlog, oldest)
 
     async def grants(self, where: GrantFilter, after: str | None, limit: int) -> Page[GrantRecord]:
         return await self.store.console.grants(where, after=Position.decode(after), limit=limit)
@@ -106,9 +158,10 @@ class Console:
             endpoint_id, after=Position.decode(after), limit=limit, waiting=waiting
         )
 
-    async def keys(self) -> list[KeyRow]:
+    async def keys(self) -> tuple[datetime, list[KeyRow]]:
+        """Every key id of the ring or the store, with what it encrypts as last counted (and when)."""
         ring = self.vault.ring
-        usage = await key_usage(self.store, self.clock())
+        counted_at, usage = await self._key_usage.get()
         rows = []
         for key_id in dict.fromkeys([*ring.key_ids, *usage]):
             if key_id == ring.primary_key_id:
@@ -116,7 +169,7 @@ class Console:
             else:
                 state = "decrypt only" if key_id in ring else "not in the ring"
             rows.append(KeyRow(key_id, state, usage.get(key_id, KeyUsage())))
-        return rows
+        return counted_at, rows
 
     async def grant(self, grant_id: str) -> GrantRecord:
         found = await self.store.grants.get(grant_id)

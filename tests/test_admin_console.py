@@ -4,6 +4,7 @@ listener; strangers (401) and agents (403) refused on every route."""
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import io
 import json
@@ -254,3 +255,29 @@ def test_settings_that_cannot_work_are_refused(env: dict[str, str], problem: str
         load_settings(None, env=env)
     assert problem in str(caught.value)
     assert "short" not in str(caught.value).replace("too short", "")
+
+
+async def test_the_overview_counts_are_a_snapshot_of_bounded_age(deploy_with: Deploy) -> None:
+    async with (
+        seeded_console(deploy_with, CONNECTOR_ADMIN__COUNTS_MAX_AGE_SECONDS="30") as seeded,
+        seeded.operator() as op,
+    ):
+        runtime = seeded.deployment.connector.runtime
+        assert "1 grants in all" in (await op.get("/admin")).text
+        assert "<td>1</td>" in (await op.get("/admin/keys")).text
+        now = datetime.now(UTC)
+        await runtime.store.grants.upsert(
+            GrantRecord(
+                new_id(16), Identity("https://idp.test", "u2"), "github", "a2", ("read",), "k1", b"x", None, now, now
+            )
+        )
+        assert "1 grants in all" in (await op.get("/admin")).text  # counted less than 30 s ago
+        runtime.clock.advance(timedelta(seconds=31))
+        assert "1 grants in all" in (await op.get("/admin")).text  # the stale count at once; a recount starts
+        for _ in range(100):
+            if "2 grants in all" in (await op.get("/admin")).text:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("the overview was never recounted")
+        assert "<td>1</td>" in (await op.get("/admin/keys")).text  # the keys page's own snapshot: the stale count at once

@@ -400,6 +400,9 @@ class AdminSettings(_Section):
     """How long an operator's sign-in lasts."""
     page_size: int = Field(default=50, ge=1, le=500)
     """Rows per page of each list."""
+    counts_max_age_seconds: float = Field(default=30.0, ge=0, le=3600)
+    """How old the overview's grant counts and the keys page's counts may be (counting a million grants is a scan):
+    older, the page shows the last count and one recount starts in the background. 0 counts on every view."""
 
     @field_validator(
         "api_key", "oidc_client_secret", "port", "base_url", "oidc_discovery_url", "oidc_client_id", mode="before"

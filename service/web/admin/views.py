@@ -104,6 +104,7 @@ class Views:
                 "pending": [(s.value, n) for s, n in overview.pending.items()],
                 "pending_total": sum(overview.pending.values()),
                 "backlog": overview.webhook_backlog,
+                "counted_at": overview.counted_at,
                 "oldest": overview.webhook_oldest,
             },
         )
@@ -220,4 +221,5 @@ class Views:
         )
 
     async def keys(self, request: Request, caller: Caller) -> Response:
-        return self.render(request, caller, "keys", {"title": "Vault keys", "rows": await self.console.keys()})
+        counted_at, rows = await self.console.keys()
+        return self.render(request, caller, "keys", {"title": "Vault keys", "rows": rows, "counted_at": counted_at})
