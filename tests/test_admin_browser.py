@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import json
 import shutil
-from datetime import timedelta
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 

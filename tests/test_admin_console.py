@@ -280,4 +280,4 @@ async def test_the_overview_counts_are_a_snapshot_of_bounded_age(deploy_with: De
             await asyncio.sleep(0.05)
         else:
             raise AssertionError("the overview was never recounted")
-        assert "<td>1</td>" in (await op.get("/admin/keys")).text  # the keys page's own snapshot: the stale count at once
+        assert "<td>1</td>" in (await op.get("/admin/keys")).text  # its own snapshot, stale: shown at once
