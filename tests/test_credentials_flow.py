@@ -259,3 +259,31 @@ async def test_keys_rotate_re_encrypts_a_stored_key_and_the_old_vault_key_retire
     assert tokens.credential == {"api_key": key} and tokens.token_type == "api_key"
     code, _, err = await keys_command(tmp_path, env, "retire", "k1")
     assert code == 0, err
+
+
+async def test_the_demo_serves_an_api_key_provider_beside_the_oauth_one(
+    connector_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`make run` (`serve --demo`): the demo catalog has the mock OAuth provider and `demo-key`, a credential entry
+    at a keyed mock API on loopback whose check request accepts the demo key it prints, and nothing else."""
+    from service.cli.serve import DEMO_KEY_PROVIDER, DEMO_PROVIDER, _demo_provider
+    from service.config import load_settings
+    from service.oauth import ProviderGateway
+    from service.providers import load_catalog
+
+    monkeypatch.chdir(tmp_path)  # the demo writes var/demo-providers.toml where it runs
+    (tmp_path / "connector.toml").write_text("")
+    settings = load_settings(tmp_path / "connector.toml", env=connector_env)
+    async with _demo_provider(settings) as (env, demo_key):
+        catalog = load_catalog(Path(env["CONNECTOR_PROVIDERS__CATALOG"]), env=env)
+        assert catalog.get(DEMO_PROVIDER).configured and not catalog.get(DEMO_PROVIDER).is_credential
+        entry = catalog.get(DEMO_KEY_PROVIDER)
+        assert entry.is_credential and (entry.api_host or "") == "127.0.0.1"
+        gateway = ProviderGateway(catalog)
+        try:
+            provider = await gateway.resolve(DEMO_KEY_PROVIDER)
+            assert (await gateway.check_credential(provider, {"api_key": demo_key})).account_id == "demo-account"
+            wrong = "mk_live_" + "0" * 32
+            assert (await gateway.check_credential(provider, {"api_key": wrong})).refusal is not None
+        finally:
+            await gateway.aclose()
