@@ -29,18 +29,10 @@ def keyed() -> MockKeyedApi:
     return MockKeyedApi()
 
 
-async def test_a_typed_key_is_checked_stored_and_used(
-    connector_env: dict[str, str],
-    tmp_path: Path,
-    mock_provider: MockOAuthProvider,
-    keyed: MockKeyedApi,
-    loopback_socket: socket.socket,
-) -> None:
+async def test_a_typed_key_is_checked_stored_and_used(keyed_env: Deployment, keyed: MockKeyedApi) -> None:
+    deployment = keyed_env
     key = keyed.add_key({"id": "acct_42", "name": "Mona"})
-    async with (
-        keyed_deployment(connector_env, tmp_path, mock_provider, keyed, loopback_socket) as deployment,
-        asking(deployment) as ask,
-    ):
+    async with asking(deployment) as ask:
         pending = await ask(provider=KEYED, scopes=())
         async with ScriptedBrowser() as browser:
             form = await to_form(browser, pending.url)
@@ -67,8 +59,12 @@ async def keyed_env(
     mock_provider: MockOAuthProvider,
     keyed: MockKeyedApi,
     loopback_socket: socket.socket,
+    database_url: str,
 ) -> AsyncIterator[Deployment]:
-    async with keyed_deployment(connector_env, tmp_path, mock_provider, keyed, loopback_socket) as deployment:
+    """A deployment with the keyed mock API, on SQLite and on PostgreSQL."""
+    async with keyed_deployment(
+        connector_env, tmp_path, mock_provider, keyed, loopback_socket, CONNECTOR_DATABASE__URL=database_url
+    ) as deployment:
         yield deployment
 
 
@@ -235,7 +231,7 @@ async def test_through_v1_the_proxy_injects_the_key_and_it_never_comes_back(
 
 
 async def test_keys_rotate_re_encrypts_a_stored_key_and_the_old_vault_key_retires(
-    keyed_env: Deployment, keyed: MockKeyedApi, connector_env: dict[str, str], tmp_path: Path
+    keyed_env: Deployment, keyed: MockKeyedApi, connector_env: dict[str, str], tmp_path: Path, database_url: str
 ) -> None:
     deployment = keyed_env
     key = keyed.add_key({"id": "acct_rot"})
@@ -248,7 +244,7 @@ async def test_keys_rotate_re_encrypts_a_stored_key_and_the_old_vault_key_retire
     (before,) = await store.grants.find(deployment.local_user, KEYED)
     assert before.token_key_id == "k1"
     new_key = generate_key("k2")
-    env = cli_env(connector_env["CONNECTOR_DATABASE__URL"], f"{new_key},{connector_env['CONNECTOR_VAULT__KEYS']}")
+    env = cli_env(database_url, f"{new_key},{connector_env['CONNECTOR_VAULT__KEYS']}")
     code, _, err = await keys_command(tmp_path, env, "rotate")
     assert code == 0, err
     (after,) = await store.grants.find(deployment.local_user, KEYED)
