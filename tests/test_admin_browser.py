@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from .admin_support import seeded_console
+from .admin_support import csrf_of, seeded_console
 from .chromium_support import CHROMIUM, FLAGS
 from .conftest import Deploy
 from .oidc_op_support import OidcOp
@@ -114,6 +114,15 @@ async def test_an_operator_signs_in_and_works_in_chromium(deploy_with: Deploy, o
                 report[path] = await axe_violations(page)
             (tmp_path / "axe.json").write_text(json.dumps(report, indent=2))
             assert all(not found for found in report.values()), json.dumps(report, indent=2)
+
+            # The session's forms need the session's token: none, or one made for the operator API key, is refused.
+            revoke = f"{seeded.base_url}/admin/grants/{seeded.grant.id}/revoke"
+            async with seeded.operator() as op:
+                other_session = csrf_of((await op.get(revoke)).text)
+            for form in ({"confirm": "yes"}, {"csrf": other_session, "confirm": "yes"}):
+                refused = await context.request.post(revoke, form=form)
+                assert refused.status == 403 and refused.headers["x-connector-error"] == "operator_csrf_failed"
+            assert await store.grants.get(seeded.grant.id) is not None
 
             # Revoke: the link on the list, the confirmation page, its button.
             await page.goto(f"{seeded.base_url}/admin/grants")

@@ -28,8 +28,8 @@ def _no_secret(seeded: Seeded, text: str) -> None:
         assert secret not in text
 
 
-async def test_every_page_shows_what_the_connector_holds(deploy_with: Deploy) -> None:
-    async with seeded_console(deploy_with) as seeded, seeded.operator() as op:
+async def test_every_page_shows_what_the_connector_holds(deploy_with: Deploy, database_url: str) -> None:
+    async with seeded_console(deploy_with, CONNECTOR_DATABASE__URL=database_url) as seeded, seeded.operator() as op:
         pages = {
             "/admin": ["Grants by provider", "github", "Pending elicitations", "Webhook backlog"],
             "/admin/grants": [seeded.grant.id, "acct-1", "active"],
@@ -90,8 +90,10 @@ async def test_strangers_get_401_and_agents_403_on_every_route(deploy_with: Depl
         ).secret_ciphertext == seeded.endpoint.secret_ciphertext  # type: ignore[union-attr]
 
 
-async def test_revoke_needs_its_csrf_token_and_a_confirmation_and_is_audited(deploy_with: Deploy) -> None:
-    async with seeded_console(deploy_with) as seeded, seeded.operator() as op:
+async def test_revoke_needs_its_csrf_token_and_a_confirmation_and_is_audited(
+    deploy_with: Deploy, database_url: str
+) -> None:
+    async with seeded_console(deploy_with, CONNECTOR_DATABASE__URL=database_url) as seeded, seeded.operator() as op:
         store = seeded.deployment.connector.runtime.store
         path = f"/admin/grants/{seeded.grant.id}/revoke"
         page = await op.get(path)
@@ -120,8 +122,8 @@ async def test_revoke_needs_its_csrf_token_and_a_confirmation_and_is_audited(dep
         assert [r.detail["action"] for r in await store.audit.list(event="csrf_failed")] == ["revoke"] * 3
 
 
-async def test_cancel_ends_the_elicitation_for_its_agent(deploy_with: Deploy) -> None:
-    async with seeded_console(deploy_with) as seeded, seeded.operator() as op:
+async def test_cancel_ends_the_elicitation_for_its_agent(deploy_with: Deploy, database_url: str) -> None:
+    async with seeded_console(deploy_with, CONNECTOR_DATABASE__URL=database_url) as seeded, seeded.operator() as op:
         path = f"/admin/elicitations/{seeded.elicitation_id}/cancel"
         token = csrf_of((await op.get(path)).text)
         done = await op.post(path, data={"csrf": token, "confirm": "yes"})
@@ -158,8 +160,11 @@ async def test_rotating_a_secret_shows_the_new_one_once(deploy_with: Deploy) -> 
         assert line.detail["operator"] == "api-key" and line.detail["overlap_seconds"] == 60
 
 
-async def test_lists_page_by_keyset(deploy_with: Deploy) -> None:
-    async with seeded_console(deploy_with, CONNECTOR_ADMIN__PAGE_SIZE="7") as seeded, seeded.operator() as op:
+async def test_lists_page_by_keyset(deploy_with: Deploy, database_url: str) -> None:
+    async with (
+        seeded_console(deploy_with, CONNECTOR_ADMIN__PAGE_SIZE="7", CONNECTOR_DATABASE__URL=database_url) as seeded,
+        seeded.operator() as op,
+    ):
         store = seeded.deployment.connector.runtime.store
         base = datetime.now(UTC) - timedelta(days=1)
         for i in range(20):  # several share one instant: ids break the ties
