@@ -21,6 +21,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
@@ -87,7 +88,7 @@ def loopback_socket(connector_port: int) -> Iterator[socket.socket]:
     sock.close()
 
 
-def op_config(port: int, jwks: dict[str, Any], **options: Any) -> dict[str, Any]:
+def op_config(port: int, jwks: dict[str, Any], conn: dict[str, Any], **options: Any) -> dict[str, Any]:
     """Two private_key_jwt clients: the provider connection's, with our public keys pasted (`jwks`), and the
     identity verifier's, whose keys the OP fetches from the connector's JWKS URL."""
     base = f"http://127.0.0.1:{port}"
@@ -99,7 +100,7 @@ def op_config(port: int, jwks: dict[str, Any], **options: Any) -> dict[str, Any]
     }
     return {
         "clients": [
-            {"client_id": "conn", "jwks": jwks, "redirect_uris": [f"{base}/callback/{NAME}"], **common},
+            {"client_id": "conn", "jwks": jwks, "redirect_uris": [f"{base}/callback/{NAME}"], **common, **conn},
             {
                 "client_id": "idp",
                 "jwks_uri": f"{base}/.well-known/jwks.json",
@@ -119,9 +120,20 @@ def op_config(port: int, jwks: dict[str, Any], **options: Any) -> dict[str, Any]
     }
 
 
-CONFIGURATIONS: dict[str, dict[str, Any]] = {
-    "private_key_jwt": {},
-    "par_required": {"par": {"required": True}},
+@dataclass(frozen=True)
+class Configuration:
+    op: dict[str, Any] = field(default_factory=dict)  # the OP's options (tests/oidc_op/README.md)
+    conn: dict[str, Any] = field(default_factory=dict)  # more metadata of the provider connection's client
+    entry: dict[str, Any] = field(default_factory=dict)  # more keys of the connector's catalog entry
+
+
+CONFIGURATIONS = {
+    "private_key_jwt": Configuration(),
+    "par_required": Configuration(op={"par": {"required": True}}),
+    # The client must use DPoP (dpop_bound_access_tokens), every proof with the OP's nonce; the entry asks for DPoP.
+    "dpop_required": Configuration(
+        op={"dpop": {"require_nonce": True}}, conn={"dpop_bound_access_tokens": True}, entry={"dpop": True}
+    ),
 }
 
 
@@ -130,7 +142,8 @@ async def oidc_op(
     request: pytest.FixtureRequest, connector_port: int, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[OidcOp]:
     jwks = cli_jwks(connector_port, tmp_path_factory.mktemp("cli"))
-    async with OidcOp.start(op_config(connector_port, jwks, **CONFIGURATIONS[request.param])) as op:
+    configuration = CONFIGURATIONS[request.param]
+    async with OidcOp.start(op_config(connector_port, jwks, configuration.conn, **configuration.op)) as op:
         op.configuration = request.param  # type: ignore[attr-defined]
         yield op
 
@@ -150,7 +163,8 @@ async def connector(
 ) -> AsyncIterator[Deployment]:
     """A connector that knows the provider by its discovery URL, has no client secret for it or for the identity
     provider, and signs with the module's vault key."""
-    table = {"discovery_url": provider.discovery_url, "oidc": True, "account_id_field": "sub", **entry}
+    configured = CONFIGURATIONS[provider.op.configuration].entry  # type: ignore[union-attr]
+    table = {"discovery_url": provider.discovery_url, "oidc": True, "account_id_field": "sub", **configured, **entry}
     catalog = write_catalog(tmp_path / "fapi.toml", {NAME: {**table, "api_base_url": provider.issuer}})
     env = {
         "CONNECTOR_VAULT__KEYS": VAULT_KEY,
@@ -178,10 +192,12 @@ def our_key() -> tuple[str, str]:
     return kid, str(key.as_dict(private=True)["d"])
 
 
-def scan(where: str, text: str) -> None:
+def scan(where: str, text: str, more: list[str] | None = None) -> None:
     """No private key (its `d`, or any PEM) and no client assertion (a JWT whose header names our key) in `text`."""
     kid, d = our_key()
     assert d not in text and "PRIVATE KEY" not in text, f"a private key in {where}"
+    for secret in more or []:
+        assert secret not in text, f"a grant's DPoP key in {where}"
     for token in JWT.findall(text):
         header = token.split(".", 1)[0]
         try:
@@ -234,7 +250,9 @@ async def test_the_whole_flow_with_the_providers_configuration(
             outcome, pages, asked = await authorize(agent, provider)
             assert outcome.status is AuthorizationStatus.AUTHORIZED, outcome.describe()
             wire = json.dumps(agent.wire.messages, default=str)
-        assert await provider.token_requests("authorization_code") == 2  # the verifier's and the provider's
+        # The verifier's and the provider's (with DPoP nonces, the provider's first proof had none: made again).
+        exchanges = 3 if configuration == "dpop_required" else 2
+        assert await provider.token_requests("authorization_code") == exchanges
         stats = await provider.op.stats()  # type: ignore[union-attr]
         if configuration == "par_required":
             assert stats["pushed_authorization_requests"] == 2  # the verifier's and the provider's
@@ -248,17 +266,33 @@ async def test_the_whole_flow_with_the_providers_configuration(
         assert await userinfo(deployment, provider) == 200
         assert await provider.token_requests("refresh_token") == 1
 
-        tokens = await stored_tokens(deployment)
+        tokens = await stored_tokens(deployment)  # decrypted from the database
+        kept: list[str] = []
+        if configuration == "dpop_required":
+            assert tokens["token_type"] == "DPoP" and tokens["dpop_key"]["kty"] == "EC"
+            kept.append(tokens["dpop_key"]["d"])
+            # Copied out of the database, the access token is useless without the key: refused with no proof.
+            async with httpx.AsyncClient() as http:
+                for scheme in ("DPoP", "Bearer"):
+                    answer = await http.get(
+                        provider.userinfo_url, headers={"Authorization": f"{scheme} {tokens['access_token']}"}
+                    )
+                    assert answer.status_code in (400, 401), (scheme, answer.status_code)
+        else:
+            assert tokens["token_type"] == "Bearer" and "dpop_key" not in tokens
         assert await deployment.connector.disconnect(deployment.local_user, NAME) == 1
         assert await provider.revocations() == 1
         assert not await provider.active(tokens["refresh_token"])
-        assert await provider.failures() == []  # no invalid_client, no refused revocation
+        failures = await provider.failures()
+        if configuration == "dpop_required":  # the first proof had no nonce: refused once, then made again with it
+            assert failures.count("use_dpop_nonce") >= 1
+        assert [f for f in failures if f != "use_dpop_nonce"] == []  # no invalid_client, no refused revocation
         database_file = Path(deployment.connector.runtime.settings.database.url.split("///", 1)[1])
         database = await asyncio.to_thread(database_file.read_bytes)
-    scan("the ACP wire", wire)
-    scan("the pages", pages)
-    scan("the logs", "\n".join(r.getMessage() + json.dumps(r.__dict__, default=str) for r in caplog.records))
-    scan("the database", database.decode("latin-1"))
+    scan("the ACP wire", wire, kept)
+    scan("the pages", pages, kept)
+    scan("the logs", "\n".join(r.getMessage() + json.dumps(r.__dict__, default=str) for r in caplog.records), kept)
+    scan("the database", database.decode("latin-1"), kept)
 
 
 async def test_providers_check_reports_the_client_key(
@@ -272,6 +306,11 @@ async def test_providers_check_reports_the_client_key(
     assert "client authentication: private_key_jwt (configured (token_endpoint_auth_method))" in report.facts
     (key,) = [fact for fact in report.facts if fact.startswith("client key:")]
     assert f"ES256 key {kid} from the vault" in key and "/.well-known/jwks.json" in key
+    (dpop,) = [fact for fact in report.facts if fact.startswith("DPoP:")]
+    if provider.op.configuration == "dpop_required":  # type: ignore[union-attr]
+        assert dpop.startswith("DPoP: used, the entry asks for it (ES256")
+    else:  # oidc-provider advertises DPoP, but nothing asks for it: Bearer tokens
+        assert dpop.startswith("DPoP: not used (the provider advertises it")
     (par,) = [fact for fact in report.facts if fact.startswith("pushed authorization requests:")]
     if provider.op.configuration == "par_required":  # type: ignore[union-attr]
         assert par.startswith("pushed authorization requests: used, the provider requires it")

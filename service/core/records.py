@@ -166,6 +166,9 @@ class TokenSet:
     # A credential entry's values as the user typed them (API keys, an account SID and auth token), by field name;
     # `token_type` is then the entry's kind ("api_key", "basic") and `access_token` empty.
     credential: Mapping[str, str] = field(default_factory=dict, hash=False)
+    # The private JWK of the key a DPoP-bound token (token_type DPoP, RFC 9449) is bound to: encrypted with the
+    # tokens, never shown.
+    dpop_key: Mapping[str, str] | None = field(default=None, hash=False, repr=False)
 
     def __repr__(self) -> str:
         return f"TokenSet(token_type={self.token_type!r}, expires_at={self.expires_at!r}, scopes={self.scopes!r})"
@@ -181,6 +184,7 @@ class TokenSet:
             "issued_at": self.issued_at,
             **({"connection": dict(self.connection)} if self.connection else {}),
             **({"credential": dict(self.credential)} if self.credential else {}),
+            **({"dpop_key": dict(self.dpop_key)} if self.dpop_key else {}),
         }
 
     @classmethod
@@ -196,6 +200,7 @@ class TokenSet:
             issued_at=data.get("issued_at"),
             connection={str(k): str(v) for k, v in (data.get("connection") or {}).items()},
             credential={str(k): str(v) for k, v in (data.get("credential") or {}).items()},
+            dpop_key={str(k): str(v) for k, v in data["dpop_key"].items()} if data.get("dpop_key") else None,
         )
 
     @classmethod

@@ -17,6 +17,7 @@ from service.providers import ProviderEntry
 
 from .authorize import prompt_for
 from .client_keys import ALGORITHM, JWKS_PATH
+from .dpop import ALGORITHM as DPOP_ALGORITHM
 from .gateway import ProviderGateway
 from .resolved import ResolvedProvider
 
@@ -95,6 +96,7 @@ def _describe(provider: ResolvedProvider, report: ProviderReport) -> None:
             f"provider lists ({', '.join(supported)})"
         )
     _describe_par(provider, report)
+    _describe_dpop(provider, report)
     if provider.token_endpoint_auth_method == "private_key_jwt":  # noqa: S105 (a method name)
         _describe_client_key(provider, report)
     if not provider.api_base_url:
@@ -121,6 +123,26 @@ def _describe_par(provider: ResolvedProvider, report: ProviderReport) -> None:
         report.problems.append(f"pushed authorization requests: {reason}, but the provider has no endpoint for them")
     else:
         report.facts.append(f"pushed authorization requests: used, {reason} ({provider.par_endpoint})")
+
+
+def _describe_dpop(provider: ResolvedProvider, report: ProviderReport) -> None:
+    """DPoP (RFC 9449): used where the entry asks for it; a provider that only advertises it issues Bearer tokens."""
+    listed = provider.extra.get("dpop_signing_alg_values_supported")
+    algorithms = tuple(str(a) for a in listed) if isinstance(listed, tuple) else None
+    offered = bool(algorithms)
+    if not provider.entry.dpop:
+        advertised = f"the provider advertises it ({', '.join(algorithms or ())})" if offered else "not advertised"
+        report.facts.append(f"DPoP: not used ({advertised}; the entry does not ask for it: Bearer tokens)")
+    elif algorithms is not None and DPOP_ALGORITHM not in algorithms:
+        report.problems.append(
+            f"DPoP: the entry asks for it, but the provider does not list {DPOP_ALGORITHM} in "
+            f"dpop_signing_alg_values_supported ({', '.join(algorithms) or 'none'})"
+        )
+    else:
+        report.facts.append(
+            f"DPoP: used, the entry asks for it ({DPOP_ALGORITHM}, a key per grant; "
+            f"{'the provider lists ' + DPOP_ALGORITHM if offered else 'the provider does not advertise DPoP'})"
+        )
 
 
 def _describe_client_key(provider: ResolvedProvider, report: ProviderReport) -> None:

@@ -45,6 +45,7 @@ async def discover(entry: ProviderEntry, url: str, http: httpx.AsyncClient) -> R
     auth = _auth_method(document, methods)
     algorithms = document.text_list("id_token_signing_alg_values_supported")
     assertion_algs = document.text_list("token_endpoint_auth_signing_alg_values_supported")
+    dpop_algs = document.text_list("dpop_signing_alg_values_supported")
     # Endpoints written in the catalog win over discovered ones (operators can pin them); the issuer is the
     # document's exact string, as ID tokens and RFC 9207 `iss` carry it.
     return ResolvedProvider(
@@ -67,6 +68,7 @@ async def discover(entry: ProviderEntry, url: str, http: httpx.AsyncClient) -> R
             "token_endpoint_auth_signing_alg_values_supported": (
                 tuple(assertion_algs) if assertion_algs is not None else None
             ),
+            "dpop_signing_alg_values_supported": tuple(dpop_algs) if dpop_algs is not None else None,
         },
     )
 

@@ -19,6 +19,7 @@ from service.core.errors import EndpointError
 from service.providers.quirks import RequestEncoding, resolve_pointer
 
 from .client_auth import authenticate
+from .dpop import Dpop
 from .resolved import ResolvedProvider
 
 _ERROR_CODE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
@@ -97,21 +98,41 @@ async def post_form(
     action: str,
     *,
     encoding: RequestEncoding = "form",
+    dpop: Dpop | None = None,
 ) -> tuple[httpx.Response, Any]:
     """POST `form`, authenticated as our client, to `url` (form-encoded, or as a JSON object); the response and
-    its JSON body (None if not JSON).
+    its JSON body (None if not JSON). With `dpop`, each request carries a DPoP proof, and one the provider
+    refuses for want of its nonce is made again, once, with the nonce it handed out (RFC 9449 §8).
 
     Raises EndpointError when the request fails or the answer is an OAuth error (any status, or an error member
     in a 200 answer, as GitHub and Slack send).
     """
-    headers, data = authenticate(
-        provider.token_endpoint_auth_method,
-        provider.client_id,
-        provider.client_secret,
-        form,
-        assertion=provider.client_assertion,
-    )
-    return await send(provider, http, "POST", url, action, headers=headers, body=data, encoding=encoding)
+    for attempt in range(2):
+        headers, data = authenticate(  # a fresh client assertion each time: its jti is single-use
+            provider.token_endpoint_auth_method,
+            provider.client_id,
+            provider.client_secret,
+            form,
+            assertion=provider.client_assertion,
+        )
+        if dpop is not None:
+            headers["DPoP"] = dpop.proof("POST", url)
+        try:
+            return await send(
+                provider, http, "POST", url, action, headers=headers, body=data, encoding=encoding, dpop=dpop
+            )
+        except _NonceAsked as asked:
+            if attempt:
+                raise asked.error from None
+    raise AssertionError("unreachable")
+
+
+class _NonceAsked(Exception):
+    """The provider refused a DPoP proof for want of the nonce it just handed out."""
+
+    def __init__(self, error: EndpointError) -> None:
+        super().__init__("use_dpop_nonce")
+        self.error = error
 
 
 async def send(
@@ -124,6 +145,7 @@ async def send(
     headers: Mapping[str, str],
     body: Mapping[str, str] | None,
     encoding: RequestEncoding = "form",
+    dpop: Dpop | None = None,
 ) -> tuple[httpx.Response, Any]:
     """One request to a provider endpoint; the response and its JSON body. Raises EndpointError (see post_form)."""
     content: dict[str, Any] = {}
@@ -138,5 +160,10 @@ async def send(
     except ValueError:
         answer = None
     if response.status_code >= 400 or refused(provider, answer):
-        raise endpoint_error(provider, action, response=response, body=answer)
+        error = endpoint_error(provider, action, response=response, body=answer)
+        if dpop is not None and dpop.asks_for_nonce(url, response, answer):
+            raise _NonceAsked(error)
+        raise error
+    if dpop is not None:
+        dpop.nonces.learn(url, response)
     return response, answer

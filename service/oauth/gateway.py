@@ -30,6 +30,7 @@ from . import credentials, token
 from .authorize import authorization_params, authorization_url, issuer_acceptable, new_flow_secrets
 from .client_keys import ClientKeys
 from .discovery import discover
+from .dpop import Dpop, DpopKey, DpopNonces
 from .http import ProviderHttp
 from .id_token import IdTokenExpectations, JwksCache, unverified_claims, validate_id_token
 from .par import pushed_authorization_url
@@ -65,6 +66,7 @@ class ProviderGateway:
     ) -> None:
         self.catalog = catalog
         self.client_keys = client_keys
+        self.dpop_nonces = DpopNonces()  # the DPoP-Nonce each provider origin handed out last
         self.http = http or ProviderHttp()
         self.metrics = metrics or Metrics(entry.name for entry in catalog.entries())
         self.discovery_ttl = discovery_ttl
@@ -203,6 +205,7 @@ class ProviderGateway:
                 code=code,
                 code_verifier=code_verifier,
                 now=now.timestamp(),
+                dpop=Dpop(DpopKey.generate(), self.dpop_nonces) if provider.entry.dpop else None,
             ),
         )
 
@@ -260,7 +263,7 @@ class ProviderGateway:
                 issued_after=issued_after.timestamp() if issued_after is not None else None,
             )
             id_claims = await self.validate_id_token(provider, tokens.id_token, expect, now=now)
-        account = fetch_account(provider, self.http_client(provider), tokens, id_claims)
+        account = fetch_account(provider, self.http_client(provider), tokens, id_claims, self.dpop(tokens))
         if provider.userinfo_endpoint is None:  # the account is the ID token's `sub`: no call
             account_id, profile = await account
         else:
@@ -322,7 +325,7 @@ class ProviderGateway:
         fresh = await self._call(
             provider,
             ProviderEndpoint.REFRESH,
-            token.refresh(provider, self.http_client(provider), tokens, now=now.timestamp()),
+            token.refresh(provider, self.http_client(provider), tokens, now=now.timestamp(), dpop=self.dpop(tokens)),
         )
         if provider.oidc and fresh.id_token is not None:
             before = unverified_claims(tokens.id_token) if tokens.id_token else {}
@@ -335,6 +338,12 @@ class ProviderGateway:
                 await self.revoke(provider, fresh)
                 raise
         return fresh
+
+    def dpop(self, tokens: TokenSet) -> Dpop | None:
+        """What requests with `tokens` need for DPoP: their key (None for a Bearer token) and the nonces."""
+        if tokens.dpop_key is None:
+            return None
+        return Dpop(DpopKey.from_jwk(tokens.dpop_key), self.dpop_nonces)
 
     async def revoke(self, provider: ResolvedProvider, tokens: TokenSet) -> bool:
         if provider.revocation_endpoint is None:

@@ -12,6 +12,7 @@ from service.core.errors import ProviderError
 from service.core.records import OFFLINE_ACCESS, TokenSet
 from service.providers.quirks import resolve_pointer
 
+from .dpop import Dpop
 from .endpoint import post_form
 from .resolved import ResolvedProvider
 
@@ -118,11 +119,20 @@ def token_set(raw: Any, entry: ResolvedProvider, *, now: float) -> TokenSet:
     )
 
 
-async def _token_request(entry: ResolvedProvider, http: httpx.AsyncClient, form: dict[str, str], action: str) -> Any:
+async def _token_request(
+    entry: ResolvedProvider, http: httpx.AsyncClient, form: dict[str, str], action: str, dpop: Dpop | None
+) -> Any:
     _, body = await post_form(
-        entry, http, entry.token_endpoint, form, action, encoding=entry.quirks.token_request.encoding
+        entry, http, entry.token_endpoint, form, action, encoding=entry.quirks.token_request.encoding, dpop=dpop
     )
     return body
+
+
+def _bound(tokens: TokenSet, dpop: Dpop | None) -> TokenSet:
+    """The token set with its DPoP key kept when the provider bound the token to it (token_type DPoP)."""
+    if dpop is not None and tokens.token_type.lower() == "dpop":
+        return replace(tokens, token_type="DPoP", dpop_key=dpop.key.private_jwk())  # noqa: S106 (a token type)
+    return replace(tokens, dpop_key=None)
 
 
 async def exchange_code(
@@ -133,24 +143,27 @@ async def exchange_code(
     code: str,
     code_verifier: str | None,
     now: float,
+    dpop: Dpop | None = None,
 ) -> TokenSet:
     form = {"grant_type": "authorization_code", "code": code, "redirect_uri": redirect_uri}
     if code_verifier is not None:
         form["code_verifier"] = code_verifier
     form.update(entry.quirks.token_request.exchange_params)
-    body = await _token_request(entry, http, form, "authorization code exchange")
-    return with_granted_names(token_set(body, entry, now=now), entry)
+    body = await _token_request(entry, http, form, "authorization code exchange", dpop)
+    return with_granted_names(_bound(token_set(body, entry, now=now), dpop), entry)
 
 
-async def refresh(entry: ResolvedProvider, http: httpx.AsyncClient, token: TokenSet, *, now: float) -> TokenSet:
+async def refresh(
+    entry: ResolvedProvider, http: httpx.AsyncClient, token: TokenSet, *, now: float, dpop: Dpop | None = None
+) -> TokenSet:
     """New tokens for `token` (RFC 6749 §6). A provider whose refresh tokens rotate must send a new one; one whose
     refresh tokens are reusable may leave it out (the old one stays); the connection's values carry over."""
     if token.refresh_token is None or entry.quirks.token_request.refresh_tokens == "none":
         raise ProviderError(f"the {entry.display_name} grant cannot be refreshed", code="not_refreshable")
     form = {"grant_type": "refresh_token", "refresh_token": token.refresh_token}
     form.update(entry.quirks.token_request.refresh_params)
-    body = await _token_request(entry, http, form, "token refresh")
-    fresh = token_set(body, entry, now=now)
+    body = await _token_request(entry, http, form, "token refresh", dpop)
+    fresh = _bound(token_set(body, entry, now=now), dpop)
     if fresh.refresh_token is None and entry.quirks.token_request.refresh_tokens == "rotating":
         raise _token_error(
             entry, "to a refresh has no new refresh token (this provider's refresh tokens rotate)", "refresh_token"

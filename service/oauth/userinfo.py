@@ -11,12 +11,17 @@ from service.core.errors import ProviderError
 from service.core.records import TokenSet
 from service.providers.quirks import resolve_pointer
 
+from .dpop import Dpop
 from .endpoint import endpoint_error
 from .resolved import ResolvedProvider
 
 
 async def fetch_account(
-    entry: ResolvedProvider, http: httpx.AsyncClient, token: TokenSet, id_claims: Mapping[str, Any] | None = None
+    entry: ResolvedProvider,
+    http: httpx.AsyncClient,
+    token: TokenSet,
+    id_claims: Mapping[str, Any] | None = None,
+    dpop: Dpop | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """Who the token belongs to: (provider account id, profile).
 
@@ -31,13 +36,30 @@ async def fetch_account(
         subject = str(id_claims["sub"])
         if entry.userinfo_endpoint is None:
             return subject, {}
-        _, profile = await _userinfo(entry, http, token)
+        _, profile = await _userinfo(entry, http, token, dpop)
         if "sub" in profile and str(profile["sub"]) != subject:
             raise ProviderError(
                 f"{entry.display_name} userinfo names another account than the ID token", code="provider_bad_response"
             )
         return subject, profile
-    return await _userinfo(entry, http, token)
+    return await _userinfo(entry, http, token, dpop)
+
+
+async def _ask(
+    entry: ResolvedProvider, http: httpx.AsyncClient, token: TokenSet, url: str, dpop: Dpop | None
+) -> httpx.Response:
+    """One userinfo request: the token in the API's header, or DPoP-bound with a proof."""
+    auth = entry.quirks.api_auth
+    headers = {auth.header: auth.value(token.access_token), "Accept": "application/json"}
+    method = entry.quirks.userinfo_method
+    if dpop is not None:
+        headers.pop(auth.header)
+        headers["Authorization"] = f"DPoP {token.access_token}"
+        headers["DPoP"] = dpop.proof(method, url, access_token=token.access_token)
+    body = entry.quirks.userinfo_body
+    if body is not None:
+        headers["Content-Type"] = "application/json"
+    return await http.request(method, url, headers=headers, content=body)
 
 
 # The profile fields (userinfo or ID token claims) a person recognises their account by, most telling first.
@@ -56,7 +78,9 @@ def account_label(profile: Mapping[str, Any]) -> str | None:
     return None
 
 
-async def _userinfo(entry: ResolvedProvider, http: httpx.AsyncClient, token: TokenSet) -> tuple[str, dict[str, Any]]:
+async def _userinfo(
+    entry: ResolvedProvider, http: httpx.AsyncClient, token: TokenSet, dpop: Dpop | None = None
+) -> tuple[str, dict[str, Any]]:
     if entry.userinfo_endpoint is None:
         if entry.quirks.account_id_source == "token_response":
             raise ProviderError(
@@ -67,15 +91,10 @@ async def _userinfo(entry: ResolvedProvider, http: httpx.AsyncClient, token: Tok
         raise ProviderError(
             f"{entry.display_name} has no userinfo endpoint (provider '{entry.name}')", code="provider_misconfigured"
         )
-    auth = entry.quirks.api_auth
-    headers = {auth.header: auth.value(token.access_token), "Accept": "application/json"}
     try:
-        body = entry.quirks.userinfo_body
-        if body is not None:
-            headers["Content-Type"] = "application/json"
-        response = await http.request(
-            entry.quirks.userinfo_method, entry.userinfo_endpoint, headers=headers, content=body
-        )
+        response = await _ask(entry, http, token, entry.userinfo_endpoint, dpop)
+        if dpop is not None and response.status_code == 401 and dpop.asks_for_nonce(entry.userinfo_endpoint, response):
+            response = await _ask(entry, http, token, entry.userinfo_endpoint, dpop)  # RFC 9449 §9: once more
     except httpx.HTTPError as exc:
         raise endpoint_error(entry, "account lookup", exc=exc) from None
     if not response.is_success:

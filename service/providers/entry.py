@@ -84,6 +84,8 @@ class ProviderEntry:
     # PAR (RFC 9126): push every authorization request first (also done whenever the provider's metadata requires it)
     pushed_authorization_requests: bool = False
     pushed_authorization_request_endpoint: str | None = None  # without discovery; discovery's otherwise
+    # DPoP (RFC 9449): tokens bound to a key per grant, a proof on every token request and API call
+    dpop: bool = False
     account_id_field: str = "id"
     extra_authorize_params: Mapping[str, str] = field(default_factory=dict, hash=False)
     # A scope as asked -> the name the provider's token response gives it (Google answers `email` with

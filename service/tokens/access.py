@@ -21,6 +21,7 @@ from service.core.identity import Identity
 from service.core.records import GrantRecord, TokenSet
 from service.metrics import Metrics, RefreshResult
 from service.oauth import ProviderGateway, ResolvedProvider
+from service.oauth.dpop import Dpop
 from service.store import Store
 from service.util.locks import KeyedLocks
 from service.vault import Vault
@@ -108,6 +109,12 @@ class TokenAccess:
     # -- tokens ----------------------------------------------------------------------------------------------
     def decrypt(self, grant: GrantRecord) -> TokenSet:
         return self.refresher.decrypt(grant)
+
+    def dpop(self, grant_id: str) -> Dpop | None:
+        """The DPoP key (and the providers' nonces) of the grant's token as last handed out by `access_token`; None
+        for a Bearer token."""
+        cached = self._tokens.get(grant_id)
+        return self.providers.dpop(cached) if cached is not None else None
 
     def connection(self, grant: GrantRecord) -> dict[str, str]:
         """The grant's per-connection values (a tenant, a subdomain, an instance URL), from its token set."""

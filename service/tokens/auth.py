@@ -1,5 +1,7 @@
-"""httpx auth for a grant, only for the provider's API host: `GrantAuth` adds an OAuth grant's bearer token,
-`CredentialAuth` a credential grant's values as its catalog entry says; `grant_auth` picks the one that fits."""
+"""httpx auth for a grant, only for the provider's API host: `GrantAuth` adds an OAuth grant's token (a bearer
+token, or a DPoP-bound one with a proof per request: RFC 9449 §7, `ath`, the origin's nonce, one retry when the server
+asks for a new one), `CredentialAuth` a credential grant's values as its catalog entry says; `grant_auth` picks the one
+that fits."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import httpx
 from service.core.errors import ConnectorError, GrantNeedsUser, NotAuthorized
 from service.oauth import ResolvedProvider
 from service.oauth.credentials import check_destination, inject, spec_of
+from service.oauth.dpop import Dpop
 
 from .access import TokenAccess
 
@@ -44,12 +47,32 @@ class GrantAuth(httpx.Auth):
                 code="credential_host_not_allowed",
             )
 
+    def _authorize(self, request: httpx.Request, token: str) -> Dpop | None:
+        """Put `token` on `request`: in the API's own header, or as a DPoP-bound token with a fresh proof (with the
+        origin's nonce, and `ath` the token's hash). The grant's DPoP key and nonces, or None for a Bearer token."""
+        dpop = self._tokens.dpop(self._grant_id)
+        if dpop is None:
+            auth = self._provider.quirks.api_auth  # the API's own header where it has one (Shopify's)
+            request.headers[auth.header] = auth.value(token)
+        else:
+            request.headers["Authorization"] = f"DPoP {token}"
+            request.headers["DPoP"] = dpop.proof(request.method, request.url, access_token=token)
+        return dpop
+
     async def async_auth_flow(self, request: httpx.Request) -> AsyncGenerator[httpx.Request, httpx.Response]:
         self._check_destination(request.url)
         token = await self._tokens.access_token(self._grant_id, self._provider)
-        auth = self._provider.quirks.api_auth  # the API's own header where it has one (Shopify's)
-        request.headers[auth.header] = auth.value(token)
+        dpop = self._authorize(request, token)
         response = yield request
+        replayable = isinstance(request.stream, httpx.ByteStream)
+        if dpop is not None and response.status_code == 401 and dpop.asks_for_nonce(request.url, response):
+            if not replayable:
+                return  # a streamed body was spent: the nonce learned serves the next request
+            await response.aread()
+            self._authorize(request, token)  # RFC 9449 §9: once more, with the nonce it handed out
+            response = yield request
+        elif dpop is not None:
+            dpop.nonces.learn(request.url, response)
         if response.status_code == 401:
             await response.aread()
             try:
@@ -59,8 +82,8 @@ class GrantAuth(httpx.Auth):
             except NotAuthorized:
                 return
             # A streamed body was spent on the first attempt: the refreshed token serves the next request.
-            if fresh != token and isinstance(request.stream, httpx.ByteStream):
-                request.headers[auth.header] = auth.value(fresh)
+            if fresh != token and replayable:
+                self._authorize(request, fresh)
                 yield request
 
 

@@ -64,7 +64,7 @@ try {
 
 const KNOWN_KEYS = new Set([
   'clients', 'accounts', 'login_account', 'access_token_ttl', 'refresh_token_ttl', 'refresh_token_rotation',
-  'narrow_scopes', 'scopes', 'claims', 'client_auth_methods', 'par', 'loopback_fetch',
+  'narrow_scopes', 'scopes', 'claims', 'client_auth_methods', 'par', 'loopback_fetch', 'dpop',
 ]);
 for (const key of Object.keys(config)) {
   if (!KNOWN_KEYS.has(key)) fail(`unknown configuration key ${JSON.stringify(key)}`);
@@ -121,6 +121,11 @@ if (clientAuthMethods !== undefined && (!Array.isArray(clientAuthMethods) || cli
 // oidc-provider's SSRF protection refuses special-use addresses otherwise.
 const loopbackFetch = config.loopback_fetch ?? false;
 if (typeof loopbackFetch !== 'boolean') fail('"loopback_fetch" must be a boolean');
+// {"require_nonce": true|false}: features.dPoP with a nonce secret, nonces required or not.
+const dpop = config.dpop;
+if (dpop !== undefined && (typeof dpop !== 'object' || dpop === null || typeof (dpop.require_nonce ?? false) !== 'boolean')) {
+  fail('"dpop" must be an object {"require_nonce": boolean}');
+}
 // {"required": true|false}: features.pushedAuthorizationRequests on, required of every client or not.
 const par = config.par;
 if (par !== undefined && (typeof par !== 'object' || par === null || typeof (par.required ?? false) !== 'boolean')) {
@@ -226,6 +231,9 @@ function startProvider(issuer) {
       introspection: { enabled: true },
       revocation: { enabled: true },
       userinfo: { enabled: true },
+      ...(dpop === undefined ? {} : {
+        dPoP: { enabled: true, nonceSecret: randomBytes(32), requireNonce: () => dpop.require_nonce ?? false },
+      }),
       ...(par === undefined ? {} : {
         pushedAuthorizationRequests: { enabled: true, requirePushedAuthorizationRequests: par.required ?? false },
       }),
