@@ -79,12 +79,38 @@ export type McpAuthorizationRequest = Omit<Ask, "scope"> & {
 };
 
 type Created = { elicitationId: string; url: string; message: string; expiresAt: Date };
+/** What the decisions before asking need of the client: its connection key and capabilities. */
+type Client = Pick<McpPeer, "connectionId" | "capabilities">;
+
+/** The key of the one input request of a 2026-07-28 round (in `inputRequests` and `inputResponses`). */
+export const INPUT_REQUEST_KEY = "authorization";
+/** How long an unanswered round is kept at most (its elicitation expires sooner, by the sidecar's settings). */
+const ROUND_MS = 24 * 3600 * 1000;
+
+/** 2026-07-28: the input request of an `input_required` result (no `elicitationId`; no completion exists). */
+export type UrlInputRequest = {
+  method: "elicitation/create";
+  params: { mode: "url"; message: string; url: string };
+};
+/** What the tool returns on a 2026-07-28 call instead of its result: `resultType: "input_required"` with these. */
+export type InputRequired = { inputRequests: { [INPUT_REQUEST_KEY]: UrlInputRequest }; requestState: string };
+/** What the client sent with a 2026-07-28 call: the echoed `requestState` and its `inputResponses`, if any. */
+export type RoundCall = { requestState?: string | undefined; inputResponses?: Record<string, unknown> | undefined };
+
+type Round = {
+  created: Created;
+  user: User;
+  provider: string;
+  ended: Promise<ElicitationState>;
+  stop: AbortController;
+};
 type AskResult = { answer: Answer } | { failed: unknown };
 
 export class McpConnector {
   readonly api: SidecarApi;
   private readonly backoff: Backoff | undefined;
   private readonly watches = new Set<AbortController>();
+  private readonly rounds = new Map<string, Round>();
 
   constructor(options: SidecarOptions & { backoff?: Backoff }) {
     this.api = new SidecarApi(options);
@@ -135,20 +161,98 @@ export class McpConnector {
     throw new UrlElicitationRequired(elicitationParams(created));
   }
 
+  /**
+   * The 2026-07-28 input-required round trip (no server-to-client request, no completion notification). The first
+   * call answers `InputRequired`: the tool returns it as `resultType: "input_required"`; its one input request is the
+   * URL-mode elicitation (no `elicitationId`) and its `requestState` a random token naming the round in this
+   * process. The retry (same tool, the token echoed, the client's answer in `inputResponses.authorization`) reports
+   * the answer; after `accept` it waits for the browser and answers the outcome. Stored grants and the client's
+   * capabilities (`client.capabilities()`: this request's) are looked at first, as on the other paths. Retries must
+   * reach the process that answered the first call.
+   */
+  async round(
+    client: Client,
+    request: McpAuthorizationRequest,
+    call: RoundCall,
+  ): Promise<AuthorizationOutcome | InputRequired> {
+    const token = call.requestState ?? "";
+    const open = this.rounds.get(token);
+    if (open === undefined || open.user.issuer !== request.user.issuer || open.user.subject !== request.user.subject) {
+      return this.firstRound(client, request);
+    }
+    if (open.provider !== request.provider) return this.firstRound(client, request);
+    const response = call.inputResponses?.[INPUT_REQUEST_KEY];
+    if (typeof response !== "object" || response === null) return question(token, open.created); // ask again
+    const answer = readAnswer(response as Record<string, unknown>);
+    const state = await this.report(open.created, answer);
+    if (answer.action !== "accept") {
+      this.dropRound(token);
+      return AuthorizationOutcome.of(state);
+    }
+    const signal = request.signal ?? new AbortController().signal;
+    const stopped = new Promise<"stopped">((resolve) => {
+      if (signal.aborted) resolve("stopped");
+      signal.addEventListener("abort", () => resolve("stopped"), { once: true });
+    });
+    try {
+      const end = await Promise.race([open.ended, stopped]);
+      if (end === "stopped") throw await this.stopped(open.created.elicitationId, "client_cancel_request", undefined);
+      return AuthorizationOutcome.of(end); // the result tells it: no completion notification at 2026-07-28
+    } finally {
+      this.dropRound(token);
+    }
+  }
+
+  private async firstRound(
+    client: Client,
+    request: McpAuthorizationRequest,
+  ): Promise<AuthorizationOutcome | InputRequired> {
+    const answered = await this.withoutAsking(client, request);
+    if (answered !== undefined) return answered;
+    this.expireRounds();
+    const token = randomToken();
+    // No connection outlives a 2026-07-28 call: the key only names the round.
+    const created = await this.create({ ...client, connectionId: `mcp-round-${token.slice(0, 16)}` }, request);
+    if (created instanceof AuthorizationOutcome) return created;
+    const stop = new AbortController();
+    // Followed from its creation: a browser that finishes before the client retries is not missed.
+    const ended = this.ended(created, stop.signal);
+    ended.catch(() => undefined);
+    this.rounds.set(token, { created, user: request.user, provider: request.provider, ended, stop });
+    return question(token, created);
+  }
+
+  private dropRound(token: string): void {
+    this.rounds.get(token)?.stop.abort();
+    this.rounds.delete(token);
+  }
+
+  /** Forget rounds nobody came back to: their elicitation has expired (or a day has passed). */
+  private expireRounds(): void {
+    const now = Date.now();
+    for (const [token, open] of this.rounds) {
+      if (open.created.expiresAt.getTime() < now || open.created.expiresAt.getTime() - now > ROUND_MS) {
+        this.dropRound(token);
+      }
+    }
+  }
+
   /** A provider API call through the sidecar's token proxy: the token is added there, never seen here. */
   fetch(user: User, provider: string, path: string, init?: RequestInit): Promise<Response> {
     return this.api.proxy(user, provider, path, init);
   }
 
-  /** Stop following the elicitations of -32042 answers (no completion goes out for them any more). */
+  /** Stop following the elicitations of -32042 answers (no completion goes out for them any more) and forget the
+   * open 2026-07-28 rounds. */
   close(): void {
     for (const watch of this.watches) watch.abort();
     this.watches.clear();
+    for (const token of [...this.rounds.keys()]) this.dropRound(token);
   }
 
   /** What stored grants answer, or `unsupported` for a client without URL mode; undefined: ask the client. */
   private async withoutAsking(
-    peer: McpPeer,
+    peer: Client,
     request: McpAuthorizationRequest,
   ): Promise<AuthorizationOutcome | undefined> {
     const body = createBody({ ...request, scope: { requestId: request.requestId } });
@@ -166,7 +270,7 @@ export class McpConnector {
     return new AuthorizationOutcome("unsupported", request.provider, settled.providerDisplayName);
   }
 
-  private async create(peer: McpPeer, request: McpAuthorizationRequest): Promise<Created | AuthorizationOutcome> {
+  private async create(peer: Client, request: McpAuthorizationRequest): Promise<Created | AuthorizationOutcome> {
     const body = createBody({ ...request, scope: { requestId: request.requestId } });
     // The idempotency key makes a repeated POST (after a lost answer) answer with the same elicitation.
     const created = await this.api.createElicitation({ ...body, connectionId: peer.connectionId }, crypto.randomUUID());
@@ -283,6 +387,19 @@ export class McpConnector {
 /** The params of the URL-mode `elicitation/create` for an elicitation the sidecar created. */
 export function elicitationParams(created: { elicitationId: string; url: string; message: string }): UrlElicitation {
   return { mode: "url", message: created.message, url: created.url, elicitationId: created.elicitationId };
+}
+
+/** The input-required answer of a round: the URL-mode elicitation without its id, and the round's token. */
+export function inputRequest(created: { url: string; message: string }): UrlInputRequest {
+  return { method: "elicitation/create", params: { mode: "url", message: created.message, url: created.url } };
+}
+
+function question(token: string, created: Created): InputRequired {
+  return { inputRequests: { [INPUT_REQUEST_KEY]: inputRequest(created) }, requestState: token };
+}
+
+function randomToken(): string {
+  return Buffer.from(crypto.getRandomValues(new Uint8Array(32))).toString("base64url");
 }
 
 function errorCode(error: unknown): number | undefined {

@@ -6,12 +6,15 @@ import { after, before, test } from "node:test";
 
 import {
   AuthorizationCancelled,
+  AuthorizationOutcome,
   ELICITATION_COMPLETE,
+  INPUT_REQUEST_KEY,
   McpConnector,
   URL_ELICITATION_REQUIRED,
   UrlElicitationRequired,
   urlModeAdvertised,
   type CompletionNotification,
+  type InputRequired,
   type McpPeer,
   type UrlElicitation,
 } from "../src/mcp.js";
@@ -156,3 +159,80 @@ test("a tool call cancelled while the browser is open ends the elicitation with 
   assert.deepEqual(sidecar.only().cancels, [{ cause: "client_cancel_request" }]);
   assert.deepEqual(client.told, []);
 });
+
+test(
+  "2026-07-28: the first call answers input_required, the retry's accept waits for the browser",
+  { timeout: 20_000 },
+  async () => {
+    const connector = fresh();
+    const client = peer({ elicitation: { url: {} } }, () => Promise.reject(new Error("no requests at 2026-07-28")));
+    const first = await connector.round(client, { user, provider: "demo", requestId: 1 }, {});
+    assert.ok(!(first instanceof AuthorizationOutcome));
+    assert.deepEqual(first.inputRequests, {
+      [INPUT_REQUEST_KEY]: {
+        method: "elicitation/create",
+        params: { mode: "url", message: "Sign in to Demo", url: `${sidecar.baseUrl}/connect/e1` },
+      },
+    });
+    assert.ok(first.requestState.length >= 40);
+    assert.match(String(sidecar.created.at(-1)?.connectionId), /^mcp-round-/);
+    // Retried without an answer: the same question.
+    const again = await connector.round(
+      client,
+      { user, provider: "demo", requestId: 2 },
+      { requestState: first.requestState },
+    );
+    assert.deepEqual(again, first);
+    const retry = connector.round(
+      client,
+      { user, provider: "demo", requestId: 3 },
+      { requestState: first.requestState, inputResponses: { [INPUT_REQUEST_KEY]: { action: "accept" } } },
+    );
+    await until(() => sidecar.elicitations.get("e1")?.answers.length === 1, "the answer is reported");
+    sidecar.complete("e1");
+    const outcome = await retry;
+    assert.ok(outcome instanceof AuthorizationOutcome);
+    assert.equal(outcome.status, "authorized");
+    assert.deepEqual(client.asked, []);
+    assert.deepEqual(client.told, []); // no completion notification exists at 2026-07-28
+    // The round is over: its token starts a new one.
+    const fresher = (await connector.round(
+      client,
+      { user, provider: "demo", requestId: 4 },
+      { requestState: first.requestState, inputResponses: { [INPUT_REQUEST_KEY]: { action: "accept" } } },
+    )) as InputRequired;
+    assert.notEqual(fresher.requestState, first.requestState);
+    assert.equal(sidecar.elicitations.size, 2);
+    connector.close();
+  },
+);
+
+test(
+  "2026-07-28: decline ends the round; another user's echo of the token starts over; no URL mode: unsupported",
+  { timeout: 20_000 },
+  async () => {
+    const connector = fresh();
+    const client = peer({ elicitation: { url: {} } }, () => Promise.reject(new Error("no requests at 2026-07-28")));
+    const first = (await connector.round(client, { user, provider: "demo", requestId: 1 }, {})) as InputRequired;
+    const bob = { issuer: "local", subject: "bob" };
+    const taken = (await connector.round(
+      client,
+      { user: bob, provider: "demo", requestId: 2 },
+      { requestState: first.requestState, inputResponses: { [INPUT_REQUEST_KEY]: { action: "accept" } } },
+    )) as InputRequired;
+    assert.notEqual(taken.requestState, first.requestState);
+    assert.deepEqual(sidecar.elicitations.get("e1")?.answers, []);
+    const declined = await connector.round(
+      client,
+      { user, provider: "demo", requestId: 3 },
+      { requestState: first.requestState, inputResponses: { [INPUT_REQUEST_KEY]: { action: "decline" } } },
+    );
+    assert.ok(declined instanceof AuthorizationOutcome);
+    assert.equal(declined.status, "declined");
+    const formOnly = peer({ elicitation: {} }, () => Promise.reject(new Error("must not be asked")));
+    const unsupported = await connector.round(formOnly, { user, provider: "demo", requestId: 4 }, {});
+    assert.ok(unsupported instanceof AuthorizationOutcome);
+    assert.equal(unsupported.status, "unsupported");
+    connector.close();
+  },
+);
