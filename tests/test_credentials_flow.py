@@ -283,3 +283,48 @@ async def test_the_demo_serves_an_api_key_provider_beside_the_oauth_one(
             assert (await gateway.check_credential(provider, {"api_key": wrong})).refusal is not None
         finally:
             await gateway.aclose()
+
+
+async def test_the_form_is_rate_limited_size_limited_and_sent_with_the_consent_pages_headers(
+    connector_env: dict[str, str],
+    tmp_path: Path,
+    mock_provider: MockOAuthProvider,
+    keyed: MockKeyedApi,
+    loopback_socket: socket.socket,
+) -> None:
+    key = keyed.add_key()
+    async with (
+        keyed_deployment(
+            connector_env,
+            tmp_path,
+            mock_provider,
+            keyed,
+            loopback_socket,
+            CONNECTOR_RATE_LIMIT__CONNECT_PER_ELICITATION="5",
+        ) as deployment,
+        asking(deployment) as ask,
+    ):
+        pending = await ask(provider=KEYED, scopes=())
+        record = await deployment.connector.elicitation(pending.elicitation_id)
+        assert record is not None
+        assert (
+            record.message == "Enter your Keyed Mock API API key on the connector's page; it is sent only to 127.0.0.1."
+        )
+        async with ScriptedBrowser() as browser:
+            form = await to_form(browser, pending.url)  # three requests: the link, Continue, the form
+            consent = browser.responses[0]
+            for header in ("content-security-policy", "cache-control", "x-frame-options", "referrer-policy"):
+                assert form.headers[header] == consent.headers[header] or header == "content-security-policy"
+            assert "frame-ancestors 'none'" in form.headers["content-security-policy"]
+            assert form.headers["cache-control"] == "no-store"
+            # A body over the form's limit is refused while it streams; nothing is stored.
+            oversized = await browser.client.post(
+                str(form.url).split("?")[0], data={"api_key": "x" * 20_000, "csrf": "a", "ticket": "b"}
+            )
+            assert oversized.status_code == 413
+            # Wrong keys count against the elicitation's limit like every request to the connect pages.
+            assert (await type_key(browser, form, "mk_live_" + "1" * 32)).status_code == 400
+            limited = await type_key(browser, form, "mk_live_" + "2" * 32)
+            assert limited.status_code == 429 and limited.headers["x-connector-error"] == "rate_limited"
+            assert key not in limited.text
+        await assert_nothing_stored(deployment, pending)

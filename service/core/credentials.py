@@ -74,6 +74,12 @@ class Submitted:
         return self.record is not None
 
 
+def credential_message(form: CredentialForm) -> str:
+    """What an elicitation for a credential entry says, unless the agent wrote its own message."""
+    asked = " and ".join(field.label for field in form.fields)
+    return f"Enter your {form.provider} {asked} on the connector's page; it is sent only to {form.api_host}."
+
+
 def form_url(connect_url: str, ticket: str) -> str:
     return f"{connect_url}/{FORM_PATH}?ticket={ticket}"
 

@@ -17,6 +17,7 @@ from datetime import datetime
 
 from .answers import AnswerKind, ClientAnswer, ending_of
 from .coverage import default_message, find_grant, request_plan, settled_by
+from .credentials import credential_message
 from .errors import FlowRefused
 from .events import ElicitationEvent, GrantChange, GrantChanged, GrantEvent
 from .handles import new_id
@@ -189,6 +190,8 @@ class Elicitations:
         the client when it completes (None: no process here holds it, e.g. a `/v1` agent's own connection).
         """
         values = self.providers.connection_values(provider, connection)
+        form = self.providers.credential_form(provider)
+        message = message or (credential_message(form) if form is not None else None)
         plan = request_plan(await self.store.grants.find(user, provider), self.display_name(provider), scopes, message)
         now = self.now()
         record = ElicitationRecord(
