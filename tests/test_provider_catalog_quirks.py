@@ -30,6 +30,8 @@ def entry_of(tmp_path: Path, table: str, env: dict[str, str] | None = None) -> P
         ('token_response = { expires_form = "fortnights" }', "acme.token_response.expires_form", "Input should be"),
         ('refresh_tokens = "sometimes"', "acme.refresh_tokens", "Input should be"),
         ('revocation = { method = "PUT" }', "acme.revocation.method", "Input should be"),
+        ('revocation = { headers = { Authorization = "x" } }', "acme.revocation.headers", "set by the connector"),
+        ('revocation = { headers = { "Notion Version" = "1" } }', "acme.revocation.headers", "not a header name"),
         ('api_base_url = "https://{shop}.example.com"', "acme.api_base_url", "unknown placeholder {shop}"),
         (
             'connection.realm = { source = "callback", pattern = "^[0-9]+$" }',

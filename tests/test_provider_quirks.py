@@ -4,7 +4,8 @@ and the field; no grant stored, nothing secret shown).
 
 Slack's user token under `authed_user`; GitHub's errors with HTTP 200 on the code exchange and on refresh;
 Salesforce's `instance_url` as the API base; Microsoft's `{tenant}`; a Shopify shop's `{subdomain}` given by the
-agent; QuickBooks' `realmId` from the callback; Notion, which issues no refresh token.
+agent; QuickBooks' `realmId` from the callback; LinkedIn, which issues no refresh token (outside its partner
+program); Notion's revocation, which needs its Notion-Version header.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from .provider_lab import USER, ProviderLab, provider_lab
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-NAMES = ["slack", "github", "salesforce", "microsoft", "shopify", "quickbooks", "notion"]
+NAMES = ["slack", "github", "salesforce", "microsoft", "shopify", "quickbooks", "linkedin", "notion"]
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -224,19 +225,34 @@ async def test_quickbooks_realm_id_from_the_callback(lab: ProviderLab) -> None:
     assert await refused_clearly(lab, "quickbooks", "realmId") == "provider_callback_error"
 
 
-async def test_notion_issues_no_refresh_token(lab: ProviderLab) -> None:
+async def test_linkedin_issues_no_refresh_token(lab: ProviderLab) -> None:
+    mock = lab.mocks["linkedin"]
+    connected = await lab.connect("linkedin")
+    grant = connected.grant
+    assert grant is not None, connected.page.text
+    assert grant["expiresAt"] is not None and grant["needsUserAgain"] is False
+    assert (await lab.use("linkedin", "v2/userinfo")).status_code == 200
+    mock.expire_access_tokens()
+    assert (await lab.use("linkedin", "v2/userinfo")).status_code == 401  # nothing to refresh with
+    assert not any(request["grant_type"] == "refresh_token" for request in mock.token_requests)
+    assert not mock.issued_refresh_tokens
+    await disconnect_all(lab, "linkedin")
+
+    mock.spoil_next_token_answer = without("/access_token")
+    assert await refused_clearly(lab, "linkedin", "/access_token") == "provider_token_error"
+
+
+async def test_notion_revocation_carries_its_version_header(lab: ProviderLab) -> None:
     mock = lab.mocks["notion"]
     connected = await lab.connect("notion")
     grant = connected.grant
     assert grant is not None, connected.page.text
     assert grant["accountId"] == "4242"  # owner.user.id of the token response
-    assert grant["expiresAt"] is None and grant["needsUserAgain"] is False
-    assert (await lab.use("notion", "users/me")).status_code == 200
     assert mock.token_requests[-1]["client_auth"] == "client_secret_basic"  # JSON body, Basic auth (checked)
-    mock.expire_access_tokens()
-    assert (await lab.use("notion", "users/me")).status_code == 401  # nothing to refresh with
-    assert not any(request["grant_type"] == "refresh_token" for request in mock.token_requests)
-    await disconnect_all(lab, "notion")
+    token = mock.issued_access_tokens[-1]
+    assert (await lab.disconnect(grant["grantId"])).status_code == 204  # POST /v1/oauth/revoke with Notion-Version
+    assert mock.revocation_requests[-1]["client_auth"] == "basic"
+    assert not mock.token_active(token)
 
     mock.spoil_next_token_answer = without("/owner/user/id")
     assert await refused_clearly(lab, "notion", "/owner/user/id") == "provider_token_error"

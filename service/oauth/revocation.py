@@ -21,7 +21,7 @@ log = logging.getLogger("service.oauth")
 def revocation_request(entry: ResolvedProvider, token: TokenSet) -> tuple[dict[str, str], dict[str, str] | None]:
     """(headers, body) of the revocation request for `token`, as `entry.quirks.revocation` says."""
     style = entry.quirks.revocation
-    use_refresh = style.token == "refresh_first" and token.refresh_token is not None  # noqa: S105 (a mode)  # noqa: S105 (a mode)
+    use_refresh = style.token == "refresh_first" and token.refresh_token is not None  # noqa: S105 (a mode)
     target = token.refresh_token if use_refresh and token.refresh_token else token.access_token
     body: dict[str, str] = {}
     if style.token_param is not None:
@@ -45,7 +45,7 @@ def revocation_request(entry: ResolvedProvider, token: TokenSet) -> tuple[dict[s
             body,
             assertion=entry.client_assertion,
         )
-    return headers, body or None
+    return {**style.headers, **headers}, body or None
 
 
 async def revoke(entry: ResolvedProvider, http: httpx.AsyncClient, token: TokenSet) -> bool:

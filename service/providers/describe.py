@@ -58,7 +58,10 @@ def _revocation(entry: ProviderEntry, style: Revocation) -> str:
     carried = f"in {style.token_param}" if style.token_param else "as the credential only"
     auth = {"client": "as the client", "basic": "with HTTP Basic", "bearer": "with the token itself"}[style.auth]
     which = "the access token" if style.token == "access" else "the refresh token (else the access token)"
-    return f"revocation: {style.method} {style.encoding if style.token_param else ''} {auth}, {which} {carried}"
+    headers = "".join(f", {name}: {value}" for name, value in style.headers.items())
+    return (
+        f"revocation: {style.method} {style.encoding if style.token_param else ''} {auth}, {which} {carried}{headers}"
+    )
 
 
 def credential_facts(entry: ProviderEntry) -> EntryFacts:

@@ -125,6 +125,21 @@ class Revocation(_Table):
     token_param: StrictStr | None = "token"  # the body member carrying the token ("" or None: bearer header only)
     token: RevokedToken = "refresh_first"  # which token is sent: the refresh token when there is one, or the access
     hint: StrictBool = True  # send token_type_hint
+    # Extra request headers the provider requires on the revocation call (Notion's Notion-Version): plain, public
+    # values from the catalog, never credentials (Authorization and Cookie are refused).
+    headers: dict[StrictStr, StrictStr] = {}
+
+    @field_validator("headers")
+    @classmethod
+    def _plain_headers(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, text in value.items():
+            if re.fullmatch(r"[A-Za-z0-9-]{1,64}", name) is None:
+                raise ValueError(f"{name!r} is not a header name")
+            if name.lower() in {"authorization", "cookie", "proxy-authorization", "content-type", "host"}:
+                raise ValueError(f"{name} is set by the connector, not by the catalog")
+            if not text or re.fullmatch(r"[\x20-\x7e]{1,200}", text) is None:
+                raise ValueError(f"the value of {name} must be printable ASCII (1 to 200 characters)")
+        return value
 
     @field_validator("token_param")
     @classmethod

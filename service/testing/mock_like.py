@@ -290,6 +290,11 @@ class EmulatedProvider(MockOIDCProvider):
         body = json.loads(request.body) if is_json and request.body else first_values(request.body.decode())
         if request.body and is_json != (style.encoding == "json"):
             return MockResponse.json(400, {"error": "invalid_request"})
+        missing = [name for name, value in style.headers.items() if request.header(name) != value]
+        if missing:  # Notion answers 400 to a revocation without its Notion-Version header
+            return MockResponse.json(
+                400, {"error": "invalid_request", "error_description": f"{missing[0]} is required"}
+            )
         token = self._token_of(request) if style.auth == "bearer" else None
         if style.auth == "bearer":
             authorized = token is not None
