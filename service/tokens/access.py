@@ -68,6 +68,8 @@ class TokenAccess:
         # A set is used from here only while it is not due for refresh; a refresh (due, or a 401 on the cached
         # token) reads the database again under the grant's lock, where another process may have stored one.
         self._tokens: dict[str, TokenSet] = {}
+        # DPoP-bound grants: grant id -> (the private JWK of the set held, its parsed key and the nonces).
+        self._dpop: dict[str, tuple[Mapping[str, str], Dpop | None]] = {}
         # Grant lookups: (issuer, subject, provider) -> {scopes asked: grant}, newest use last.
         self._grants: OrderedDict[tuple[str, str, str], dict[frozenset[str], GrantRecord]] = OrderedDict()
         self._generations: dict[tuple[str, str, str], int] = {}
@@ -100,6 +102,7 @@ class TokenAccess:
             self._generations[pair] = self._generations.get(pair, 0) + 1
             self._grants.pop(pair, None)
             self._tokens.pop(event.grant_id, None)
+            self._dpop.pop(event.grant_id, None)
             if event.change is GrantChange.DELETED:
                 self._used.pop(event.grant_id, None)
 
@@ -114,7 +117,12 @@ class TokenAccess:
         """The DPoP key (and the providers' nonces) of the grant's token as last handed out by `access_token`; None
         for a Bearer token."""
         cached = self._tokens.get(grant_id)
-        return self.providers.dpop(cached) if cached is not None else None
+        if cached is None or cached.dpop_key is None:
+            return None
+        known = self._dpop.get(grant_id)
+        if known is None or known[0] is not cached.dpop_key:  # the key is read once per token set held
+            known = self._dpop[grant_id] = (cached.dpop_key, self.providers.dpop(cached))
+        return known[1]
 
     def connection(self, grant: GrantRecord) -> dict[str, str]:
         """The grant's per-connection values (a tenant, a subdomain, an instance URL), from its token set."""
