@@ -64,6 +64,11 @@ def run_list(invocation: Invocation) -> int:
     base = settings.public_base_url
     rows = [("NAME", "PROVIDER", "AUTHORIZATION HOST", "REDIRECT URI", "STATUS")]
     for entry in catalog.entries():
+        if entry.is_credential:  # no redirect URI: the user types the key on the connector's page
+            rows.append(
+                (entry.name, entry.shown_name, entry.api_host or "-", "-", f"ready ({entry.kind}: typed by the user)")
+            )
+            continue
         if entry.configured:
             status = "configured"
         elif not entry.has_credentials:
