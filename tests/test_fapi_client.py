@@ -36,6 +36,7 @@ from service.oauth.check import check_provider
 from service.testing import MockOIDCProvider, ScriptedBrowser
 from service.vault import KeyRing, Vault, generate_key
 
+from .api_support import api_client, make_key
 from .conftest import Deployment, deploy, write_catalog
 from .oidc_op_support import OidcOp
 from .test_conformant_provider import Agent, Conformant, agent_of, expire, stored_tokens, userinfo
@@ -265,6 +266,15 @@ async def test_the_whole_flow_with_the_providers_configuration(
         expire(deployment)
         assert await userinfo(deployment, provider) == 200
         assert await provider.token_requests("refresh_token") == 1
+        # An agent's call through the sidecar's token proxy (with DPoP: a proof made by the connector, ath and nonce).
+        user = deployment.local_user
+        async with api_client(deployment.base_url, await make_key(deployment.connector.runtime.store)) as api:
+            proxied = await api.get(
+                f"/v1/proxy/{NAME}/me",
+                headers={"Connector-User-Issuer": user.issuer, "Connector-User-Subject": user.subject},
+            )
+        assert proxied.status_code == 200 and proxied.json()["sub"] == "alice", proxied.text
+        answers = proxied.text
 
         tokens = await stored_tokens(deployment)  # decrypted from the database
         kept: list[str] = []
@@ -291,6 +301,7 @@ async def test_the_whole_flow_with_the_providers_configuration(
         database = await asyncio.to_thread(database_file.read_bytes)
     scan("the ACP wire", wire, kept)
     scan("the pages", pages, kept)
+    scan("the API answers", answers, kept)
     scan("the logs", "\n".join(r.getMessage() + json.dumps(r.__dict__, default=str) for r in caplog.records), kept)
     scan("the database", database.decode("latin-1"), kept)
 
