@@ -6,8 +6,8 @@ What the client receives is read from its recorded wire (every message, both way
 `elicitation/create` and exactly one `notifications/elicitation/complete` to the client that asked, none to another
 client of the same server process; decline and cancel; nothing for a client without URL mode (`elicitation: {}` is
 form only); the -32042 error and the client's retry; the bearer's user checked on the connect page (another person in
-the browser is refused); a browser step in real Chromium; and never a token. (Protocol 2025-11-25 only: the 1.x SDK
-has no 2026-07-28 input-required round trip; see the example's README.)
+the browser is refused); a browser step in real Chromium; and never a token. The 2026-07-28 input-required round
+trip runs on the SDK's v2 packages (`src/modern.ts` under `src/modern-client.ts`), since 1.x has no 2026-07-28.
 """
 
 from __future__ import annotations
@@ -148,14 +148,21 @@ class TsClient:
 
 
 async def start_client(
-    built: Path, env: dict[str, str], tmp_path: Path, *steps: str, http: str | None = None, bearer: str | None = None
+    built: Path,
+    env: dict[str, str],
+    tmp_path: Path,
+    *steps: str,
+    http: str | None = None,
+    bearer: str | None = None,
+    script: str = "client.js",
 ) -> TsClient:
-    """The TS client running `steps` (over stdio it starts the TS server with `env`; over `http` it connects)."""
+    """The TS client running `steps` (over stdio it starts the TS server with `env`; over `http` it connects).
+    `script`: `modern-client.js` for the SDK v2 client pinned to 2026-07-28 (it starts `modern.js`)."""
     wire_log = tmp_path / f"wire-{uuid.uuid4().hex[:8]}.jsonl"
     env = {**env, "WIRE_LOG": str(wire_log), **({"MCP_BEARER": bearer} if bearer else {})}
     args = [*(["--http", http] if http else []), *steps]
     process = await asyncio.create_subprocess_exec(
-        "node", str(built), *args, cwd=MCP_EXAMPLE, env=env,
+        "node", str(built.parent / script), *args, cwd=MCP_EXAMPLE, env=env,
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     client = TsClient(process, wire_log)
@@ -424,3 +431,58 @@ async def test_ts_http_flow_with_the_browser_step_in_chromium(
     (create,) = client.received("elicitation/create")
     assert [m["params"] for m in client.received(COMPLETE)] == [{"elicitationId": create["params"]["elicitationId"]}]
     assert_no_secret(client, provider, bearer.split(".")[2])
+
+
+# -- 2026-07-28: the input-required round trip, on the official SDK's v2 packages -----------------------------------
+
+
+def input_required(client: TsClient) -> list[dict[str, Any]]:
+    return [
+        w["message"]["result"]
+        for w in client.wire
+        if w["direction"] == "in" and (w["message"].get("result") or {}).get("resultType") == "input_required"
+    ]
+
+
+@pytest.mark.duration(8)
+async def test_ts_2026_round_trip_asks_in_the_result_and_the_retry_waits_for_the_browser(
+    built: Path, sidecar: Sidecar, provider: MockOAuthProvider, tmp_path: Path
+) -> None:
+    client = await start_client(built, server_env(sidecar), tmp_path, "list_repositories", script="modern-client.js")
+    assert (await client.next("connected"))["era"] == "modern"
+    asked = await client.next("elicitation")
+    await authorize_in_browser(asked["params"]["url"])
+    await client.finish()
+    assert "octocat/hello-world" in client.of("result")[0]["text"]
+    params = asked["params"]
+    assert params == {"mode": "url", "message": params["message"], "url": params["url"]}  # no elicitationId
+    assert params["url"].startswith(f"{sidecar.base_url}/connect/")
+    (question,) = input_required(client)
+    assert question["inputRequests"] == {"authorization": {"method": "elicitation/create", "params": params}}
+    calls = client.sent("tools/call")
+    assert [c["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"] for c in calls] == ["2026-07-28"] * 2
+    (retry,) = [c for c in calls if "inputResponses" in c["params"]]
+    assert retry["params"]["inputResponses"] == {"authorization": {"action": "accept"}}
+    assert retry["params"]["requestState"] == question["requestState"]
+    assert client.received("elicitation/create") == [] and client.received(COMPLETE) == []
+    assert_no_secret(client, provider)
+
+
+@pytest.mark.duration(8)
+async def test_ts_2026_decline_and_a_client_without_url_mode(
+    built: Path, sidecar: Sidecar, provider: MockOAuthProvider, tmp_path: Path
+) -> None:
+    steps = ("list_repositories:decline", "list_repositories_after_retry:cancel")
+    client = await (
+        await start_client(built, server_env(sidecar), tmp_path, *steps, script="modern-client.js")
+    ).finish()
+    declined, dismissed = (r["text"] for r in client.of("result"))
+    assert "declined access" in declined and "was dismissed" in dismissed
+    assert len(input_required(client)) == 2
+    assert [w for w in client.wire if w["direction"] == "in" and "error" in w["message"]] == []
+    form_only = await (
+        await start_client(built, server_env(sidecar), tmp_path, "--form-only", script="modern-client.js")
+    ).finish()
+    assert "does not support URL-mode elicitation" in form_only.of("result")[0]["text"]
+    assert input_required(form_only) == [] and form_only.of("elicitation") == []
+    assert provider.api_calls == []
