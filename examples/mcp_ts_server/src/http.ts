@@ -2,7 +2,7 @@
 // key, all in this one process), behind MCP's own authorization: every request needs a bearer the verifier accepts,
 // and a session stays with the user who opened it.
 
-import { createServer, type IncomingMessage } from "node:http";
+import { createServer, type IncomingMessage, type ServerResponse } from "node:http";
 import type { McpConnector } from "@acp-connector/client/mcp";
 import { StreamableHTTPServerTransport } from "@modelcontextprotocol/sdk/server/streamableHttp.js";
 import { isInitializeRequest } from "@modelcontextprotocol/sdk/types.js";
@@ -26,7 +26,7 @@ export function serveHttp(connector: McpConnector, settings: HttpSettings): Prom
   const resource = `http://${settings.host}:${settings.port}/mcp`;
   const verifier = new JwtVerifier(settings.authIssuer, resource, settings.authJwks);
   const sessions = new Map<string, { transport: StreamableHTTPServerTransport; owner: string }>();
-  const refuse = (response: import("node:http").ServerResponse, status: number, code: string, message: string) => {
+  const refuse = (response: ServerResponse, status: number, code: string, message: string) => {
     const headers: Record<string, string> = { "Content-Type": "application/json" };
     if (status === 401) headers["WWW-Authenticate"] = `Bearer error="invalid_token", error_description="${message}"`;
     response.writeHead(status, headers).end(JSON.stringify({ error: code, error_description: message }));
