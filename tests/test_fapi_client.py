@@ -29,9 +29,11 @@ from urllib.parse import parse_qsl, urlsplit
 import httpx
 import pytest
 import pytest_asyncio
+import respx
 
 from service import AuthorizationOutcome, AuthorizationStatus, Identity
-from service.oauth import ClientKeys, choose_auth_method
+from service.core.errors import ConfigError, DiscoveryError
+from service.oauth import ClientKeys, ProviderGateway, choose_auth_method
 from service.oauth.check import check_provider
 from service.testing import MockOIDCProvider, ScriptedBrowser
 from service.vault import KeyRing, Vault, generate_key
@@ -40,6 +42,7 @@ from .api_support import api_client, make_key
 from .conftest import Deployment, deploy, write_catalog
 from .oidc_op_support import OidcOp
 from .test_conformant_provider import Agent, Conformant, agent_of, expire, stored_tokens, userinfo
+from .test_providers import DISCOVERY, ISSUER, discovery_document, oidc_catalog
 
 NAME = "sso"
 VAULT_KEY = generate_key("fapi-1")  # the connector's vault key for the module: its derived client key is pasted
@@ -135,7 +138,17 @@ CONFIGURATIONS = {
     "dpop_required": Configuration(
         op={"dpop": {"require_nonce": True}}, conn={"dpop_bound_access_tokens": True}, entry={"dpop": True}
     ),
+    # The OP's FAPI 2.0 profile, PAR required, DPoP-bound tokens with nonces; the entry's one switch: fapi2.
+    "fapi2": Configuration(
+        op={"fapi": "2.0", "par": {"required": True}, "dpop": {"require_nonce": True}},
+        conn={"dpop_bound_access_tokens": True},
+        entry={"fapi2": True},
+    ),
 }
+
+
+PAR = {"par_required", "fapi2"}  # the configurations where the provider requires PAR
+DPOP = {"dpop_required", "fapi2"}  # and those where it binds tokens with DPoP, nonces on
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module", params=list(CONFIGURATIONS))
@@ -252,13 +265,13 @@ async def test_the_whole_flow_with_the_providers_configuration(
             assert outcome.status is AuthorizationStatus.AUTHORIZED, outcome.describe()
             wire = json.dumps(agent.wire.messages, default=str)
         # The verifier's and the provider's (with DPoP nonces, the provider's first proof had none: made again).
-        exchanges = 3 if configuration == "dpop_required" else 2
+        exchanges = 3 if configuration in DPOP else 2
         assert await provider.token_requests("authorization_code") == exchanges
         stats = await provider.op.stats()  # type: ignore[union-attr]
-        if configuration == "par_required":
+        if configuration in PAR:
             assert stats["pushed_authorization_requests"] == 2  # the verifier's and the provider's
         # With PAR the browser carried client_id and request_uri only: nothing of the request in its URL.
-        expected = {"client_id", "request_uri"} if configuration == "par_required" else None
+        expected = {"client_id", "request_uri"} if configuration in PAR else None
         assert len(asked) == 2  # the verifier's and the provider's authorization requests
         for query in asked:
             assert set(query) == expected if expected else {"code_challenge", "state", "scope"} <= set(query)
@@ -278,7 +291,7 @@ async def test_the_whole_flow_with_the_providers_configuration(
 
         tokens = await stored_tokens(deployment)  # decrypted from the database
         kept: list[str] = []
-        if configuration == "dpop_required":
+        if configuration in DPOP:
             assert tokens["token_type"] == "DPoP" and tokens["dpop_key"]["kty"] == "EC"
             kept.append(tokens["dpop_key"]["d"])
             # Copied out of the database, the access token is useless without the key: refused with no proof.
@@ -294,7 +307,7 @@ async def test_the_whole_flow_with_the_providers_configuration(
         assert await provider.revocations() == 1
         assert not await provider.active(tokens["refresh_token"])
         failures = await provider.failures()
-        if configuration == "dpop_required":  # the first proof had no nonce: refused once, then made again with it
+        if configuration in DPOP:  # the first proof had no nonce: refused once, then made again with it
             assert failures.count("use_dpop_nonce") >= 1
         assert [f for f in failures if f != "use_dpop_nonce"] == []  # no invalid_client, no refused revocation
         database_file = Path(deployment.connector.runtime.settings.database.url.split("///", 1)[1])
@@ -317,13 +330,15 @@ async def test_providers_check_reports_the_client_key(
     assert "client authentication: private_key_jwt (configured (token_endpoint_auth_method))" in report.facts
     (key,) = [fact for fact in report.facts if fact.startswith("client key:")]
     assert f"ES256 key {kid} from the vault" in key and "/.well-known/jwks.json" in key
+    fapi = [fact for fact in report.facts if fact.startswith("FAPI 2.0 profile:")]
+    assert len(fapi) == (provider.op.configuration == "fapi2")  # type: ignore[union-attr]
     (dpop,) = [fact for fact in report.facts if fact.startswith("DPoP:")]
-    if provider.op.configuration == "dpop_required":  # type: ignore[union-attr]
+    if provider.op.configuration in DPOP:  # type: ignore[union-attr]
         assert dpop.startswith("DPoP: used, the entry asks for it (ES256")
     else:  # oidc-provider advertises DPoP, but nothing asks for it: Bearer tokens
         assert dpop.startswith("DPoP: not used (the provider advertises it")
     (par,) = [fact for fact in report.facts if fact.startswith("pushed authorization requests:")]
-    if provider.op.configuration == "par_required":  # type: ignore[union-attr]
+    if provider.op.configuration in PAR:  # type: ignore[union-attr]
         assert par.startswith("pushed authorization requests: used, the provider requires it")
     else:
         assert par.startswith("pushed authorization requests: not used (offered at")  # oidc-provider offers it
@@ -355,3 +370,58 @@ async def test_par_asked_by_the_entry_of_a_provider_that_only_offers_it(
     assert set(connection) == {"client_id", "request_uri"}
     assert (await provider.op.stats())["pushed_authorization_requests"] == 1  # type: ignore[union-attr]
     assert any(f.startswith("pushed authorization requests: used, the catalog entry asks for it") for f in report.facts)
+
+
+# --- the FAPI 2.0 switch refuses a provider that cannot do every part ---------------------------------------------
+
+FAPI_CAPABLE = {
+    "pushed_authorization_request_endpoint": f"{ISSUER}/par",
+    "token_endpoint_auth_methods_supported": ["private_key_jwt"],
+    "dpop_signing_alg_values_supported": ["ES256"],
+    "authorization_response_iss_parameter_supported": True,
+    "code_challenge_methods_supported": ["S256"],
+}
+
+
+@pytest.mark.parametrize(
+    ("missing", "value"),
+    [
+        ("pushed_authorization_request_endpoint", None),
+        ("token_endpoint_auth_methods_supported", ["client_secret_basic"]),
+        ("dpop_signing_alg_values_supported", None),
+        ("dpop_signing_alg_values_supported", ["EdDSA"]),
+        ("authorization_response_iss_parameter_supported", False),
+        ("code_challenge_methods_supported", ["plain"]),
+    ],
+)
+async def test_a_fapi2_entry_is_refused_by_a_provider_lacking_a_part(missing: str, value: object) -> None:
+    catalog = oidc_catalog(CONNECTOR_PROVIDERS__OIDC__FAPI2="true")
+    entry = catalog.get("oidc")
+    assert (entry.token_endpoint_auth_method, entry.pushed_authorization_requests, entry.dpop) == (
+        "private_key_jwt",
+        True,
+        True,
+    )
+    gateway = ProviderGateway(catalog)
+    with respx.mock:
+        respx.get(DISCOVERY).respond(json=discovery_document(**FAPI_CAPABLE))
+        assert (await gateway.resolve("oidc")).par_reason is not None  # every part offered: it runs
+        respx.get(DISCOVERY).respond(json=discovery_document(**{**FAPI_CAPABLE, missing: value}))
+        with pytest.raises(DiscoveryError) as caught:
+            await gateway.rediscover(entry)
+        report = await check_provider(gateway, entry, keys=False)
+    assert caught.value.field == missing and "FAPI 2.0" in str(caught.value)
+    assert not report.ok and report.field_at_fault == missing
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "key"),
+    [
+        ("PKCE", "false", "oidc.pkce"),
+        ("TOKEN_ENDPOINT_AUTH_METHOD", "client_secret_basic", "oidc.token_endpoint_auth_method"),
+    ],
+)
+def test_a_fapi2_entry_refuses_a_setting_against_the_profile(setting: str, value: str, key: str) -> None:
+    with pytest.raises(ConfigError, match=r"FAPI 2\.0") as caught:
+        oidc_catalog(CONNECTOR_PROVIDERS__OIDC__FAPI2="true", **{f"CONNECTOR_PROVIDERS__OIDC__{setting}": value})
+    assert key in str(caught.value)

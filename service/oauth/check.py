@@ -95,6 +95,10 @@ def _describe(provider: ResolvedProvider, report: ProviderReport) -> None:
             f"token_endpoint_auth_method {provider.token_endpoint_auth_method} is not among the methods the "
             f"provider lists ({', '.join(supported)})"
         )
+    if provider.entry.fapi2:
+        report.facts.append(
+            "FAPI 2.0 profile: PAR, PKCE S256, private_key_jwt, DPoP and the iss parameter, all offered by the provider"
+        )
     _describe_par(provider, report)
     _describe_dpop(provider, report)
     if provider.token_endpoint_auth_method == "private_key_jwt":  # noqa: S105 (a method name)

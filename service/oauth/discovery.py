@@ -46,6 +46,8 @@ async def discover(entry: ProviderEntry, url: str, http: httpx.AsyncClient) -> R
     algorithms = document.text_list("id_token_signing_alg_values_supported")
     assertion_algs = document.text_list("token_endpoint_auth_signing_alg_values_supported")
     dpop_algs = document.text_list("dpop_signing_alg_values_supported")
+    if entry.fapi2:
+        _fapi2_capable(document, methods, dpop_algs, iss_supported, endpoints["pushed_authorization_request_endpoint"])
     # Endpoints written in the catalog win over discovered ones (operators can pin them); the issuer is the
     # document's exact string, as ID tokens and RFC 9207 `iss` carry it.
     return ResolvedProvider(
@@ -156,6 +158,41 @@ def _iss_parameter_supported(document: _Document) -> bool:
     if not isinstance(value, bool):
         raise document.error(f"has an {key} that is not a boolean", key)
     return value
+
+
+def _fapi2_capable(
+    document: _Document,
+    methods: list[str] | None,
+    dpop_algs: list[str] | None,
+    iss_supported: bool,
+    par_endpoint: str | None,
+) -> None:
+    """A FAPI 2.0 entry (`fapi2 = true`) runs only against a provider that can do every part of the profile: the
+    first it cannot is refused, naming the metadata member that says so."""
+    if par_endpoint is None and document.entry.pushed_authorization_request_endpoint is None:
+        raise document.error(
+            "has no pushed_authorization_request_endpoint, and the FAPI 2.0 profile (fapi2) needs PAR",
+            "pushed_authorization_request_endpoint",
+        )
+    if methods is not None and "private_key_jwt" not in methods:
+        raise document.error(
+            "does not list private_key_jwt, and the FAPI 2.0 profile (fapi2) needs it",
+            "token_endpoint_auth_methods_supported",
+        )
+    if dpop_algs is None or "ES256" not in dpop_algs:
+        raise document.error(
+            "does not list ES256, and the FAPI 2.0 profile (fapi2) needs DPoP", "dpop_signing_alg_values_supported"
+        )
+    if not iss_supported:
+        raise document.error(
+            "does not promise the iss parameter (RFC 9207), and the FAPI 2.0 profile (fapi2) needs it",
+            "authorization_response_iss_parameter_supported",
+        )
+    challenge = document.text_list("code_challenge_methods_supported")
+    if challenge is not None and "S256" not in challenge:
+        raise document.error(
+            "does not list S256, and the FAPI 2.0 profile (fapi2) needs PKCE S256", "code_challenge_methods_supported"
+        )
 
 
 def _boolean(document: _Document, key: str) -> bool:

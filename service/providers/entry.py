@@ -86,6 +86,9 @@ class ProviderEntry:
     pushed_authorization_request_endpoint: str | None = None  # without discovery; discovery's otherwise
     # DPoP (RFC 9449): tokens bound to a key per grant, a proof on every token request and API call
     dpop: bool = False
+    # The FAPI 2.0 Security Profile: PAR, PKCE S256, private_key_jwt, DPoP and RFC 9207 `iss`, all of them; the
+    # catalog turns the others on, and an entry whose provider cannot do one of them is refused (oauth.discovery).
+    fapi2: bool = False
     account_id_field: str = "id"
     extra_authorize_params: Mapping[str, str] = field(default_factory=dict, hash=False)
     # A scope as asked -> the name the provider's token response gives it (Google answers `email` with

@@ -251,6 +251,28 @@ def _quirks(table: ProviderTable, tenant: str, source: _Source) -> Quirks:
     return quirks
 
 
+def _fapi2(values: dict[str, Any], source: _Source) -> None:
+    """`fapi2 = true`: PAR, PKCE S256, private_key_jwt, DPoP and RFC 9207 `iss` (FAPI 2.0 Security Profile §5), each
+    turned on; a setting that contradicts one of them is refused, naming it."""
+    if not values.get("pkce", True):
+        raise source.error("pkce", "must be true for a FAPI 2.0 entry (fapi2 = true): PKCE S256 is required")
+    method = values.get("token_endpoint_auth_method")
+    if method not in (None, "private_key_jwt"):
+        raise source.error(
+            "token_endpoint_auth_method", "must be private_key_jwt for a FAPI 2.0 entry (fapi2 = true), or unset"
+        )
+    if not values.get("discovery_url") and not values.get("pushed_authorization_request_endpoint"):
+        raise source.error(
+            "pushed_authorization_request_endpoint", "is required for a FAPI 2.0 entry (fapi2 = true) without discovery"
+        )
+    values.update(
+        token_endpoint_auth_method="private_key_jwt",  # noqa: S106 (a method name)
+        pushed_authorization_requests=True,
+        dpop=True,
+        authorization_response_iss_parameter_supported=True,
+    )
+
+
 def _check_consistency(values: dict[str, Any], table: ProviderTable, source: _Source) -> None:
     if not values.get("discovery_url"):
         # Without discovery nothing can fill these in later: the checks they enable would silently not happen.
@@ -313,6 +335,8 @@ def build_entry(
     for key in ENDPOINT_FIELDS:
         if values.get(key) is not None:
             values[key] = _endpoint(key, values[key], filled_tenant, quirks, source)
+    if values.get("fapi2"):
+        _fapi2(values, source)
     _check_consistency(values, table, source)
     if values.get("docs_url") and not re.fullmatch(r"https://[^\s]+", values["docs_url"]):
         raise source.error("docs_url", "must be an https URL")

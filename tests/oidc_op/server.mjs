@@ -64,7 +64,7 @@ try {
 
 const KNOWN_KEYS = new Set([
   'clients', 'accounts', 'login_account', 'access_token_ttl', 'refresh_token_ttl', 'refresh_token_rotation',
-  'narrow_scopes', 'scopes', 'claims', 'client_auth_methods', 'par', 'loopback_fetch', 'dpop',
+  'narrow_scopes', 'scopes', 'claims', 'client_auth_methods', 'par', 'loopback_fetch', 'dpop', 'fapi',
 ]);
 for (const key of Object.keys(config)) {
   if (!KNOWN_KEYS.has(key)) fail(`unknown configuration key ${JSON.stringify(key)}`);
@@ -126,6 +126,9 @@ const dpop = config.dpop;
 if (dpop !== undefined && (typeof dpop !== 'object' || dpop === null || typeof (dpop.require_nonce ?? false) !== 'boolean')) {
   fail('"dpop" must be an object {"require_nonce": boolean}');
 }
+// "2.0" (or "1.0 Final"): features.fapi with that profile.
+const fapi = config.fapi;
+if (fapi !== undefined && !['2.0', '1.0 Final'].includes(fapi)) fail('"fapi" must be "2.0" or "1.0 Final"');
 // {"required": true|false}: features.pushedAuthorizationRequests on, required of every client or not.
 const par = config.par;
 if (par !== undefined && (typeof par !== 'object' || par === null || typeof (par.required ?? false) !== 'boolean')) {
@@ -234,6 +237,7 @@ function startProvider(issuer) {
       ...(dpop === undefined ? {} : {
         dPoP: { enabled: true, nonceSecret: randomBytes(32), requireNonce: () => dpop.require_nonce ?? false },
       }),
+      ...(fapi === undefined ? {} : { fapi: { enabled: true, profile: fapi } }),
       ...(par === undefined ? {} : {
         pushedAuthorizationRequests: { enabled: true, requirePushedAuthorizationRequests: par.required ?? false },
       }),
