@@ -66,7 +66,12 @@ again (`dead_refresh_token_errors`) are data on the entry (`ProviderEntry.quirks
 Not expressible today (and why): a token endpoint reached with `GET` or with the client secret in the URL's
 query (secrets never go in a URL here); a value fetched after the grant (Atlassian's cloud id: the agent reads
 `accessible-resources` through `http()` and names the site in its paths); a refresh answer shaped unlike the
-code exchange's (Slack's user-token rotation).
+code exchange's (Slack's user-token rotation); a refresh sent to another endpoint than the code exchange; a
+refresh token carried in the URL's query (Miro's refresh example does; the connector sends it in the body).
+
+Each entry's comments say what its documentation confirmed (`# Checked against <url> (date)`) and what could not
+be confirmed (`# Not confirmed here:`); read them before relying on an entry, and fix the entry when the provider's
+documentation says otherwise.
 
 ## The catalog
 
