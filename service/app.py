@@ -165,7 +165,9 @@ def build_runtime(settings: Settings) -> Runtime:
     replica = Replica(store, bus, settings.replicas, clock, metrics)
     flow = settings.flow()
     rate_limiter, audit_budget = build_rate_limits(settings, store, clock)
-    elicitations = Elicitations(store, bus, providers, flow, clock, metrics, unattributed=audit_budget)
+    elicitations = Elicitations(
+        store, bus, providers, flow, clock, metrics, unattributed=audit_budget, sharing=settings.tenants.sharing()
+    )
     browser = BrowserFlow(elicitations, store, vault, providers, flow)
     verifier = build_verifier(VerifierContext(settings, flow, store, vault, providers, clock))
     webhooks, webhook_worker = build_webhooks(settings, store, vault, bus, clock, metrics)

@@ -23,6 +23,7 @@ from .core.events import ElicitationEvent, Event, GrantEvent
 from .core.identity import Identity
 from .core.outcomes import GrantInfo
 from .core.records import ElicitationRecord
+from .core.tenants import EMBEDDED_TENANT
 from .tokens import grant_auth
 from .util.clock import Clock
 
@@ -115,7 +116,7 @@ class Connector(AgentCalls):
         return entry.name, tuple(scopes) if scopes is not None else tuple(entry.default_scopes)
 
     async def find_grant(self, user: Identity, provider: str, scopes: Sequence[str] = ()) -> GrantInfo | None:
-        grant = await self.runtime.elicitations.find_grant(user, provider, scopes)
+        grant = await self.runtime.elicitations.find_grant(user, provider, scopes, EMBEDDED_TENANT)
         return GrantInfo.of(grant) if grant is not None else None
 
     async def elicitation(self, elicitation_id: str) -> ElicitationRecord | None:
@@ -137,7 +138,7 @@ class Connector(AgentCalls):
         """
         runtime = self.runtime
         resolved = await runtime.providers.resolve(provider)
-        grant = await runtime.tokens.grant_for(user, provider, scopes)
+        grant = await runtime.tokens.grant_for(user, provider, scopes, self._tenants_seen)
         if grant is None:
             raise NotAuthorized(f"{user} has no {resolved.display_name} grant with scopes {list(scopes)}")
         resolved = runtime.tokens.bound(grant, resolved)  # the API base may be the grant's (an instance URL)
@@ -146,8 +147,14 @@ class Connector(AgentCalls):
             yield client
 
     async def disconnect(self, user: Identity, provider: str) -> int:
-        """Revoke (where the provider allows) and delete every grant of `user` at `provider`."""
-        return await self.runtime.tokens.disconnect(user, provider)
+        """Revoke (where the provider allows) and delete every grant of `user` at `provider` this connector sees
+        (its own tenant's, and those shared with it)."""
+        return await self.runtime.tokens.disconnect(user, provider, self._tenants_seen)
+
+    @property
+    def _tenants_seen(self) -> frozenset[str]:
+        """The tenants whose grants the embedded connector sees: its own (`embedded`) and those shared with it."""
+        return self.runtime.elicitations.sharing.visible(EMBEDDED_TENANT)
 
     def on_grant_event(self, callback: Callable[[GrantEvent], None]) -> Callable[[], None]:
         """Call `callback` (synchronously, on the event loop) with every grant event this process hears:
@@ -155,8 +162,11 @@ class Connector(AgentCalls):
         codes, never a token. Events another replica logged arrive while this process reads the event log (with
         PostgreSQL's bus, when it is told of them). Returns the function that stops the calls."""
 
+        seen = self._tenants_seen
+
         def heard(event: Event) -> None:
-            if isinstance(event, GrantEvent):
+            # Only grants this connector sees (an event logged before tenants, with none, is everyone's).
+            if isinstance(event, GrantEvent) and (event.tenant is None or event.tenant in seen):
                 callback(event)
 
         self.runtime.bus.add_listener(heard)

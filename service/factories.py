@@ -131,5 +131,7 @@ def build_webhooks(
     sender = HttpWebhookSender(timeout=section.timeout_seconds, allow_private=section.allow_private_addresses)
     # Without metrics exposed, the backlog is not read at all.
     exposed = metrics if settings.metrics.enabled else None
-    dispatcher = WebhookDispatcher(endpoints, store.outbox, sender, store.origin, metrics=exposed)
+    dispatcher = WebhookDispatcher(
+        endpoints, store.outbox, sender, store.origin, metrics=exposed, sharing=settings.tenants.sharing()
+    )
     return endpoints, WebhookWorker(dispatcher, bus, sender, interval=section.poll_interval_seconds)

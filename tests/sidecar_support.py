@@ -315,8 +315,11 @@ async def serve_app(app: Starlette) -> AsyncIterator[str]:
         await task
 
 
-async def seed_grant(store: Store, vault_keys: str, user: Identity, provider: str, access_token: str) -> GrantRecord:
-    """A stored grant for `user` at `provider`, as the callback would store it (encrypted, never expiring)."""
+async def seed_grant(
+    store: Store, vault_keys: str, user: Identity, provider: str, access_token: str, tenant: str = "agent-a"
+) -> GrantRecord:
+    """A stored grant for `user` at `provider`, as the callback would store it (encrypted, never expiring), made
+    through `tenant` (by default `make_key`'s)."""
     ring = load_key_ring([vault_keys], None, None)
     assert ring is not None
     now = datetime.now(UTC)
@@ -324,7 +327,7 @@ async def seed_grant(store: Store, vault_keys: str, user: Identity, provider: st
     key_id, blob = Vault(ring).encrypt_json(
         tokens.to_json(), aad=grant_aad(user.issuer, user.subject, provider, "acct-1")
     )
-    record = GrantRecord(new_id(16), user, provider, "acct-1", ("read",), key_id, blob, None, now, now)
+    record = GrantRecord(new_id(16), user, provider, "acct-1", ("read",), key_id, blob, None, now, now, tenant=tenant)
     return await store.grants.upsert(record)
 
 

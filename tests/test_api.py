@@ -99,7 +99,20 @@ async def test_grants_only_answers_from_stored_grants_and_creates_nothing(deploy
         assert (none.json()["status"], none.json()["elicitationId"], none.json()["grant"]) == ("needs_user", None, None)
         assert none.json()["providerDisplayName"] == "Mock Provider"
         now = datetime.now(UTC)
-        grant = GrantRecord(new_id(16), user, "github", "acct-n", ("repo",), "k1", b"-", None, now, now, ("admin:org",))
+        grant = GrantRecord(
+            new_id(16),
+            user,
+            "github",
+            "acct-n",
+            ("repo",),
+            "k1",
+            b"-",
+            None,
+            now,
+            now,
+            ("admin:org",),
+            tenant="agent-a",
+        )
         await store.grants.upsert(grant)
         narrowed = (await api.post("/v1/elicitations", json=body)).json()
         assert (narrowed["status"], narrowed["refusedScopes"]) == ("narrowed", ["admin:org"])
@@ -123,7 +136,7 @@ async def test_url_mode_false_answers_from_grants_else_unsupported_and_audits_it
         assert (unsupported.json()["status"], unsupported.json()["elicitationId"]) == ("unsupported", None)
         now = datetime.now(UTC)
         await store.grants.upsert(
-            GrantRecord(new_id(16), user, "github", "acct", ("repo",), "k1", b"-", None, now, now)
+            GrantRecord(new_id(16), user, "github", "acct", ("repo",), "k1", b"-", None, now, now, tenant="agent-a")
         )
         assert (await api.post("/v1/elicitations", json=body)).json()["status"] == "already_authorized"
     (audited,) = await store.audit.list(event="unsupported_client")

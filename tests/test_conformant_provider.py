@@ -460,6 +460,8 @@ async def test_a_grant_revoked_at_the_provider_needs_the_user_says_why_and_heals
     webhooks = {
         "CONNECTOR_WEBHOOKS__ALLOW_PRIVATE_ADDRESSES": "true",
         "CONNECTOR_WEBHOOKS__POLL_INTERVAL_SECONDS": "0.05",
+        # The embedded agent's grant, watched through agent-a's key: the operator lets the two share.
+        "CONNECTOR_TENANTS__SHARED_GROUPS": "embedded+agent-a",
     }
     async with (
         receiving() as receiver,

@@ -299,7 +299,7 @@ async def test_the_previous_release_works_on_the_connection_values_column(databa
 
     script = ScriptDirectory.from_config(alembic_config())
     assert declared_oldest_code_revision(script, "0013") == declared_oldest_code_revision(script, "0012")
-    assert OLDEST_SCHEMA_REVISION == "0013"  # this code reads the new column: it needs it
+    assert OLDEST_SCHEMA_REVISION >= "0013"  # this code reads the new column: it needs it
     migrate(database_url)
     old_table = as_before("0013", tables.elicitations)
     store = Store.from_url(database_url)
@@ -324,5 +324,108 @@ async def test_the_previous_release_works_on_the_connection_values_column(databa
         async with store.engine.connect() as conn:
             kept = (await conn.execute(select(old_table).where(old_table.c.id == mine.id))).mappings().one()
         assert kept["provider"] == "shopify"
+    finally:
+        await store.close()
+
+
+async def test_0015_gives_each_existing_grant_the_tenant_that_made_it(database_url: str) -> None:
+    """0015 is a contract step (the grant's key gains the tenant: an older replica's upsert cannot run on it).
+    Existing grants go to the tenant of the elicitation that stored them (the audit trail's `completed` event, the
+    elicitation's connection key), else to the one tenant with API keys, else to `embedded`; downgrading keeps the
+    newest grant of each account."""
+    script = ScriptDirectory.from_config(alembic_config())
+    assert declared_oldest_code_revision(script, "0015") == "0015"
+    assert OLDEST_SCHEMA_REVISION == "0015"
+    await asyncio.to_thread(command.upgrade, alembic_config(database_url), "0013")
+    now = datetime.now(UTC)
+    old_grants = Table("grants", MetaData(), *(c._copy() for c in tables.grants.columns if c.name != "tenant"))
+
+    def grant_row(grant_id: str, subject: str) -> dict[str, object]:
+        return {
+            "id": grant_id,
+            "identity_issuer": "https://login.example.com",
+            "identity_subject": subject,
+            "provider": "github",
+            "provider_account_id": "acct-1",
+            "scopes": '["repo"]',
+            "token_key_id": "k1",
+            "token_ciphertext": b"-",
+            "created_at": now,
+            "updated_at": now,
+        }
+
+    def event_row(elicitation_id: str, key: str) -> dict[str, object]:
+        return {
+            "elicitation_id": elicitation_id,
+            "connection_key": key,
+            "status": "completed",
+            "at": now,
+            "origin": "o",
+        }
+
+    def completed(elicitation_id: str, grant_id: str) -> dict[str, object]:
+        return {
+            "at": now,
+            "event": "completed",
+            "elicitation_id": elicitation_id,
+            "detail": f'{{"grant_id": "{grant_id}"}}',
+        }
+
+    def key_row(key_id: str, tenant: str) -> dict[str, object]:
+        return {"id": key_id, "key_hash": key_id, "tenant": tenant, "agent_name": "A", "created_at": now}
+
+    store = Store.from_url(database_url)
+    try:
+        async with store.engine.begin() as conn:
+            for grant_id, subject in (("g-api", "u1"), ("g-embedded", "u2"), ("g-unknown", "u3")):
+                await conn.execute(insert(old_grants).values(grant_row(grant_id, subject)))
+            await conn.execute(insert(tables.elicitation_events).values(event_row("e-api", "v1:agent-x:c1")))
+            await conn.execute(insert(tables.elicitation_events).values(event_row("e-embedded", "acp:conn-7")))
+            await conn.execute(insert(tables.audit_events).values(completed("e-api", "g-api")))
+            await conn.execute(insert(tables.audit_events).values(completed("e-embedded", "g-embedded")))
+            await conn.execute(insert(tables.api_keys).values(key_row("ak_1", "agent-x")))
+            await conn.execute(insert(tables.api_keys).values(key_row("ak_2", "agent-y")))
+    finally:
+        await store.close()
+
+    async def tenants_after_upgrade() -> dict[str, str]:
+        await asyncio.to_thread(command.upgrade, alembic_config(database_url), "0015")
+        store = Store.from_url(database_url)
+        try:
+            async with store.engine.connect() as conn:
+                rows = (await conn.execute(select(tables.grants.c.id, tables.grants.c.tenant))).all()
+        finally:
+            await store.close()
+        return {grant_id: tenant for grant_id, tenant in rows}
+
+    # Two tenants have keys: an unknown grant is the embedded connector's.
+    assert await tenants_after_upgrade() == {"g-api": "agent-x", "g-embedded": "embedded", "g-unknown": "embedded"}
+    # Again with one tenant's keys only: an unknown grant is that tenant's.
+    await asyncio.to_thread(command.downgrade, alembic_config(database_url), "0013")
+    store = Store.from_url(database_url)
+    try:
+        async with store.engine.begin() as conn:
+            await conn.execute(tables.api_keys.delete().where(tables.api_keys.c.tenant == "agent-y"))
+    finally:
+        await store.close()
+    assert await tenants_after_upgrade() == {"g-api": "agent-x", "g-embedded": "embedded", "g-unknown": "agent-x"}
+
+    # At head, two tenants may hold the same account; the downgrade keeps the newest of them.
+    migrate(database_url)
+    store = Store.from_url(database_url)
+    try:
+        original = await store.grants.get("g-api")
+        assert original is not None
+        later = replace(original, id="g-api-b", tenant="agent-b", updated_at=now + timedelta(seconds=1))
+        await store.grants.upsert(later)
+        assert {g.tenant for g in await store.grants.find(original.identity, "github")} == {"agent-x", "agent-b"}
+    finally:
+        await store.close()
+    await asyncio.to_thread(command.downgrade, alembic_config(database_url), "0013")
+    store = Store.from_url(database_url)
+    try:
+        async with store.engine.connect() as conn:
+            ids = sorted((await conn.execute(select(old_grants.c.id))).scalars().all())
+        assert ids == ["g-api-b", "g-embedded", "g-unknown"]
     finally:
         await store.close()

@@ -37,6 +37,7 @@ from .sections import (
     ReplicaSettings,
     RetentionSettings,
     ServerSettings,
+    TenantSettings,
     VaultSettings,
     WebhookSettings,
 )
@@ -65,6 +66,7 @@ __all__ = [
     "RetentionSettings",
     "ServerSettings",
     "Settings",
+    "TenantSettings",
     "VaultSettings",
     "WebhookSettings",
     "config_error_at",

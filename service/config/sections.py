@@ -19,6 +19,7 @@ from pydantic_settings import NoDecode
 
 from service.core.health import ProactivePolicy, RefreshBackoff
 from service.core.retention import RetentionPolicy
+from service.core.tenants import TenantSharing
 from service.core.webhooks import WebhookPolicy
 
 from .values import optional_secret, optional_str, split_list
@@ -38,6 +39,7 @@ __all__ = [
     "ReplicaSettings",
     "RetentionSettings",
     "ServerSettings",
+    "TenantSettings",
     "VaultSettings",
     "WebhookSettings",
 ]
@@ -483,6 +485,32 @@ class GrantSettings(_Section):
             interval=self.proactive_refresh_interval_seconds,
             concurrency=self.proactive_refresh_concurrency,
         )
+
+
+class TenantSettings(_Section):
+    """`[tenants]`: which tenants share grants. A grant belongs to the tenant through which it was made (an API
+    key's tenant, or `embedded`, the embedded connector's own): by default only that tenant sees, uses and revokes
+    it, and only it hears the grant's events (stream and webhooks)."""
+
+    shared_groups: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Groups of tenants that share their grants, each written as names joined by `+` (e.g. `embedded+billing-bot`:
+    the embedded connector and the billing-bot key's agent see, use and revoke each other's grants). Empty: no
+    tenant sees another's grants. In the environment: comma-separated groups."""
+
+    @field_validator("shared_groups", mode="before")
+    @classmethod
+    def _split_groups(cls, value: Any) -> Any:
+        return split_list(value)
+
+    @field_validator("shared_groups")
+    @classmethod
+    def _check_groups(cls, value: list[str]) -> list[str]:
+        TenantSharing.of(group.split("+") for group in value)  # ValueError names the wrong one
+        return value
+
+    def sharing(self) -> TenantSharing:
+        """The sharing groups, as plain values."""
+        return TenantSharing.of(group.split("+") for group in self.shared_groups)
 
 
 class WebhookSettings(_Section):

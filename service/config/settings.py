@@ -54,6 +54,7 @@ from .sections import (
     ReplicaSettings,
     RetentionSettings,
     ServerSettings,
+    TenantSettings,
     VaultSettings,
     WebhookSettings,
 )
@@ -112,6 +113,7 @@ class Settings(BaseSettings):
     webhooks: WebhookSettings = Field(default_factory=WebhookSettings)
     grants: GrantSettings = Field(default_factory=GrantSettings)
     admin: AdminSettings = Field(default_factory=AdminSettings)
+    tenants: TenantSettings = Field(default_factory=TenantSettings)
     config_file: Path | None = None
 
     @field_validator("public_base_url")

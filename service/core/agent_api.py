@@ -26,9 +26,9 @@ from .outcomes import AuthorizationOutcome, StopCause
 from .ports import ApiStore, EventSource, Tx
 from .records import ApiElicitationRecord, ApiKeyRecord, ElicitationRecord, GrantRecord
 from .scopes import ElicitationScope, RequestScope, SessionScope
+from .tenants import EMBEDDED_TENANT, TENANT_PATTERN
 
 API_KEY_PREFIX = "acpk_"
-TENANT_PATTERN = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 PROVIDER_PATTERN = re.compile(r"[a-z][a-z0-9_-]{0,62}")
 # The longest a long-poll may hold a request; clients ask again after it.
 MAX_WAIT_SECONDS = 60.0
@@ -43,6 +43,10 @@ def new_api_key(
     """A new key (shown once) and the record that stores only its hash."""
     if not TENANT_PATTERN.fullmatch(tenant):
         raise ValueError("a tenant is 1-64 of a-z, 0-9, '.', '_' and '-', starting with a letter or digit")
+    if tenant == EMBEDDED_TENANT:
+        raise ValueError(
+            f"'{EMBEDDED_TENANT}' is the embedded connector's own tenant; share its grants with [tenants] shared_groups"
+        )
     if not agent_name.strip() or len(agent_name) > 255 or not agent_name.isprintable():
         raise ValueError("the agent name must be 1-255 printable characters")
     for name in providers or ():
@@ -109,6 +113,10 @@ class AgentApi:
         self._keys[digest] = (record, now + KEY_CACHE_SECONDS)
         return record
 
+    def tenants_seen(self, caller: ApiKeyRecord) -> frozenset[str]:
+        """The tenants whose grants `caller` sees, uses and revokes: its own, and those it shares with."""
+        return self.elicitations.sharing.visible(caller.tenant)
+
     def check_provider(self, caller: ApiKeyRecord, provider: str) -> None:
         if not PROVIDER_PATTERN.fullmatch(provider):
             raise FlowRefused("unknown_provider", detail={"message": "There is no provider by that name."})
@@ -151,7 +159,9 @@ class AgentApi:
         except ConnectorError as exc:
             raise FlowRefused(exc.code, detail={"message": str(exc)}) from None
         wanted = tuple(scopes) if scopes is not None else default_scopes
-        settled = await self.elicitations.settled(user, provider, wanted, ask_again=ask_again, connection=connection)
+        settled = await self.elicitations.settled(
+            user, provider, wanted, ask_again=ask_again, connection=connection, tenant=caller.tenant
+        )
         grant = await self.store.grants.get(settled.grant.id) if settled and settled.grant else None
         if settled is not None and grant is not None:
             return Created(grant=grant, refused_scopes=settled.refused_scopes)

@@ -22,6 +22,7 @@ from .records import OFFLINE_ACCESS, ElicitationRecord, FlowRecord, GrantRecord,
 from .renewal import carried_over, previous_grant, record_recovery
 from .settings import FlowSettings
 from .states import RESTART_FROM, START_FROM, ElicitationStatus
+from .tenants import tenant_of_key
 
 log = logging.getLogger("service.flow")
 
@@ -342,7 +343,8 @@ class BrowserFlow:
     ) -> ElicitationRecord:
         """Store the tokens (or a typed credential) as `account_id`'s grant and complete the elicitation, together."""
         now = self.now()
-        previous = await previous_grant(self.store, record.identity, provider.name, account_id)
+        tenant = tenant_of_key(record.connection_key)  # the grant is the asking tenant's (README, Tenants)
+        previous = await previous_grant(self.store, record.identity, provider.name, account_id, tenant)
         tokens = carried_over(tokens, previous, self.vault)
         aad = grant_aad(record.identity.issuer, record.identity.subject, provider.name, account_id)
         key_id, blob = self.vault.encrypt_json(tokens.to_json(), aad=aad)
@@ -361,6 +363,7 @@ class BrowserFlow:
             created_at=now,
             updated_at=now,
             refused_scopes=refused,
+            tenant=tenant,
         )
         if tokens.refresh_token is None and OFFLINE_ACCESS in record.scopes:
             log.warning(

@@ -3,7 +3,7 @@ the provider refused before."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from .health import ask_again_message, reason_sentence
@@ -18,9 +18,11 @@ def covers(granted: Sequence[str], wanted: Sequence[str]) -> bool:
     return set(wanted) <= set(granted)
 
 
-async def find_grant(grants: GrantRepo, user: Identity, provider: str, scopes: Sequence[str]) -> GrantRecord | None:
-    """The newest grant of `user` at `provider` that covers every scope in `scopes`."""
-    for grant in await grants.find(user, provider):
+async def find_grant(
+    grants: GrantRepo, user: Identity, provider: str, scopes: Sequence[str], tenants: Collection[str]
+) -> GrantRecord | None:
+    """The newest grant of `user` at `provider` held by one of `tenants` that covers every scope in `scopes`."""
+    for grant in await grants.find(user, provider, tenants=tenants):
         if covers(grant.scopes, scopes):
             return grant
     return None

@@ -68,7 +68,8 @@ class GrantEvent:
     """`kind` happened to the grant `grant_id` of `identity` at `provider` (`account_id` there), for `reason`.
 
     Ids and a reason code only: never a token. `id`, `at` and `origin` place it in the event log, as for an
-    `ElicitationEvent`; `tenant` names the `/v1` tenant it belongs to (None: every tenant that may see the grant).
+    `ElicitationEvent`; `tenant` names the tenant of the grant (`embedded` or an API key's): it and the tenants
+    sharing with it are told (None: an event logged before grants had tenants, told to every tenant).
     """
 
     kind: GrantEventKind

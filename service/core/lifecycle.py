@@ -36,6 +36,7 @@ from .records import ElicitationRecord, GrantRecord
 from .scopes import ElicitationScope, RequestScope, SessionScope
 from .settings import FlowSettings
 from .states import CompletionDelivery, ElicitationStatus
+from .tenants import EMBEDDED_TENANT, TenantSharing, tenant_of_key
 
 EXPIRED_REASON = "expired before completion"
 CONNECTION_CLOSED = "connection_closed"  # why a completion is undeliverable: the connection is gone
@@ -62,8 +63,10 @@ class Elicitations:
         clock: Callable[[], datetime],
         metrics: FlowMetrics | None = None,
         unattributed: AuditGate | None = None,
+        sharing: TenantSharing | None = None,
     ) -> None:
         self.store = store
+        self.sharing = sharing or TenantSharing()  # which tenants see each other's grants (none by default)
         self.events = events
         self.providers = providers
         self.settings = settings
@@ -93,9 +96,11 @@ class Elicitations:
     async def get(self, elicitation_id: str) -> ElicitationRecord | None:
         return await self.store.elicitations.get(elicitation_id)
 
-    async def find_grant(self, user: Identity, provider: str, scopes: Sequence[str]) -> GrantRecord | None:
-        """The newest grant of `user` at `provider` that covers every scope asked for."""
-        return await find_grant(self.store.grants, user, provider, scopes)
+    async def find_grant(
+        self, user: Identity, provider: str, scopes: Sequence[str], tenant: str = EMBEDDED_TENANT
+    ) -> GrantRecord | None:
+        """The newest grant of `user` at `provider` that covers every scope asked for, among those `tenant` sees."""
+        return await find_grant(self.store.grants, user, provider, scopes, self.sharing.visible(tenant))
 
     async def settled(
         self,
@@ -105,12 +110,13 @@ class Elicitations:
         *,
         ask_again: bool = False,
         connection: Mapping[str, str] | None = None,
+        tenant: str = EMBEDDED_TENANT,
     ) -> AuthorizationOutcome | None:
         """The answer to a request that needs nobody asked (`coverage.settled_by`), or None. The per-connection
         values the provider needs from the agent (`connection`) are checked first: FlowRefused names a missing or
         malformed one."""
         self.providers.connection_values(provider, connection)
-        grants = await self.store.grants.find(user, provider)
+        grants = await self.store.grants.find(user, provider, tenants=self.sharing.visible(tenant))
         if ask_again and self.providers.credential_form(provider) is not None:
             return None  # a credential entry asked again: the user replaces the stored key on the form
         return settled_by(grants, provider, self.display_name(provider), scopes, ask_again=ask_again)
@@ -121,9 +127,11 @@ class Elicitations:
         grant = None
         if status is AuthorizationStatus.AUTHORIZED:
             # The grant covering what was asked; else (a narrowed grant) the newest one of this user there.
-            found = await self.find_grant(record.identity, record.provider, record.scopes)
+            tenant = tenant_of_key(record.connection_key)
+            found = await self.find_grant(record.identity, record.provider, record.scopes, tenant)
             if found is None:
-                found = next(iter(await self.store.grants.find(record.identity, record.provider)), None)
+                seen = self.sharing.visible(tenant)
+                found = next(iter(await self.store.grants.find(record.identity, record.provider, tenants=seen)), None)
             grant = GrantInfo.of(found) if found is not None else None
         return self.outcome_of(
             record,
@@ -192,7 +200,8 @@ class Elicitations:
         values = self.providers.connection_values(provider, connection)
         form = self.providers.credential_form(provider)
         message = message or (credential_message(form) if form is not None else None)
-        plan = request_plan(await self.store.grants.find(user, provider), self.display_name(provider), scopes, message)
+        held = await self.store.grants.find(user, provider, tenants=self.sharing.visible(tenant_of_key(connection_key)))
+        plan = request_plan(held, self.display_name(provider), scopes, message)
         now = self.now()
         record = ElicitationRecord(
             id=new_id(24),  # 192 random bits

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from .health import GrantHealth, GrantStatus, HealthReason
 from .identity import Identity
 from .states import DeliveryStatus, ElicitationStatus
+from .tenants import EMBEDDED_TENANT
 
 OFFLINE_ACCESS = "offline_access"  # the OpenID Connect scope that asks for a refresh token (Core §11)
 
@@ -110,6 +111,9 @@ class GrantRecord:
     updated_at: datetime
     refused_scopes: tuple[str, ...] = ()  # asked for when it was made, refused by the provider (a narrowed grant)
     health: GrantHealth = field(default_factory=GrantHealth)
+    # The tenant it was made through (an API key's, or the embedded connector's own): only it (and the tenants it
+    # shares with, `[tenants] shared_groups`) sees, uses and revokes it.
+    tenant: str = EMBEDDED_TENANT
 
     def status_at(self, now: datetime) -> tuple[GrantStatus, HealthReason | None]:
         """The grant's status and its reason at `now`: `needs_user` as stored, `expired` once the access token of a

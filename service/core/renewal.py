@@ -18,9 +18,11 @@ from .ports import Store, Tx, Vault
 from .records import GrantRecord, TokenSet
 
 
-async def previous_grant(store: Store, user: Identity, provider: str, account_id: str) -> GrantRecord | None:
-    """The grant already held for this user, provider and account (None when a new one is given)."""
-    for grant in await store.grants.find(user, provider):
+async def previous_grant(
+    store: Store, user: Identity, provider: str, account_id: str, tenant: str
+) -> GrantRecord | None:
+    """The grant `tenant` already holds for this user, provider and account (None when a new one is given)."""
+    for grant in await store.grants.find(user, provider, tenants=(tenant,)):
         if grant.provider_account_id == account_id:
             return grant
     return None
@@ -59,5 +61,6 @@ async def record_recovery(
         stored.provider,
         stored.provider_account_id,
         reason=previous.health.reason,
+        tenant=stored.tenant,
     )
     return await store.outbox.append([event], at=now, conn=conn)

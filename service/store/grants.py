@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import RowMapping, bindparam, delete, func, select, text, update
+from sqlalchemy import RowMapping, and_, bindparam, delete, func, or_, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -26,7 +26,8 @@ from .tables import grants
 REFRESH_LOCK_TIMEOUT = "30s"
 LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL's SQLSTATE when lock_timeout ran out
 
-_ACCOUNT_KEY = ("identity_issuer", "identity_subject", "provider", "provider_account_id")
+# One grant per tenant, user, provider and provider account (migration 0015: the tenant joined the key).
+_ACCOUNT_KEY = ("identity_issuer", "identity_subject", "provider", "tenant", "provider_account_id")
 _REPLACED_ON_CONFLICT = (
     "scopes",
     "refused_scopes",
@@ -62,6 +63,7 @@ _FIND = (
     )
     .order_by(grants.c.updated_at.desc(), grants.c.id)
 )
+_FIND_IN = _FIND.where(grants.c.tenant.in_(bindparam("tenants", expanding=True)))
 
 
 class GrantRepository:
@@ -84,11 +86,21 @@ class GrantRepository:
             row = (await c.execute(statement, _to_row(rec))).mappings().one()
         return _from_row(row)
 
-    async def find(self, identity: Identity, provider: str, conn: AsyncConnection | None = None) -> list[GrantRecord]:
-        """The identity's grants at `provider`, most recently updated first."""
-        params = {"issuer": identity.issuer, "subject": identity.subject, "provider": provider}
+    async def find(
+        self,
+        identity: Identity,
+        provider: str,
+        conn: AsyncConnection | None = None,
+        *,
+        tenants: Collection[str] | None = None,
+    ) -> list[GrantRecord]:
+        """The identity's grants at `provider` held by one of `tenants` (None: by any tenant, for operators and the
+        store's own work), most recently updated first."""
+        params: dict[str, Any] = {"issuer": identity.issuer, "subject": identity.subject, "provider": provider}
+        if tenants is not None:
+            params["tenants"] = sorted(tenants)
         async with self._db.read(conn) as c:
-            rows = (await c.execute(_FIND, params)).mappings().all()
+            rows = (await c.execute(_FIND if tenants is None else _FIND_IN, params)).mappings().all()
         return [_from_row(row) for row in rows]
 
     async def changed_since(self, since: datetime, conn: AsyncConnection | None = None) -> list[GrantRecord]:
@@ -103,10 +115,14 @@ class GrantRepository:
         subject: str | None = None,
         issuer: str | None = None,
         provider: str | None = None,
+        tenants: Collection[str] | None = None,
+        after: tuple[datetime, str] | None = None,
         limit: int = 1000,
         conn: AsyncConnection | None = None,
     ) -> list[GrantRecord]:
-        """Grants matching what is given (operators' listing), most recently updated first, at most `limit`."""
+        """Grants matching what is given (operators' listing; `tenants`: held by one of them), most recently updated
+        first, at most `limit`. Keyset-paged: `after` is the last row's `(updated_at, id)` of the page before (the
+        next page starts after it), so a page costs the same at any depth."""
         statement = select(grants).order_by(grants.c.updated_at.desc(), grants.c.id).limit(limit)
         if subject is not None:
             statement = statement.where(grants.c.identity_subject == subject)
@@ -114,6 +130,13 @@ class GrantRepository:
             statement = statement.where(grants.c.identity_issuer == issuer)
         if provider is not None:
             statement = statement.where(grants.c.provider == provider)
+        if tenants is not None:
+            statement = statement.where(grants.c.tenant.in_(sorted(tenants)))
+        if after is not None:
+            at, last_id = after
+            statement = statement.where(
+                or_(grants.c.updated_at < at, and_(grants.c.updated_at == at, grants.c.id > last_id))
+            )
         async with self._db.read(conn) as c:
             rows = (await c.execute(statement)).mappings().all()
         return [_from_row(row) for row in rows]
@@ -348,6 +371,7 @@ def _to_row(rec: GrantRecord) -> dict[str, Any]:
         "last_failure_at": rec.health.last_failure_at,
         "next_refresh_at": rec.health.next_attempt_at,
         "refresh_failures": rec.health.failures or None,
+        "tenant": rec.tenant,
     }
 
 
@@ -383,4 +407,5 @@ def _from_row(row: RowMapping) -> GrantRecord:
         created_at=row["created_at"],
         updated_at=row["updated_at"],
         health=_health(row),
+        tenant=row["tenant"],
     )

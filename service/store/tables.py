@@ -195,9 +195,16 @@ grants = Table(
     Column("last_failure_at", UTCDateTime, nullable=True),
     Column("next_refresh_at", UTCDateTime, nullable=True),  # no refresh before (backoff after transient failures)
     Column("refresh_failures", Integer, nullable=True),  # transient failures in a row
-    # Also serves find(identity, provider): its leading columns are issuer, subject, provider.
+    # The tenant it was made through (0015; service.core.tenants): only it, and tenants sharing with it, see it.
+    Column("tenant", String(64), nullable=False),
+    # Also serves find(identity, provider[, tenants]): its leading columns are issuer, subject, provider, tenant.
     UniqueConstraint(
-        "identity_issuer", "identity_subject", "provider", "provider_account_id", name="uq_grants_account"
+        "identity_issuer",
+        "identity_subject",
+        "provider",
+        "tenant",
+        "provider_account_id",
+        name="uq_grants_tenant_account",
     ),
     # The console: keyset pages newest first, by user and by provider; the overview's counts; keys (0017).
     Index("ix_grants_updated_at_id", "updated_at", "id"),
@@ -219,6 +226,8 @@ grants = Table(
         postgresql_where=text("refresh_failures IS NOT NULL"),
         sqlite_where=text("refresh_failures IS NOT NULL"),
     ),
+    # A tenant's grants, newest first (the listing with `tenants`; 0015).
+    Index("ix_grants_tenant_updated", "tenant", "updated_at", "id"),
 )
 
 audit_events = Table(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime
 
 from service.core.coverage import find_grant
@@ -70,24 +70,29 @@ class TokenAccess:
         self._tokens: dict[str, TokenSet] = {}
         # DPoP-bound grants: grant id -> (the private JWK of the set held, its parsed key and the nonces).
         self._dpop: dict[str, tuple[Mapping[str, str], Dpop | None]] = {}
-        # Grant lookups: (issuer, subject, provider) -> {scopes asked: grant}, newest use last.
-        self._grants: OrderedDict[tuple[str, str, str], dict[frozenset[str], GrantRecord]] = OrderedDict()
+        # Grant lookups: (issuer, subject, provider) -> {(scopes asked, tenants seen): grant}, newest use last.
+        self._grants: OrderedDict[tuple[str, str, str], dict[tuple[frozenset[str], frozenset[str]], GrantRecord]] = (
+            OrderedDict()
+        )
         self._generations: dict[tuple[str, str, str], int] = {}
         # Grants this process used: grant id -> (when, provider), for refreshing ahead (`used_since`).
         self._used: dict[str, tuple[float, str]] = {}
         events.add_listener(self._on_event)
 
     # -- finding a grant -----------------------------------------------------------------------------------
-    async def grant_for(self, user: Identity, provider: str, scopes: Sequence[str]) -> GrantRecord | None:
-        """The newest grant of `user` at `provider` covering `scopes` (cached until the grant changes)."""
+    async def grant_for(
+        self, user: Identity, provider: str, scopes: Sequence[str], tenants: Collection[str]
+    ) -> GrantRecord | None:
+        """The newest grant of `user` at `provider` covering `scopes`, held by one of `tenants` (the caller's and
+        those it shares with); cached until the grant changes."""
         pair = (user.issuer, user.subject, provider)
-        wanted = frozenset(scopes)
+        wanted = (frozenset(scopes), frozenset(tenants))
         known = self._grants.get(pair)
         if known is not None and wanted in known:
             self._grants.move_to_end(pair)
             return known[wanted]
         generation = self._generations.get(pair, 0)
-        grant = await find_grant(self.store.grants, user, provider, scopes)
+        grant = await find_grant(self.store.grants, user, provider, scopes, tenants)
         # Kept only if no change to this user's grants at this provider was announced while we read.
         if grant is not None and self._generations.get(pair, 0) == generation:
             self._grants.setdefault(pair, {})[wanted] = grant
@@ -271,12 +276,13 @@ class TokenAccess:
         return result.error
 
     # -- disconnecting -------------------------------------------------------------------------------------
-    async def disconnect(self, user: Identity, provider: str) -> int:
-        """Revoke (where the provider allows) and delete every grant of `user` at `provider`; how many went."""
+    async def disconnect(self, user: Identity, provider: str, tenants: Collection[str]) -> int:
+        """Revoke (where the provider allows) and delete every grant of `user` at `provider` held by one of
+        `tenants`; how many went."""
         self.providers.entry(provider)  # UnknownProvider for a name the catalog does not have
         resolved = await self._for_revocation(provider)
         removed = 0
-        for grant in await self.store.grants.find(user, provider):
+        for grant in await self.store.grants.find(user, provider, tenants=tenants):
             removed += await self._disconnect(grant, resolved)
         return removed
 
@@ -309,7 +315,9 @@ class TokenAccess:
             else:
                 revoked = await self.providers.revoke(bound, tokens)
         kind = GrantEventKind.REVOKED if revoked else GrantEventKind.DELETED
-        event = GrantEvent(kind, grant.id, grant.identity, grant.provider, grant.provider_account_id)
+        event = GrantEvent(
+            kind, grant.id, grant.identity, grant.provider, grant.provider_account_id, tenant=grant.tenant
+        )
         now = self.now()
         logged: list[GrantEvent] = []
         async with self.store.transaction() as tx:

@@ -174,6 +174,7 @@ class Refresher:
             grant.provider,
             grant.provider_account_id,
             reason=verdict.reason,
+            tenant=grant.tenant,
         )
         published: list[GrantChanged | GrantEvent] = []
         async with locked.writing() as conn:

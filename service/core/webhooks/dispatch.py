@@ -15,6 +15,7 @@ from ..handles import new_id
 from ..ports import OutboxRepo, WebhookMetrics, WebhookSender
 from ..records import AttemptRecord, AttemptResult, WebhookDeliveryRecord, WebhookEndpointRecord
 from ..states import DeliveryStatus
+from ..tenants import TenantSharing
 from .endpoints import WebhookEndpoints
 from .payload import for_tenant, webhook_body
 from .signing import signed_headers
@@ -39,7 +40,9 @@ class WebhookDispatcher:
         replica_id: str,
         rand: Callable[[], float] = random.random,
         metrics: WebhookMetrics | None = None,
+        sharing: TenantSharing | None = None,
     ) -> None:
+        self.sharing = sharing or TenantSharing()  # grant events go to the grant's tenant and those sharing it
         self.endpoints = endpoints
         self.repo = endpoints.repo
         self.outbox = outbox
@@ -123,7 +126,7 @@ class WebhookDispatcher:
             )
             for event in events
             for endpoint in endpoints
-            if for_tenant(event, endpoint.tenant) and (event.id or 0) > endpoint.after_event_id
+            if for_tenant(event, endpoint.tenant, self.sharing) and (event.id or 0) > endpoint.after_event_id
         ]
         moved = await self.repo.enqueue(deliveries, from_cursor=cursor, to_cursor=events[-1].id or cursor)
         return len(events) if moved else 0

@@ -15,13 +15,14 @@ from typing import Any
 from ..agent_api import connection_id_of, tenant_of
 from ..events import GrantEvent, LoggedEvent
 from ..outcomes import TERMINAL_OUTCOMES
+from ..tenants import TenantSharing
 
 
-def for_tenant(event: LoggedEvent, tenant: str) -> bool:
-    """Whether `tenant` is told about `event`: its own elicitations; a grant event of its tenant, or of none (a
-    grant any tenant's key may read, as `GET /v1/grants` does)."""
+def for_tenant(event: LoggedEvent, tenant: str, sharing: TenantSharing) -> bool:
+    """Whether `tenant` is told about `event`: its own elicitations; a grant event of a grant it sees (its own
+    tenant's, or one it shares with), or of none (logged before grants had tenants)."""
     if isinstance(event, GrantEvent):
-        return event.tenant is None or event.tenant == tenant
+        return event.tenant is None or sharing.sees(tenant, event.tenant)
     return tenant_of(event.connection_key) == tenant
 
 

@@ -1,4 +1,5 @@
-"""`GET /v1/events`: Server-Sent Events of the caller's elicitations and of grants, read from the durable event log.
+"""`GET /v1/events`: Server-Sent Events of the caller's elicitations and of the grants it sees (its tenant's, and
+those shared with it), read from the durable event log.
 
 Each terminal change of an elicitation (SSE `event: elicitation`) and each change of a grant's health that agents
 are told about (`event: grant`: `grant.needs_user`, `grant.recovered`, `grant.revoked`, `grant.deleted`) is one
@@ -80,7 +81,7 @@ class EventStream:
                 events = await _unless_cancelled(self.api.store.outbox.after(last, limit=BATCH))
                 for event in events:
                     last = max(last, event.id or 0)
-                    if for_tenant(event, key.tenant) and _allowed(event, key):
+                    if for_tenant(event, key.tenant, self.api.elicitations.sharing) and _allowed(event, key):
                         sent_at = loop.time()
                         yield frame(event)
                 if len(events) == BATCH:

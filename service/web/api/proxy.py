@@ -114,7 +114,7 @@ class ProxyRoute:
             raise FlowRefused("proxy_path_refused")
         provider_name, _, rest = raw_path[len(PREFIX) :].partition("/")
         self.api.check_provider(key, provider_name)
-        provider, grant, url = await self._destination(request, provider_name, rest)
+        provider, grant, url = await self._destination(request, provider_name, rest, self.api.tenants_seen(key))
 
         listed = _listed_in_connection(request) | {provider.quirks.api_auth.header.lower()}
         headers = [
@@ -151,9 +151,10 @@ class ProxyRoute:
         return relayed
 
     async def _destination(
-        self, request: Request, provider_name: str, rest: str
+        self, request: Request, provider_name: str, rest: str, tenants: frozenset[str]
     ) -> tuple[ResolvedProvider, GrantRecord, httpx.URL]:
-        """The provider bound to the user's grant there, the grant, and the URL the request goes to."""
+        """The provider bound to the user's grant there (one the caller's `tenants` hold), the grant, and the URL
+        the request goes to."""
         try:
             provider = await self.providers.resolve(provider_name)
         except ConnectorError as exc:
@@ -163,7 +164,7 @@ class ProxyRoute:
         query = request.scope.get("query_string", b"")
         if provider.api_base_url:  # a base without per-connection values: the path is checked before any read
             target_url(provider.api_base_url, rest, query)
-        grant = await self.tokens.grant_for(_user(request), provider.name, ())
+        grant = await self.tokens.grant_for(_user(request), provider.name, (), tenants)
         if grant is None:
             raise FlowRefused("no_grant")
         try:

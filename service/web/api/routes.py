@@ -231,8 +231,9 @@ class ElicitationRoutes:
         else:
             names = [name for name in self.providers if key.allows(name)]
         found: list[GrantRecord] = []
+        seen = self.api.tenants_seen(key)
         for name in names:
-            found.extend(await self.api.store.grants.find(user, name))
+            found.extend(await self.api.store.grants.find(user, name, tenants=seen))
         return answer(models.GrantList(grants=[self.grant_model(g) for g in found]))
 
     def grant_model(self, grant: GrantRecord) -> models.Grant:
@@ -248,7 +249,8 @@ class ElicitationRoutes:
 
     async def visible_grant(self, key: ApiKeyRecord, grant_id: str) -> GrantRecord:
         grant = await self.api.store.grants.get(grant_id)
-        if grant is None or not key.allows(grant.provider):
+        # Another tenant's grant (not shared with this one) is as unknown as a grant that never was.
+        if grant is None or not key.allows(grant.provider) or grant.tenant not in self.api.tenants_seen(key):
             raise FlowRefused("unknown_grant")
         return grant
 
