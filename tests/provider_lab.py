@@ -129,6 +129,8 @@ def _environment(tmp: Path, mocks: Mapping[str, EmulatedProvider], port: int) ->
         "CONNECTOR_IDENTITY__LOCAL__ISSUER": USER.issuer,
         "CONNECTOR_IDENTITY__LOCAL__SUBJECT": USER.subject,
         "CONNECTOR_RATE_LIMIT__ENABLED": "false",  # one loopback client runs every provider's flow
+        # Authorized through agent-a's key, used through the embedded API too (`use`): the two share grants.
+        "CONNECTOR_TENANTS__SHARED_GROUPS": "embedded+agent-a",
     }
     for name, mock in mocks.items():
         env[provider_env_var(name, "CLIENT_ID")] = mock.client_id

@@ -58,6 +58,7 @@ class Deployment:
     base_url: str
     local_user: Identity
     typescript: tuple[str, str] | None = None  # the TypeScript face: the sidecar's URL and this test's API key
+    tenant: str = "embedded"  # whose grants the agent's side sees (the embedded connector's own, or the key's)
 
     async def elicitation(self, elicitation_id: str) -> ElicitationRecord | None:
         return await self.store.elicitations.get(elicitation_id)
@@ -90,14 +91,16 @@ def sidecar_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared
 
 
 @asynccontextmanager
-async def tenant_of(sidecar: SharedSidecar) -> AsyncIterator[tuple[Store, str]]:
-    """The shared sidecar's store and an API key of a tenant of this test's own; its users start without grants."""
+async def tenant_of(sidecar: SharedSidecar) -> AsyncIterator[tuple[Store, str, str]]:
+    """The shared sidecar's store, an API key of a tenant of this test's own, and that tenant; its users start
+    without grants."""
     store = Store.from_url(sidecar.database_url)
     try:
         for user in (ALICE, BOB):
             for grant in await store.grants.find(user, "github"):
                 await store.grants.delete(grant.id)
-        yield store, await make_key(store, tenant=f"conformance-{uuid.uuid4().hex[:12]}")
+        tenant = f"conformance-{uuid.uuid4().hex[:12]}"
+        yield store, await make_key(store, tenant=tenant), tenant
     finally:
         await store.close()
 
@@ -105,16 +108,22 @@ async def tenant_of(sidecar: SharedSidecar) -> AsyncIterator[tuple[Store, str]]:
 @pytest.fixture
 async def sidecar_deployment(sidecar_process: SharedSidecar) -> AsyncIterator[Deployment]:
     """The shared sidecar, as a tenant of this test's own that starts without grants (they belong to users)."""
-    async with tenant_of(sidecar_process) as (store, key), SidecarClient(sidecar_process.base_url, key) as client:
-        yield Deployment(client, store, sidecar_process.base_url, ALICE)
+    async with (
+        tenant_of(sidecar_process) as (store, key, tenant),
+        SidecarClient(sidecar_process.base_url, key) as client,
+    ):
+        yield Deployment(client, store, sidecar_process.base_url, ALICE, tenant=tenant)
 
 
 @pytest.fixture
 async def typescript_deployment(sidecar_process: SharedSidecar) -> AsyncIterator[Deployment]:
     """The TypeScript package's face on the shared sidecar (the example agent, started by `raw`)."""
     built_example()  # before the test's clock starts: the first build takes a while
-    async with tenant_of(sidecar_process) as (store, key), SidecarClient(sidecar_process.base_url, key) as unused:
-        yield Deployment(unused, store, sidecar_process.base_url, ALICE, (sidecar_process.base_url, key))
+    async with (
+        tenant_of(sidecar_process) as (store, key, tenant),
+        SidecarClient(sidecar_process.base_url, key) as unused,
+    ):
+        yield Deployment(unused, store, sidecar_process.base_url, ALICE, (sidecar_process.base_url, key), tenant)
 
 
 # (elicitation capability as sent, URL mode advertised?)
@@ -218,7 +227,18 @@ async def store_narrowed_grant(deployment: Deployment) -> None:
     now = datetime.now(UTC)
     metadata_only = b"never decrypted: no token is used here"
     grant = GrantRecord(
-        new_id(16), ALICE, "github", "acct-n", ("repo",), "k1", metadata_only, None, now, now, ("admin:org",)
+        new_id(16),
+        ALICE,
+        "github",
+        "acct-n",
+        ("repo",),
+        "k1",
+        metadata_only,
+        None,
+        now,
+        now,
+        ("admin:org",),
+        tenant=deployment.tenant,  # the agent's own: another tenant's grant would answer nothing
     )
     await deployment.store.grants.upsert(grant)
 

@@ -136,7 +136,7 @@ async def test_url_mode_false_answers_from_grants_else_unsupported_and_audits_it
         assert (unsupported.json()["status"], unsupported.json()["elicitationId"]) == ("unsupported", None)
         now = datetime.now(UTC)
         await store.grants.upsert(
-            GrantRecord(new_id(16), user, "github", "acct", ("repo",), "k1", b"-", None, now, now, tenant="agent-a")
+            GrantRecord(new_id(16), user, "github", "acct", ("repo",), "k1", b"-", None, now, now, tenant="agent-u")
         )
         assert (await api.post("/v1/elicitations", json=body)).json()["status"] == "already_authorized"
     (audited,) = await store.audit.list(event="unsupported_client")

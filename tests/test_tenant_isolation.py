@@ -8,13 +8,17 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
 import pytest
 
+from service import Identity
 from service.cli.program import main
 from service.core.errors import NotAuthorized
+from service.core.records import GrantRecord
+from service.store import Store, migrate
 from service.testing import ScriptedBrowser
 
 from .api_support import api_client, create_body, make_key, user_headers
@@ -164,3 +168,38 @@ def test_a_key_cannot_take_the_embedded_tenant_and_sharing_is_checked(connector_
         env = {**connector_env, "CONNECTOR_TENANTS__SHARED_GROUPS": bad}
         assert main(["api-keys", "list"], env=env, stdout=out, stderr=err) != 0
         assert "shared_groups" in err.getvalue()
+
+
+async def test_the_grants_listing_pages_by_keyset_and_filters_by_tenant(database_url: str) -> None:
+    migrate(database_url)
+    store = Store.from_url(database_url)
+    try:
+        start = datetime.now(UTC)
+        made = []
+        for n in range(7):  # two share a time: the id orders them
+            at = start + timedelta(seconds=min(n, 5))
+            user = Identity("https://login.example.com", f"user-{n}")
+            record = GrantRecord(
+                f"g{n}", user, "github", "acct", ("repo",), "k1", b"-", None, at, at, tenant=("a", "b")[n % 2]
+            )
+            made.append(await store.grants.upsert(record))
+        newest_first = sorted(made, key=lambda g: (-g.updated_at.timestamp(), g.id))
+
+        async def pages(**given: Any) -> list[list[str]]:
+            found: list[list[str]] = []
+            after = None
+            while page := await store.grants.listed(after=after, limit=2, **given):
+                found.append([g.id for g in page])
+                after = (page[-1].updated_at, page[-1].id)
+            return found
+
+        every = await pages()
+        assert [g for page in every for g in page] == [g.id for g in newest_first]
+        assert [len(page) for page in every] == [2, 2, 2, 1]
+        only_a = [g for page in await pages(tenants={"a"}) for g in page]
+        assert only_a == [g.id for g in newest_first if g.tenant == "a"]
+        assert [g.id for g in await store.grants.listed(tenants={"a", "b"}, provider="github", limit=3)] == [
+            g.id for g in newest_first[:3]
+        ]
+    finally:
+        await store.close()

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import RowMapping, and_, bindparam, delete, func, or_, select, text, update
+from sqlalchemy import RowMapping, bindparam, delete, func, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -19,6 +19,7 @@ from service.core.identity import Identity
 from service.core.records import GrantRecord
 
 from .engine import Database, dump_json, load_json
+from .grant_pages import listing
 from .sealed import swap_sealed
 from .tables import grants
 
@@ -120,23 +121,11 @@ class GrantRepository:
         limit: int = 1000,
         conn: AsyncConnection | None = None,
     ) -> list[GrantRecord]:
-        """Grants matching what is given (operators' listing; `tenants`: held by one of them), most recently updated
-        first, at most `limit`. Keyset-paged: `after` is the last row's `(updated_at, id)` of the page before (the
-        next page starts after it), so a page costs the same at any depth."""
-        statement = select(grants).order_by(grants.c.updated_at.desc(), grants.c.id).limit(limit)
-        if subject is not None:
-            statement = statement.where(grants.c.identity_subject == subject)
-        if issuer is not None:
-            statement = statement.where(grants.c.identity_issuer == issuer)
-        if provider is not None:
-            statement = statement.where(grants.c.provider == provider)
-        if tenants is not None:
-            statement = statement.where(grants.c.tenant.in_(sorted(tenants)))
-        if after is not None:
-            at, last_id = after
-            statement = statement.where(
-                or_(grants.c.updated_at < at, and_(grants.c.updated_at == at, grants.c.id > last_id))
-            )
+        """Grants matching what is given (operators' listing; `tenants`: held by one of them), keyset-paged: `after`
+        is the previous page's last `(updated_at, id)` (`grant_pages.listing`)."""
+        statement = listing(
+            subject=subject, issuer=issuer, provider=provider, tenants=tenants, after=after, limit=limit
+        )
         async with self._db.read(conn) as c:
             rows = (await c.execute(statement)).mappings().all()
         return [_from_row(row) for row in rows]

@@ -324,7 +324,7 @@ class ElicitationRoutes:
                 "GET",
                 "/v1/grants",
                 self.grants,
-                "A user's grants (metadata only, never a token)",
+                "A user's grants held by this key's tenant, or shared with it (metadata only, never a token)",
                 responses={200: models.GrantList},
                 errors=(*auth_errors, "invalid_input", "provider_not_allowed", "unknown_provider"),
                 params=(
@@ -337,7 +337,7 @@ class ElicitationRoutes:
                 "DELETE",
                 "/v1/grants/{grant_id}",
                 self.delete_grant,
-                "Revoke a grant at the provider (where it supports revocation), then delete it",
+                "Revoke one of this tenant's grants at the provider (where it supports revocation), then delete it",
                 responses={204: None},
                 errors=(*auth_errors, "unknown_grant"),
                 params=(Param("grant_id", "path", "The grant's id.", required=True),),

@@ -96,7 +96,7 @@ export interface paths {
       path?: never;
       cookie?: never;
     };
-    /** A user's grants (metadata only, never a token) */
+    /** A user's grants held by this key's tenant, or shared with it (metadata only, never a token) */
     get: operations["get_v1_grants"];
     put?: never;
     post?: never;
@@ -116,7 +116,7 @@ export interface paths {
     get?: never;
     put?: never;
     post?: never;
-    /** Revoke a grant at the provider (where it supports revocation), then delete it */
+    /** Revoke one of this tenant's grants at the provider (where it supports revocation), then delete it */
     delete: operations["delete_v1_grants_grant_id"];
     options?: never;
     head?: never;
