@@ -1,8 +1,7 @@
 """The browser side of an elicitation: open, decline, send to the provider, take the callback.
 
 Each step checks the elicitation's state through the store's atomic transitions, records an audit event, and
-raises `FlowRefused` (a stable code) when the browser must be refused; `service.web` renders it.
-"""
+raises `FlowRefused` (a stable code) when the browser must be refused; `service.web` renders it."""
 
 from __future__ import annotations
 
@@ -22,7 +21,6 @@ from .records import OFFLINE_ACCESS, ElicitationRecord, FlowRecord, GrantRecord,
 from .renewal import carried_over, previous_grant, record_recovery
 from .settings import FlowSettings
 from .states import RESTART_FROM, START_FROM, ElicitationStatus
-from .tenants import tenant_of_key
 
 log = logging.getLogger("service.flow")
 
@@ -343,8 +341,7 @@ class BrowserFlow:
     ) -> ElicitationRecord:
         """Store the tokens (or a typed credential) as `account_id`'s grant and complete the elicitation, together."""
         now = self.now()
-        tenant = tenant_of_key(record.connection_key)  # the grant is the asking tenant's (README, Tenants)
-        previous = await previous_grant(self.store, record.identity, provider.name, account_id, tenant)
+        previous = await previous_grant(self.store, record.identity, provider.name, account_id, record.tenant)
         tokens = carried_over(tokens, previous, self.vault)
         aad = grant_aad(record.identity.issuer, record.identity.subject, provider.name, account_id)
         key_id, blob = self.vault.encrypt_json(tokens.to_json(), aad=aad)
@@ -363,7 +360,7 @@ class BrowserFlow:
             created_at=now,
             updated_at=now,
             refused_scopes=refused,
-            tenant=tenant,
+            tenant=record.tenant,  # the asking tenant's (docs/sidecar.md, "Tenants and grants")
         )
         if tokens.refresh_token is None and OFFLINE_ACCESS in record.scopes:
             log.warning(

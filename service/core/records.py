@@ -12,7 +12,7 @@ from typing import Any, Literal
 from .health import GrantHealth, GrantStatus, HealthReason
 from .identity import Identity
 from .states import DeliveryStatus, ElicitationStatus
-from .tenants import EMBEDDED_TENANT
+from .tenants import EMBEDDED_TENANT, tenant_of_key
 
 OFFLINE_ACCESS = "offline_access"  # the OpenID Connect scope that asks for a refresh token (Core §11)
 
@@ -43,6 +43,11 @@ class ElicitationRecord:
     replica_id: str | None = None
     # Per-connection values the agent gave for the provider's URLs (a tenant, a shop's subdomain).
     connection_values: Mapping[str, str] = field(default_factory=dict, hash=False)
+
+    @property
+    def tenant(self) -> str:
+        """The tenant that asked (an API key's, or the embedded connector's own): the grant it ends in is its."""
+        return tenant_of_key(self.connection_key)
 
 
 @dataclass(frozen=True, slots=True)

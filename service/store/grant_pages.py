@@ -21,7 +21,7 @@ def listing(
 ) -> Select[tuple[object, ...]]:
     """Grants matching what is given, `updated_at` descending then `id`, at most `limit`, starting after the row
     `after` names (`(updated_at, id)` of the previous page's last row): each page costs the same at any depth (the
-    indexes `ix_grants_updated` and `ix_grants_tenant_updated` serve the order)."""
+    indexes `ix_grants_updated_at_id` (0017) and `ix_grants_tenant_updated` (0015) serve it)."""
     statement = select(grants).order_by(grants.c.updated_at.desc(), grants.c.id).limit(limit)
     if subject is not None:
         statement = statement.where(grants.c.identity_subject == subject)
