@@ -585,7 +585,7 @@ export interface components {
      * @description Why a grant needs the user again (stable codes; `reason_sentence` says each in words).
      * @enum {string}
      */
-    HealthReason: "revoked" | "account_changed" | "no_refresh_token";
+    HealthReason: "revoked" | "account_changed" | "no_refresh_token" | "key_rejected";
     /**
      * RotateWebhookSecret
      * @description A new signing secret for the endpoint; the current one keeps signing (a second signature) for the overlap.
