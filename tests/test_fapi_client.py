@@ -19,6 +19,7 @@ import re
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -30,6 +31,15 @@ import httpx
 import pytest
 import pytest_asyncio
 import respx
+import uvicorn
+from joserfc import jwt
+from joserfc.errors import JoseError
+from joserfc.jwk import KeySet
+from joserfc.jwt import JWTClaimsRegistry
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
 from service import AuthorizationOutcome, AuthorizationStatus, Identity
 from service.core.errors import ConfigError, DiscoveryError
@@ -147,6 +157,12 @@ CONFIGURATIONS = {
 }
 
 
+with socket.socket() as _probe:  # the resource server's port: the OP's configuration names it
+    _probe.bind(("127.0.0.1", 0))
+    RESOURCE = f"http://127.0.0.1:{_probe.getsockname()[1]}/"
+CONFIGURATIONS["resource_indicators"] = Configuration(
+    op={"resources": {RESOURCE: "api.read api.write"}}, entry={"resource": [RESOURCE], "api_base_url": RESOURCE}
+)
 PAR = {"par_required", "fapi2"}  # the configurations where the provider requires PAR
 DPOP = {"dpop_required", "fapi2"}  # and those where it binds tokens with DPoP, nonces on
 
@@ -159,16 +175,53 @@ async def oidc_op(
     configuration = CONFIGURATIONS[request.param]
     async with OidcOp.start(op_config(connector_port, jwks, configuration.conn, **configuration.op)) as op:
         op.configuration = request.param  # type: ignore[attr-defined]
-        yield op
+        if "resources" not in configuration.op:
+            yield op
+            return
+        # In a thread of its own: a server on this module-scoped loop would not run while a test's loop does.
+        port = int(RESOURCE.rsplit(":", 1)[1].strip("/"))
+        jwks_uri = (await op.discovery())["jwks_uri"]
+        server = uvicorn.Server(
+            uvicorn.Config(resource_server(op.issuer, jwks_uri), host="127.0.0.1", port=port, log_level="warning")
+        )
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        try:
+            yield op
+        finally:
+            server.should_exit = True
+            await asyncio.to_thread(thread.join, 10)
+
+
+def resource_server(issuer: str, jwks_uri: str) -> Starlette:
+    """The API at RESOURCE, as a resource server checks a JWT access token (RFC 9068): the OP's signature, its
+    issuer, the audience RESOURCE, not expired. GET /me answers the token's `sub`."""
+
+    async def me(request: Request) -> Response:
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        async with httpx.AsyncClient() as http:
+            keys = KeySet.import_key_set((await http.get(jwks_uri)).json())
+        try:
+            claims = jwt.decode(token, keys, algorithms=["ES256"]).claims
+            JWTClaimsRegistry(
+                iss={"essential": True, "value": issuer}, aud={"essential": True, "value": RESOURCE}
+            ).validate(claims)
+        except (JoseError, ValueError):
+            return JSONResponse({"error": "invalid_token"}, 401)
+        if scheme != "Bearer":
+            return JSONResponse({"error": "invalid_token"}, 401)
+        return JSONResponse({"sub": claims["sub"], "scope": claims.get("scope")})
+
+    return Starlette(routes=[Route("/me", me)])
 
 
 @pytest_asyncio.fixture
 async def provider(oidc_op: OidcOp) -> Conformant:
     await oidc_op.reset_stats()
     discovery = await oidc_op.discovery()
-    return Conformant(
-        "oidc-provider", oidc_op.discovery_url, oidc_op.issuer, "alice", discovery["userinfo_endpoint"], op=oidc_op
-    )
+    # The API the grant is used at: the OP's userinfo endpoint, or the resource server the token is for.
+    api = f"{RESOURCE}me" if oidc_op.configuration == "resource_indicators" else discovery["userinfo_endpoint"]  # type: ignore[attr-defined]
+    return Conformant("oidc-provider", oidc_op.discovery_url, oidc_op.issuer, "alice", api, op=oidc_op)
 
 
 @asynccontextmanager
@@ -179,7 +232,7 @@ async def connector(
     provider, and signs with the module's vault key."""
     configured = CONFIGURATIONS[provider.op.configuration].entry  # type: ignore[union-attr]
     table = {"discovery_url": provider.discovery_url, "oidc": True, "account_id_field": "sub", **configured, **entry}
-    catalog = write_catalog(tmp_path / "fapi.toml", {NAME: {**table, "api_base_url": provider.issuer}})
+    catalog = write_catalog(tmp_path / "fapi.toml", {NAME: {"api_base_url": provider.issuer, **table}})
     env = {
         "CONNECTOR_VAULT__KEYS": VAULT_KEY,
         "CONNECTOR_PROVIDERS__CATALOG": str(catalog),
@@ -290,6 +343,17 @@ async def test_the_whole_flow_with_the_providers_configuration(
         answers = proxied.text
 
         tokens = await stored_tokens(deployment)  # decrypted from the database
+        if configuration == "resource_indicators":
+            # The token is for the API alone: the OP's userinfo refuses it, so the account came from the ID token.
+            discovery = await provider.op.discovery()  # type: ignore[union-attr]
+            async with httpx.AsyncClient() as http:
+                refused = await http.get(
+                    discovery["userinfo_endpoint"], headers={"Authorization": f"Bearer {tokens['access_token']}"}
+                )
+            assert refused.status_code == 401
+            assert (await provider.op.stats())["userinfo_requests"] == 1  # type: ignore[union-attr]  # that one
+            (grant,) = await deployment.connector.runtime.store.grants.find(deployment.local_user, NAME)
+            assert grant.provider_account_id == "alice"
         kept: list[str] = []
         if configuration in DPOP:
             assert tokens["token_type"] == "DPoP" and tokens["dpop_key"]["kty"] == "EC"
@@ -330,6 +394,14 @@ async def test_providers_check_reports_the_client_key(
     assert "client authentication: private_key_jwt (configured (token_endpoint_auth_method))" in report.facts
     (key,) = [fact for fact in report.facts if fact.startswith("client key:")]
     assert f"ES256 key {kid} from the vault" in key and "/.well-known/jwks.json" in key
+    resource = [fact for fact in report.facts if fact.startswith("resource indicators:")]
+    if provider.op.configuration == "resource_indicators":  # type: ignore[union-attr]
+        assert resource == [
+            f"resource indicators: {RESOURCE} (RFC 8707, on the authorization and token requests); the account is "
+            "the ID token's sub, userinfo not asked"
+        ]
+    else:
+        assert resource == []
     fapi = [fact for fact in report.facts if fact.startswith("FAPI 2.0 profile:")]
     assert len(fapi) == (provider.op.configuration == "fapi2")  # type: ignore[union-attr]
     (dpop,) = [fact for fact in report.facts if fact.startswith("DPoP:")]

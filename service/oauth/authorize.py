@@ -75,6 +75,7 @@ def authorization_params(
     prompt = prompt_for(entry, scopes)
     if prompt is not None:
         params.append(("prompt", prompt))
+    params += [("resource", resource) for resource in entry.entry.resource]  # RFC 8707
     params += list(entry.extra_authorize_params.items())
     return params
 

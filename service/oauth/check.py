@@ -99,6 +99,12 @@ def _describe(provider: ResolvedProvider, report: ProviderReport) -> None:
         report.facts.append(
             "FAPI 2.0 profile: PAR, PKCE S256, private_key_jwt, DPoP and the iss parameter, all offered by the provider"
         )
+    if provider.entry.resource:
+        asked = provider.entry.userinfo if provider.entry.userinfo is not None else False
+        report.facts.append(
+            f"resource indicators: {', '.join(provider.entry.resource)} (RFC 8707, on the authorization and token "
+            f"requests); the account is the ID token's sub{', userinfo asked too' if asked else ', userinfo not asked'}"
+        )
     _describe_par(provider, report)
     _describe_dpop(provider, report)
     if provider.token_endpoint_auth_method == "private_key_jwt":  # noqa: S105 (a method name)

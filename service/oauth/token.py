@@ -128,6 +128,11 @@ async def _token_request(
     return body
 
 
+def _resource(entry: ResolvedProvider) -> dict[str, str]:
+    """RFC 8707 §2.2: the resource the token is for, at the token endpoint too (one: a form has one value a key)."""
+    return {"resource": entry.entry.resource[0]} if len(entry.entry.resource) == 1 else {}
+
+
 def _bound(tokens: TokenSet, dpop: Dpop | None) -> TokenSet:
     """The token set with its DPoP key kept when the provider bound the token to it (token_type DPoP)."""
     if dpop is not None and tokens.token_type.lower() == "dpop":
@@ -148,6 +153,7 @@ async def exchange_code(
     form = {"grant_type": "authorization_code", "code": code, "redirect_uri": redirect_uri}
     if code_verifier is not None:
         form["code_verifier"] = code_verifier
+    form.update(_resource(entry))
     form.update(entry.quirks.token_request.exchange_params)
     body = await _token_request(entry, http, form, "authorization code exchange", dpop)
     return with_granted_names(_bound(token_set(body, entry, now=now), dpop), entry)
@@ -160,7 +166,7 @@ async def refresh(
     refresh tokens are reusable may leave it out (the old one stays); the connection's values carry over."""
     if token.refresh_token is None or entry.quirks.token_request.refresh_tokens == "none":
         raise ProviderError(f"the {entry.display_name} grant cannot be refreshed", code="not_refreshable")
-    form = {"grant_type": "refresh_token", "refresh_token": token.refresh_token}
+    form = {"grant_type": "refresh_token", "refresh_token": token.refresh_token, **_resource(entry)}
     form.update(entry.quirks.token_request.refresh_params)
     body = await _token_request(entry, http, form, "token refresh", dpop)
     fresh = _bound(token_set(body, entry, now=now), dpop)

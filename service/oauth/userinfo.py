@@ -34,7 +34,8 @@ async def fetch_account(
         return token.account_id, {}
     if id_claims is not None:
         subject = str(id_claims["sub"])
-        if entry.userinfo_endpoint is None:
+        asked = entry.entry.userinfo if entry.entry.userinfo is not None else not entry.entry.resource
+        if entry.userinfo_endpoint is None or not asked:
             return subject, {}
         _, profile = await _userinfo(entry, http, token, dpop)
         if "sub" in profile and str(profile["sub"]) != subject:

@@ -89,6 +89,11 @@ class ProviderEntry:
     # The FAPI 2.0 Security Profile: PAR, PKCE S256, private_key_jwt, DPoP and RFC 9207 `iss`, all of them; the
     # catalog turns the others on, and an entry whose provider cannot do one of them is refused (oauth.discovery).
     fapi2: bool = False
+    # Resource indicators (RFC 8707): the APIs the token is asked for, sent on the authorization and token requests.
+    resource: tuple[str, ...] = ()
+    # Whether the userinfo endpoint is asked for the profile when the ID token names the account: unset, yes
+    # unless `resource` binds the token to another API (a provider's userinfo may refuse such a token).
+    userinfo: bool | None = None
     account_id_field: str = "id"
     extra_authorize_params: Mapping[str, str] = field(default_factory=dict, hash=False)
     # A scope as asked -> the name the provider's token response gives it (Google answers `email` with
@@ -114,6 +119,7 @@ class ProviderEntry:
         if self.token_endpoint_auth_method is not None and self.token_endpoint_auth_method not in _AUTH_METHODS:
             raise ValueError(f"token_endpoint_auth_method must be one of {', '.join(_AUTH_METHODS)}")
         object.__setattr__(self, "default_scopes", tuple(self.default_scopes))
+        object.__setattr__(self, "resource", tuple(self.resource))
         object.__setattr__(self, "extra_authorize_params", MappingProxyType(dict(self.extra_authorize_params)))
         object.__setattr__(self, "scope_aliases", MappingProxyType(dict(self.scope_aliases)))
         object.__setattr__(self, "scope_descriptions", MappingProxyType(dict(self.scope_descriptions)))

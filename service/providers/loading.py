@@ -342,6 +342,10 @@ def build_entry(
         raise source.error("docs_url", "must be an https URL")
     client_id, client_secret = _credentials(name, environ)
     values["default_scopes"] = tuple(values["default_scopes"])
+    for resource in values.get("resource") or ():
+        problem = url_problem(resource) if "#" not in resource else "has a fragment (RFC 8707 §2)"
+        if problem is not None:
+            raise source.error("resource", f"{resource!r} {problem}")
     return ProviderEntry(
         name=name, client_id=client_id, client_secret=client_secret, quirks=quirks, credential=credential, **values
     )

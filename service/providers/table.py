@@ -81,6 +81,8 @@ class ProviderTable(_Strict):
     pushed_authorization_request_endpoint: StrictStr | None = None
     dpop: StrictBool = False
     fapi2: StrictBool = False
+    resource: list[StrictStr] = Field(default_factory=list)
+    userinfo: StrictBool | None = None
     account_id_field: StrictStr = Field(default="id", min_length=1)
     account_id_source: AccountSource = "userinfo"
     extra_authorize_params: dict[StrictStr, StrictStr] = Field(default_factory=dict)

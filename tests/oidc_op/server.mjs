@@ -16,7 +16,7 @@ import { readFileSync } from 'node:fs';
 import { createServer } from 'node:http';
 import { parseArgs } from 'node:util';
 
-import { Provider } from 'oidc-provider';
+import { Provider, errors } from 'oidc-provider';
 // The OP's own in-memory adapter class, given an unbounded store: the default instance keeps at most 1000
 // entries (an LRU) and would evict sessions, grants and tokens in a long test module.
 import MemoryAdapter from 'oidc-provider/lib/adapters/memory_adapter.js';
@@ -64,7 +64,7 @@ try {
 
 const KNOWN_KEYS = new Set([
   'clients', 'accounts', 'login_account', 'access_token_ttl', 'refresh_token_ttl', 'refresh_token_rotation',
-  'narrow_scopes', 'scopes', 'claims', 'client_auth_methods', 'par', 'loopback_fetch', 'dpop', 'fapi',
+  'narrow_scopes', 'scopes', 'claims', 'client_auth_methods', 'par', 'loopback_fetch', 'dpop', 'fapi', 'resources',
 ]);
 for (const key of Object.keys(config)) {
   if (!KNOWN_KEYS.has(key)) fail(`unknown configuration key ${JSON.stringify(key)}`);
@@ -125,6 +125,12 @@ if (typeof loopbackFetch !== 'boolean') fail('"loopback_fetch" must be a boolean
 const dpop = config.dpop;
 if (dpop !== undefined && (typeof dpop !== 'object' || dpop === null || typeof (dpop.require_nonce ?? false) !== 'boolean')) {
   fail('"dpop" must be an object {"require_nonce": boolean}');
+}
+// {"https://api.example/": "api.read api.write", ...}: features.resourceIndicators, each resource server's scopes;
+// its access tokens are JWTs (ES256) with the resource as their audience.
+const resources = config.resources;
+if (resources !== undefined && (typeof resources !== 'object' || resources === null || Array.isArray(resources))) {
+  fail('"resources" must map resource indicators to their scopes');
 }
 // "2.0" (or "1.0 Final"): features.fapi with that profile.
 const fapi = config.fapi;
@@ -238,6 +244,19 @@ function startProvider(issuer) {
         dPoP: { enabled: true, nonceSecret: randomBytes(32), requireNonce: () => dpop.require_nonce ?? false },
       }),
       ...(fapi === undefined ? {} : { fapi: { enabled: true, profile: fapi } }),
+      ...(resources === undefined ? {} : {
+        resourceIndicators: {
+          enabled: true,
+          defaultResource: () => undefined,
+          useGrantedResource: () => true,
+          getResourceServerInfo: (ctx, indicator) => {
+            if (!Object.hasOwn(resources, indicator)) throw new errors.InvalidTarget();
+            return {
+              scope: resources[indicator], audience: indicator, accessTokenFormat: 'jwt', jwt: { sign: { alg: 'ES256' } },
+            };
+          },
+        },
+      }),
       ...(par === undefined ? {} : {
         pushedAuthorizationRequests: { enabled: true, requirePushedAuthorizationRequests: par.required ?? false },
       }),
