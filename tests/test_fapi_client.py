@@ -497,3 +497,25 @@ def test_a_fapi2_entry_refuses_a_setting_against_the_profile(setting: str, value
     with pytest.raises(ConfigError, match=r"FAPI 2\.0") as caught:
         oidc_catalog(CONNECTOR_PROVIDERS__OIDC__FAPI2="true", **{f"CONNECTOR_PROVIDERS__OIDC__{setting}": value})
     assert key in str(caught.value)
+
+
+def test_client_keys_follow_the_vault_ring_with_overlap() -> None:
+    """Every replica with the ring derives the same key; a new active vault key signs, the old one stays published
+    until it leaves the ring (retired); the JWKS never carries a private member."""
+    new, old = generate_key("k-new"), generate_key("k-old")
+    before = ClientKeys(Vault(KeyRing.from_strings([old])))
+    replica = ClientKeys(Vault(KeyRing.from_strings([old])))
+    assert before.jwks() == replica.jwks() and len(before.jwks()["keys"]) == 1
+    during = ClientKeys(Vault(KeyRing.from_strings([new, old])))
+    kids = [key["kid"] for key in during.jwks()["keys"]]
+    assert kids[1] == before.active_kid and kids[0] == during.active_kid != before.active_kid
+    assertion = during.assertion("conn", "https://issuer.example")
+    header = json.loads(base64.urlsafe_b64decode(assertion.split(".")[0] + "=="))
+    assert header["kid"] == during.active_kid
+    published = KeySet.import_key_set(during.jwks())
+    claims = jwt.decode(assertion, published, algorithms=["ES256"]).claims
+    assert claims["iss"] == claims["sub"] == "conn" and claims["aud"] == "https://issuer.example"
+    assert claims["exp"] - claims["iat"] == 60 and claims["jti"]
+    after = ClientKeys(Vault(KeyRing.from_strings([new])))
+    assert [key["kid"] for key in after.jwks()["keys"]] == [during.active_kid]
+    assert all(set(key) == {"kty", "crv", "x", "y", "kid", "use", "alg"} for key in during.jwks()["keys"])
