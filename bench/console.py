@@ -11,8 +11,9 @@ fetched `--requests` times one after another, with the operator API key, after t
 page it counts the whole grants table: their counts are a snapshot, `admin.counts_max_age_seconds`). Deep pages
 start from a cursor near the end of the list (the 90 %th row): keyset paging costs there what it costs on page 1.
 
-Data shape: 200,000 users, 5 providers, 1 % of grants needing the user, 0.3 % backing off; audit rows 100 ms apart
-over 8 event names; 100,000 elicitations (1 % open); 10 webhook endpoints with 100,000 deliveries (1 % waiting).
+Data shape: 200,000 users, 5 providers, 4 tenants, 1 % of grants needing the user, 0.3 % backing off; audit rows
+100 ms apart over 8 event names; 100,000 elicitations (1 % open); 10 webhook endpoints with 100,000 deliveries (1 %
+waiting).
 """
 
 # ruff: noqa: S608  (the SQL here is built from integers and constants of this script, never from input)
@@ -61,14 +62,15 @@ async def seed(engine: AsyncEngine, grants: int, audit: int) -> list[tuple[str, 
             f"{grants:,} grants",
             f"""INSERT INTO grants (id, identity_issuer, identity_subject, provider, provider_account_id, scopes,
                 token_key_id, token_ciphertext, token_expires_at, created_at, updated_at, health_status,
-                health_reason, health_changed_at, last_refresh_at, refresh_failures, next_refresh_at)
+                health_reason, health_changed_at, last_refresh_at, refresh_failures, next_refresh_at, tenant)
             SELECT 'g' || lpad(i::text, 12, '0'), 'https://idp.bench', 'user' || (i % 200000),
                 ({PROVIDERS})[1 + i % 5], 'acct' || i, '["read"]', CASE WHEN i % 50 = 0 THEN 'k0' ELSE 'k1' END,
                 '\\x00'::bytea, now() + interval '1 hour', now() - i * interval '1 second',
                 now() - i * interval '1 second',
                 CASE WHEN i % 100 = 0 THEN 'needs_user' END, CASE WHEN i % 100 = 0 THEN 'revoked' END,
                 CASE WHEN i % 100 = 0 THEN now() END, now() - i * interval '1 second',
-                CASE WHEN i % 333 = 0 THEN 2 END, CASE WHEN i % 333 = 0 THEN now() + interval '1 minute' END
+                CASE WHEN i % 333 = 0 THEN 2 END, CASE WHEN i % 333 = 0 THEN now() + interval '1 minute' END,
+                'tenant' || (i % 4)
             FROM generate_series(1, {grants}) AS i""",
         ),
         (
@@ -147,6 +149,7 @@ async def pages(engine: AsyncEngine, grants: int, audit: int) -> list[tuple[str,
         ("grants", "/admin/grants"),
         ("grants by user", "/admin/grants?user=user4242"),
         ("grants by provider", "/admin/grants?provider=slack"),
+        ("grants by tenant", "/admin/grants?tenant=tenant2"),
         ("grants needing the user", "/admin/grants?status=needs_user"),
         ("grants backing off", "/admin/grants?status=failing"),
         ("grants, 90 % deep", f"/admin/grants?after={grant_deep}"),

@@ -36,7 +36,9 @@ async def test_the_commands_answer_in_json(deploy_with: Deploy, connector_env: d
         [grant] = listed["items"]
         assert grant["id"] == seeded.grant.id and grant["subject"] == user.subject and grant["status"] == "active"
         assert grant["account"] == "acct-1" and grant["scopes"] == ["read"] and grant["reason"] is None
-        assert ACCESS_TOKEN not in out
+        assert ACCESS_TOKEN not in out and grant["tenant"] == seeded.grant.tenant
+        code, out, _ = await cli(connector_env, "grants", "list", "--tenant", "agent-b", "--json")
+        assert code == 0 and json.loads(out)["items"] == []
 
         code, out, _ = await cli(connector_env, "elicitations", "list", "--json")
         [pending] = json.loads(out)["items"]

@@ -35,6 +35,8 @@ async def test_every_page_shows_what_the_connector_holds(deploy_with: Deploy, da
             "/admin/grants": [seeded.grant.id, "acct-1", "active"],
             f"/admin/grants?user={seeded.grant.identity.subject}&provider=github": [seeded.grant.id],
             "/admin/grants?provider=gitlab": ["No grants match."],
+            f"/admin/grants?tenant={seeded.grant.tenant}": [seeded.grant.id],
+            "/admin/grants?tenant=agent-b": ["No grants match."],
             "/admin/elicitations": [seeded.elicitation_id, "agent-a", "pending"],
             "/admin/elicitations?view=recent": [seeded.elicitation_id],
             "/admin/audit": ["created"],

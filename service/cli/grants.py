@@ -41,6 +41,7 @@ def register(commands: Commands) -> None:
     listing.add_argument("--user", metavar="SUBJECT", help="only this user's (their subject at the identity issuer)")
     listing.add_argument("--issuer", help="only users of this identity issuer")
     listing.add_argument("--provider", metavar="NAME", help="only grants at this provider")
+    listing.add_argument("--tenant", help="only grants made through this tenant (an API key's, or embedded)")
     listing.add_argument(
         "--status",
         choices=("needs_user", "failing"),
@@ -70,7 +71,9 @@ def run_list(invocation: Invocation) -> int:
 
     args = invocation.args
     limit = checked_limit(invocation)
-    where = GrantFilter(subject=args.user, issuer=args.issuer, provider=args.provider, status=args.status)
+    where = GrantFilter(
+        subject=args.user, issuer=args.issuer, provider=args.provider, status=args.status, tenant=args.tenant
+    )
 
     async def read(store: Store) -> Page[GrantRecord]:
         return await store.console.grants(where, after=Position.decode(args.after), limit=limit)

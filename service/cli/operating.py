@@ -62,6 +62,7 @@ def grant_json(grant: GrantRecord, now: datetime) -> dict[str, Any]:
         "issuer": grant.identity.issuer,
         "subject": grant.identity.subject,
         "provider": grant.provider,
+        "tenant": grant.tenant,
         "account": grant.provider_account_id,
         "scopes": list(grant.scopes),
         "status": status.value,

@@ -39,6 +39,7 @@ class GrantFilter:
     issuer: str | None = None
     provider: str | None = None
     status: str | None = None  # "needs_user", "failing" (transient refresh failures) or None
+    tenant: str | None = None  # the tenant the grant was made through
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +99,7 @@ class ConsoleRepository:
             g.identity_subject == where.subject if where.subject else None,
             g.identity_issuer == where.issuer if where.issuer else None,
             g.provider == where.provider if where.provider else None,
+            g.tenant == where.tenant if where.tenant else None,
             _needs_user() if where.status == "needs_user" else None,
             g.refresh_failures.is_not(None) if where.status == "failing" else None,
         ]

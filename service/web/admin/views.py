@@ -57,6 +57,7 @@ def grant_filter(query: Mapping[str, str]) -> GrantFilter:
         issuer=query.get("issuer") or None,
         provider=query.get("provider") or None,
         status=status or None,
+        tenant=query.get("tenant") or None,
     )
 
 
