@@ -116,7 +116,7 @@ class Metrics:
         self.refresh_failures = Counter(
             f"{PREFIX}_token_refresh_failures",
             "Failed token refreshes, by provider and reason (revoked, account_changed, http_429, http_5xx, timeout, "
-            "connection, oauth_error, bad_answer).",
+            "connection, oauth_error, bad_answer; key_rejected: an API key answered 401).",
             ["provider", "reason"],
             registry=registry,
         )

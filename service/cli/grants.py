@@ -32,9 +32,9 @@ def register(commands: Commands) -> None:
         description=(
             "One line per grant (at most 1000, newest first): its id, the user (issuer and subject), provider,\n"
             "account, scopes, when its access token expires, its status (active; needs_user with the reason code:\n"
-            "revoked, account_changed; expired: no_refresh_token), the last refresh that succeeded, and a note:\n"
-            "when a refresh may next be tried after transient failures, or when it was stored without the refresh\n"
-            "token it was asked with (offline_access): it will need the user again at that expiry."
+            "revoked, account_changed, key_rejected; expired: no_refresh_token), the last refresh that succeeded,\n"
+            "and a note: when a refresh may next be tried after transient failures, or when it was stored without\n"
+            "the refresh token it was asked with (offline_access): it will need the user again at that expiry."
         ),
         examples=["acp-connector grants list --user alice --provider github"],
     )

@@ -78,7 +78,7 @@ _EVENTS: dict[str, str] = {
     ),
     "grant_needs_user": (
         "The provider refused a grant for good: it is kept, never refreshed again, and needs the user to authorize "
-        "again (detail: the grant and the reason code: revoked, account_changed)."
+        "again (detail: the grant and the reason code: revoked, account_changed, key_rejected)."
     ),
     "grant_recovered": "The user authorized again: a grant that needed the user is active (detail: the grant).",
     "disconnected": "A grant was revoked (where the provider allows) and deleted.",
