@@ -243,6 +243,8 @@ async def connector(
         "CONNECTOR_IDENTITY__OIDC__DISCOVERY_URL": provider.discovery_url,
         "CONNECTOR_IDENTITY__OIDC__CLIENT_ID": "idp",
         "CONNECTOR_IDENTITY__OIDC__TOKEN_ENDPOINT_AUTH_METHOD": "private_key_jwt",
+        # The embedded agent's grant is also used through agent-a's key at the proxy: the two share explicitly.
+        "CONNECTOR_TENANTS__SHARED_GROUPS": "embedded+agent-a",
     }
     user = Identity(provider.issuer, provider.account)
     async with deploy(connector_env, tmp_path, MockOIDCProvider(), sock, user, **env) as deployment:
