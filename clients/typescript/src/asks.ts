@@ -1,8 +1,14 @@
 // What the ACP and MCP sides share: the body of `POST /v1/elicitations` from what the agent or server asked, the
 // outcome a stored grant settles, and the client's answer to `elicitation/create` as the sidecar takes it (ACP's and
 // MCP's results have the same shape: `action`, and for a refusal `_meta.message`).
+import { WAIT_SECONDS, type SidecarApi } from "./api.js";
+import { AuthorizationCancelled, SidecarError } from "./errors.js";
 import { AuthorizationOutcome } from "./outcomes.js";
-import type { Answer, CreateElicitation, Grant, Scope, User } from "./types.js";
+import { untilExpiry, type Backoff } from "./retry.js";
+import type { Answer, CreateElicitation, ElicitationState, Grant, Scope, StopCause, User } from "./types.js";
+
+/** An elicitation the sidecar created, as both sides send it to their client. */
+export type Created = { elicitationId: string; url: string; message: string; expiresAt: Date };
 
 /** What both sides ask the sidecar for. */
 export type Ask = {
@@ -53,4 +59,60 @@ export function readAnswer(result: Record<string, unknown>): Answer {
   }
   const named = typeof action === "string" ? action.slice(0, 64) : "(none)";
   return { action: "client_error", code: -32602, message: `unknown_action: ${named}` };
+}
+
+/** The calls both sides make on a created elicitation, each tried again while the sidecar cannot be reached, until
+ * the elicitation's expiry. */
+export class ElicitationCalls {
+  constructor(
+    private readonly api: SidecarApi,
+    private readonly backoff: Backoff | undefined,
+  ) {}
+
+  /** Report the client's answer. */
+  async report(created: Created, answer: Answer): Promise<ElicitationState> {
+    let tried = false;
+    return untilExpiry(
+      async () => {
+        try {
+          return await this.api.answer(created.elicitationId, answer);
+        } catch (error) {
+          // An earlier attempt whose answer was lost got through.
+          if (tried && error instanceof SidecarError && error.code === "already_answered") {
+            return await this.api.elicitation(created.elicitationId);
+          }
+          throw error;
+        } finally {
+          tried = true;
+        }
+      },
+      { expiresAt: created.expiresAt, baseUrl: this.api.baseUrl, ...(this.backoff ? { backoff: this.backoff } : {}) },
+    );
+  }
+
+  /** The elicitation once it has ended: long-polls, and survives a sidecar restart until the expiry. */
+  async ended(created: Created, signal: AbortSignal): Promise<ElicitationState> {
+    for (;;) {
+      const state = await untilExpiry(
+        () => this.api.elicitation(created.elicitationId, { wait: WAIT_SECONDS, signal }),
+        {
+          expiresAt: created.expiresAt,
+          baseUrl: this.api.baseUrl,
+          signal,
+          ...(this.backoff ? { backoff: this.backoff } : {}),
+        },
+      );
+      if (state.outcome !== null) return state;
+    }
+  }
+
+  /** End the elicitation for `cause` (nothing resumes it, no completion follows); the error to throw. */
+  async stopped(elicitationId: string, cause: StopCause, withdrawn: boolean | undefined): Promise<Error> {
+    try {
+      await this.api.cancel(elicitationId, cause, withdrawn);
+    } catch (error) {
+      if (!(error instanceof SidecarError && error.code === "already_ended")) return error as Error;
+    }
+    return new AuthorizationCancelled(cause);
+  }
 }

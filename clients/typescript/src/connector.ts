@@ -5,13 +5,13 @@
 // a cancellation reported with its cause.
 import type { AgentApp, Stream } from "@agentclientprotocol/sdk";
 
-import { SidecarApi, WAIT_SECONDS, type SidecarOptions } from "./api.js";
-import { createBody, readAnswer, settledOutcome } from "./asks.js";
-import { AuthorizationCancelled, ClientNotInitialized, SidecarError } from "./errors.js";
+import { SidecarApi, type SidecarOptions } from "./api.js";
+import { createBody, ElicitationCalls, readAnswer, settledOutcome, type Created } from "./asks.js";
+import { ClientNotInitialized } from "./errors.js";
 import { events, type EventOptions, type StreamedEvent } from "./events.js";
 import { AcpLink } from "./link.js";
 import { AuthorizationOutcome } from "./outcomes.js";
-import { untilExpiry, type Backoff } from "./retry.js";
+import type { Backoff } from "./retry.js";
 import type { Answer, ElicitationState, Grant, Scope, StopCause, User } from "./types.js";
 
 export type AuthorizationRequest = {
@@ -34,7 +34,6 @@ export type AuthorizationRequest = {
   signal?: AbortSignal;
 };
 
-type Created = { elicitationId: string; url: string; message: string; expiresAt: Date };
 type AskResult = { answer: Answer } | { failed: unknown };
 
 const REQUEST_CANCELLED = -32800;
@@ -49,10 +48,12 @@ export type ConnectorOptions = SidecarOptions & { backoff?: Backoff };
 export class SidecarConnector {
   readonly api: SidecarApi;
   private readonly backoff: Backoff | undefined;
+  private readonly calls: ElicitationCalls;
 
   constructor(options: ConnectorOptions) {
     this.api = new SidecarApi(options);
     this.backoff = options.backoff;
+    this.calls = new ElicitationCalls(this.api, this.backoff);
   }
 
   /**
@@ -110,7 +111,7 @@ export class SidecarConnector {
     };
     // Watched before elicitation/create goes out: nothing can end the elicitation unseen.
     const watching = new AbortController();
-    const ended = this.ended(elicitation, AbortSignal.any([stop, watching.signal]));
+    const ended = this.calls.ended(elicitation, AbortSignal.any([stop, watching.signal]));
     ended.catch(() => undefined); // read below, or abandoned when something else decided
     try {
       return await this.elicit(link, request, elicitation, ended, stop, cause);
@@ -149,13 +150,13 @@ export class SidecarConnector {
     if ("failed" in first) {
       if (!stop.aborted) throw first.failed;
       const withdrawn = !link.closed && errorCode(first.failed) === REQUEST_CANCELLED;
-      throw await this.stopped(id, cause(), withdrawn);
+      throw await this.calls.stopped(id, cause(), withdrawn);
     }
     if (stop.aborted) {
       // The client answered, but the turn was already cancelled: the cancellation is what ended the work.
-      throw await this.stopped(id, cause(), false);
+      throw await this.calls.stopped(id, cause(), false);
     }
-    const state = await this.report(created, first.answer);
+    const state = await this.calls.report(created, first.answer);
     if (first.answer.action !== "accept") return AuthorizationOutcome.of(state);
     // Accepted. Now the browser: wait for the end, or for the work to stop.
     const stopped = new Promise<"stopped">((resolve) => {
@@ -166,7 +167,7 @@ export class SidecarConnector {
       if (stop.aborted) return "stopped" as const; // the wait was stopped with the work
       throw error;
     });
-    if (end === "stopped") throw await this.stopped(id, cause(), undefined);
+    if (end === "stopped") throw await this.calls.stopped(id, cause(), undefined);
     return this.delivered(link, AuthorizationOutcome.of(end));
   }
 
@@ -196,53 +197,6 @@ export class SidecarConnector {
       const code = errorCode(error) ?? -32603;
       return { answer: { action: "client_error", code } };
     }
-  }
-
-  /** Report the client's answer; tried again while the sidecar cannot be reached, until the expiry. */
-  private async report(created: Created, answer: Answer): Promise<ElicitationState> {
-    let tried = false;
-    return untilExpiry(
-      async () => {
-        try {
-          return await this.api.answer(created.elicitationId, answer);
-        } catch (error) {
-          // An earlier attempt whose answer was lost got through.
-          if (tried && error instanceof SidecarError && error.code === "already_answered") {
-            return await this.api.elicitation(created.elicitationId);
-          }
-          throw error;
-        } finally {
-          tried = true;
-        }
-      },
-      { expiresAt: created.expiresAt, baseUrl: this.api.baseUrl, ...(this.backoff ? { backoff: this.backoff } : {}) },
-    );
-  }
-
-  /** The elicitation once it has ended: long-polls, and survives a sidecar restart until the expiry. */
-  private async ended(created: Created, signal: AbortSignal): Promise<ElicitationState> {
-    for (;;) {
-      const state = await untilExpiry(
-        () => this.api.elicitation(created.elicitationId, { wait: WAIT_SECONDS, signal }),
-        {
-          expiresAt: created.expiresAt,
-          baseUrl: this.api.baseUrl,
-          signal,
-          ...(this.backoff ? { backoff: this.backoff } : {}),
-        },
-      );
-      if (state.outcome !== null) return state;
-    }
-  }
-
-  /** End the elicitation for `cause` (nothing resumes it, no completion follows); the error to throw. */
-  private async stopped(elicitationId: string, cause: StopCause, withdrawn: boolean | undefined): Promise<Error> {
-    try {
-      await this.api.cancel(elicitationId, cause, withdrawn);
-    } catch (error) {
-      if (!(error instanceof SidecarError && error.code === "already_ended")) return error as Error;
-    }
-    return new AuthorizationCancelled(cause);
   }
 
   /** Tell the client once that the elicitation completed (authorized or narrowed). */

@@ -8,11 +8,11 @@
 //   is `{elicitations: [{mode: "url", message, url, elicitationId}]}`; the completion then goes out on the connection
 //   when the browser is done, and the client calls the tool again (a stored grant answers it).
 // Nothing here imports an MCP SDK or the ACP SDK: `@acp-connector/client/mcp` needs neither.
-import { SidecarApi, WAIT_SECONDS, type SidecarOptions } from "./api.js";
-import { createBody, readAnswer, settledOutcome, type Ask } from "./asks.js";
-import { AuthorizationCancelled, ClientNotInitialized, SidecarError } from "./errors.js";
+import { SidecarApi, type SidecarOptions } from "./api.js";
+import { createBody, ElicitationCalls, readAnswer, settledOutcome, type Ask, type Created } from "./asks.js";
+import { ClientNotInitialized } from "./errors.js";
 import { AuthorizationOutcome } from "./outcomes.js";
-import { untilExpiry, type Backoff } from "./retry.js";
+import type { Backoff } from "./retry.js";
 import type { Answer, ElicitationState, StopCause, User } from "./types.js";
 
 /** MCP's completion notification (2025-11-25); ACP's method is `elicitation/complete`. */
@@ -78,7 +78,6 @@ export type McpAuthorizationRequest = Omit<Ask, "scope"> & {
   signal?: AbortSignal;
 };
 
-type Created = { elicitationId: string; url: string; message: string; expiresAt: Date };
 /** What the decisions before asking need of the client: its connection key and capabilities. */
 type Client = Pick<McpPeer, "connectionId" | "capabilities">;
 
@@ -109,12 +108,14 @@ type AskResult = { answer: Answer } | { failed: unknown };
 export class McpConnector {
   readonly api: SidecarApi;
   private readonly backoff: Backoff | undefined;
+  private readonly calls: ElicitationCalls;
   private readonly watches = new Set<AbortController>();
   private readonly rounds = new Map<string, Round>();
 
   constructor(options: SidecarOptions & { backoff?: Backoff }) {
     this.api = new SidecarApi(options);
     this.backoff = options.backoff;
+    this.calls = new ElicitationCalls(this.api, this.backoff);
   }
 
   /**
@@ -132,7 +133,7 @@ export class McpConnector {
     const stop = AbortSignal.any([request.signal, peer.closed].filter((s): s is AbortSignal => s !== undefined));
     const watching = new AbortController();
     // Watched before elicitation/create goes out: nothing can end the elicitation unseen.
-    const ended = this.ended(created, AbortSignal.any([stop, watching.signal]));
+    const ended = this.calls.ended(created, AbortSignal.any([stop, watching.signal]));
     ended.catch(() => undefined); // read below, or abandoned when something else decided
     try {
       return await this.elicit(peer, created, ended, stop);
@@ -154,7 +155,8 @@ export class McpConnector {
     const watch = new AbortController();
     this.watches.add(watch);
     const stop = AbortSignal.any([watch.signal, ...(peer.closed ? [peer.closed] : [])]);
-    this.ended(created, stop)
+    this.calls
+      .ended(created, stop)
       .then((end) => this.told(peer, AuthorizationOutcome.of(end), false))
       .catch(() => undefined) // the connection closed, or the connector was closed: nobody to tell
       .finally(() => this.watches.delete(watch));
@@ -184,7 +186,7 @@ export class McpConnector {
     const response = call.inputResponses?.[INPUT_REQUEST_KEY];
     if (typeof response !== "object" || response === null) return question(token, open.created); // ask again
     const answer = readAnswer(response as Record<string, unknown>);
-    const state = await this.report(open.created, answer);
+    const state = await this.calls.report(open.created, answer);
     if (answer.action !== "accept") {
       this.dropRound(token);
       return AuthorizationOutcome.of(state);
@@ -196,7 +198,8 @@ export class McpConnector {
     });
     try {
       const end = await Promise.race([open.ended, stopped]);
-      if (end === "stopped") throw await this.stopped(open.created.elicitationId, "client_cancel_request", undefined);
+      if (end === "stopped")
+        throw await this.calls.stopped(open.created.elicitationId, "client_cancel_request", undefined);
       return AuthorizationOutcome.of(end); // the result tells it: no completion notification at 2026-07-28
     } finally {
       this.dropRound(token);
@@ -216,7 +219,7 @@ export class McpConnector {
     if (created instanceof AuthorizationOutcome) return created;
     const stop = new AbortController();
     // Followed from its creation: a browser that finishes before the client retries is not missed.
-    const ended = this.ended(created, stop.signal);
+    const ended = this.calls.ended(created, stop.signal);
     ended.catch(() => undefined);
     this.rounds.set(token, { created, user: request.user, provider: request.provider, ended, stop });
     return question(token, created);
@@ -311,10 +314,11 @@ export class McpConnector {
       withdraw.abort(); // it ended first (expired, cancelled, or the browser was faster): the question is withdrawn
       return this.told(peer, AuthorizationOutcome.of(first.end), true);
     }
-    if (stop.aborted) throw await this.stopped(created.elicitationId, cause(), "failed" in first ? true : undefined);
+    if (stop.aborted)
+      throw await this.calls.stopped(created.elicitationId, cause(), "failed" in first ? true : undefined);
     const answer: Answer =
       "answer" in first ? first.answer : { action: "client_error", code: errorCode(first.failed) ?? -32603 };
-    const state = await this.report(created, answer);
+    const state = await this.calls.report(created, answer);
     if (answer.action !== "accept") return AuthorizationOutcome.of(state);
     // Accepted: consent to open the URL. Now the browser decides; or the tool call stops.
     const stopped = new Promise<"stopped">((resolve) => {
@@ -325,54 +329,8 @@ export class McpConnector {
       if (stop.aborted) return "stopped" as const;
       throw error;
     });
-    if (end === "stopped") throw await this.stopped(created.elicitationId, cause(), undefined);
+    if (end === "stopped") throw await this.calls.stopped(created.elicitationId, cause(), undefined);
     return this.told(peer, AuthorizationOutcome.of(end), true);
-  }
-
-  /** Report the client's answer; tried again while the sidecar cannot be reached, until the expiry. */
-  private async report(created: Created, answer: Answer): Promise<ElicitationState> {
-    let tried = false;
-    return untilExpiry(
-      async () => {
-        try {
-          return await this.api.answer(created.elicitationId, answer);
-        } catch (error) {
-          if (tried && error instanceof SidecarError && error.code === "already_answered") {
-            return await this.api.elicitation(created.elicitationId);
-          }
-          throw error;
-        } finally {
-          tried = true;
-        }
-      },
-      { expiresAt: created.expiresAt, baseUrl: this.api.baseUrl, ...(this.backoff ? { backoff: this.backoff } : {}) },
-    );
-  }
-
-  /** The elicitation once it has ended: long-polls, and survives a sidecar restart until the expiry. */
-  private async ended(created: Created, signal: AbortSignal): Promise<ElicitationState> {
-    for (;;) {
-      const state = await untilExpiry(
-        () => this.api.elicitation(created.elicitationId, { wait: WAIT_SECONDS, signal }),
-        {
-          expiresAt: created.expiresAt,
-          baseUrl: this.api.baseUrl,
-          signal,
-          ...(this.backoff ? { backoff: this.backoff } : {}),
-        },
-      );
-      if (state.outcome !== null) return state;
-    }
-  }
-
-  /** End the elicitation for `cause` (nothing resumes it, no completion follows); the error to throw. */
-  private async stopped(elicitationId: string, cause: StopCause, withdrawn: boolean | undefined): Promise<Error> {
-    try {
-      await this.api.cancel(elicitationId, cause, withdrawn);
-    } catch (error) {
-      if (!(error instanceof SidecarError && error.code === "already_ended")) return error as Error;
-    }
-    return new AuthorizationCancelled(cause);
   }
 
   /** Tell the client once that the elicitation completed (authorized or narrowed). */
