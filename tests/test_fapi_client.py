@@ -426,11 +426,11 @@ def test_private_key_jwt_is_chosen_when_it_is_the_only_method_listed() -> None:
     ).method == ("client_secret_post")
 
 
+@pytest.mark.parametrize("oidc_op", ["private_key_jwt"], indirect=True)  # a provider that offers PAR, not requires it
 async def test_par_asked_by_the_entry_of_a_provider_that_only_offers_it(
     provider: Conformant, connector_env: dict[str, str], tmp_path: Path, loopback_socket: socket.socket
 ) -> None:
-    if provider.op.configuration != "private_key_jwt":  # type: ignore[union-attr]
-        pytest.skip("the provider must offer PAR without requiring it")
+    assert provider.op.configuration == "private_key_jwt"  # type: ignore[union-attr]
     async with (
         connector(provider, connector_env, tmp_path, loopback_socket, pushed_authorization_requests=True) as deployment,
         agent_of(deployment) as agent,
