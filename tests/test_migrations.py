@@ -181,3 +181,9 @@ def test_script_location_prefers_the_packaged_copy(tmp_path: Path, monkeypatch: 
     monkeypatch.setattr(schema_module, "_PACKAGED_SCRIPTS", packaged)
     assert schema_module.script_location() == packaged
     assert alembic_config().get_main_option("script_location") == str(packaged)
+
+
+def test_the_head_read_from_the_scripts_is_alembics() -> None:
+    """The schema check's fast path (no Alembic) knows the head by reading the scripts' revision lines."""
+    schema_module.declared_head.cache_clear()
+    assert schema_module.declared_head() == head_revision()

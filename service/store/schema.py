@@ -12,20 +12,26 @@ Rolling upgrades need two promises, one from each side:
 from __future__ import annotations
 
 import asyncio
+import functools
+import re
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, delete, insert, inspect, select
+from sqlalchemy import Connection, delete, insert, inspect, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.core.errors import SchemaNotCurrent
 
 from .engine import connected, create_engine, display_url
 from .tables import schema_compatibility
+
+if TYPE_CHECKING:
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+# Alembic is imported only where a migration runs or a database is not at this code's head: a command that opens
+# a current database (most CLI commands, every replica's start) checks it without loading Alembic and the scripts.
 
 _PACKAGE_DIR = Path(__file__).resolve().parents[1]  # service/
 _PACKAGED_SCRIPTS = _PACKAGE_DIR / "_migrations"  # an installed wheel (pyproject force-includes migrations/ here)
@@ -48,6 +54,8 @@ def script_location() -> Path:
 
 def alembic_config(url: str | None = None) -> Config:
     """A programmatic Alembic config (no alembic.ini); migrations/env.py reads `attributes["url"]`."""
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(script_location()))
     if url is not None:
@@ -57,6 +65,8 @@ def alembic_config(url: str | None = None) -> Config:
 
 def head_revision() -> str:
     """The revision this code's schema is at."""
+    from alembic.script import ScriptDirectory
+
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
     if head is None:  # pragma: no cover - the repository always ships at least one revision
         raise RuntimeError("the migrations directory has no revisions")
@@ -75,6 +85,8 @@ def migrate(url: str, revision: str = "head") -> tuple[str, ...]:
     before: list[str] = []
 
     def upgrade() -> None:
+        from alembic import command
+
         before.extend(asyncio.run(stored_revisions(url)))
         command.upgrade(config, revision)
 
@@ -112,7 +124,31 @@ async def stored_revisions(url: str) -> tuple[str, ...]:
 
 def current_revisions(connection: Connection) -> tuple[str, ...]:
     """The revisions recorded in the database's alembic_version table (empty when it was never migrated)."""
-    return tuple(MigrationContext.configure(connection).get_current_heads())
+    if not inspect(connection).has_table("alembic_version"):
+        return ()
+    return tuple(sorted(row[0] for row in connection.execute(text("SELECT version_num FROM alembic_version"))))
+
+
+_REVISION = re.compile(r'^revision(?:: [^=]+)? = "([^"]+)"$', re.MULTILINE)
+_DOWN_REVISION = re.compile(r"^down_revision(?:: [^=]+)? = (.+)$", re.MULTILINE)
+
+
+@functools.cache
+def declared_head() -> str | None:
+    """The head of the migration scripts, read from their `revision` and `down_revision` lines without loading
+    them (None when the files do not say it plainly: one linear chain of quoted ids). `head_revision()` is the
+    authority; a test holds the two equal."""
+    revisions: set[str] = set()
+    pointed_to: set[str] = set()
+    for script in (script_location() / "versions").glob("*.py"):
+        source = script.read_text(encoding="utf-8")
+        revision, down = _REVISION.search(source), _DOWN_REVISION.search(source)
+        if revision is None or down is None:
+            return None
+        revisions.add(revision.group(1))
+        pointed_to.update(re.findall(r'"([^"]+)"', down.group(1)))
+    heads = revisions - pointed_to
+    return next(iter(heads)) if len(heads) == 1 else None
 
 
 def declared_oldest_code_revision(script: ScriptDirectory, revision: str) -> str | None:
@@ -144,6 +180,10 @@ async def check_schema(conn: AsyncConnection) -> None:
     """Raise SchemaNotCurrent unless this code may run on the database (see the module docstring), saying what to do."""
     where = f"database at {display_url(conn.engine.url)}"
     current = await conn.run_sync(current_revisions)
+    if current and current == (declared_head(),):
+        return  # the usual case, known without Alembic
+    from alembic.script import ScriptDirectory
+
     script = ScriptDirectory.from_config(alembic_config())
     head = script.get_current_head()
     if current == (head,):
