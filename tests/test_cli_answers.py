@@ -216,6 +216,7 @@ def test_a_database_command_imports_the_store_not_the_web_or_the_oauth_client(da
     imported = set(imported_by("keys", "status", env=database))
     assert "sqlalchemy" in imported  # it did open the database
     assert imported.isdisjoint({"alembic", "acp", "uvicorn", "httpx", "authlib"})
+    assert "alembic" not in imported_by("migrate", env=database)  # at the head already: nothing to run
 
 
 def test_a_command_imports_what_it_uses_only() -> None:

@@ -25,10 +25,11 @@ def register(commands: Commands) -> None:
 def run(invocation: Invocation) -> int:
     from ..bootstrap import migrate_database
     from ..store import display_url, head_revision
+    from ..store.schema import declared_head
 
     settings = invocation.settings()
     before = migrate_database(settings)
-    where, head = display_url(settings.database.url), head_revision()
+    where, head = display_url(settings.database.url), declared_head() or head_revision()
     if before == (head,):
         invocation.note(f"database at {where} was already at revision {head}, this version's schema: nothing to do")
     elif before:

@@ -81,14 +81,15 @@ def migrate(url: str, revision: str = "head") -> tuple[str, ...]:
     thread (Alembic's env.py drives its own loop). Raises DatabaseUnavailable, saying why, when the database
     cannot be reached or opened.
     """
-    config = alembic_config(url)
     before: list[str] = []
 
     def upgrade() -> None:
+        before.extend(asyncio.run(stored_revisions(url)))
+        if revision == "head" and tuple(before) == (declared_head(),):
+            return  # at the head already: nothing for Alembic to do (and nothing to load it for)
         from alembic import command
 
-        before.extend(asyncio.run(stored_revisions(url)))
-        command.upgrade(config, revision)
+        command.upgrade(alembic_config(url), revision)
 
     try:
         asyncio.get_running_loop()
