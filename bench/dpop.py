@@ -116,7 +116,9 @@ async def seed(db_url: str, vault_key: str, dpop_jwk: dict[str, str]) -> str:
         for provider, tokens in grants.items():
             aad = grant_aad(user.issuer, user.subject, provider, "1")
             key_id, blob = Vault(ring).encrypt_json(tokens.to_json(), aad=aad)
-            grant = GrantRecord(new_id(16), user, provider, "1", ("read",), key_id, blob, None, now, now)
+            grant = GrantRecord(
+                new_id(16), user, provider, "1", ("read",), key_id, blob, None, now, now, tenant=record.tenant
+            )
             await store.grants.upsert(grant)
         return key
     finally:

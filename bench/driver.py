@@ -130,10 +130,13 @@ class AgentDriver:
             if at_provider.status_code != 302:
                 return result.error(f"authorize {at_provider.status_code}")
             flow.callback_sent = time.perf_counter()
-            done = await browser.get(at_provider.headers["location"])
+            callback = await browser.get(at_provider.headers["location"])
             flow.callback_answered = time.perf_counter()
+            if callback.status_code != 303:
+                return result.error(f"callback {callback.status_code}")
+            done = await browser.get(urljoin(url, callback.headers["location"]))  # the page the browser lands on
             if done.status_code != 200:
-                return result.error(f"callback {done.status_code}")
+                return result.error(f"connected page {done.status_code}")
             ended = await asyncio.wait_for(prompt, 60)
             if ended.stop_reason != "end_turn":
                 return result.error(f"prompt ended {ended.stop_reason}")

@@ -108,7 +108,11 @@ async def seed(db_url: str, vault_key: str) -> str:
         key_id, blob = Vault(ring).encrypt_json(
             tokens.to_json(), aad=grant_aad(user.issuer, user.subject, "bench", "1")
         )
-        await store.grants.upsert(GrantRecord(new_id(16), user, "bench", "1", ("read",), key_id, blob, None, now, now))
+        # The API key's tenant: only it may use the grant (tenant isolation).
+        grant = GrantRecord(
+            new_id(16), user, "bench", "1", ("read",), key_id, blob, None, now, now, tenant=record.tenant
+        )
+        await store.grants.upsert(grant)
         return key
     finally:
         await store.close()

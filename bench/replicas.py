@@ -220,7 +220,13 @@ async def expire(connector: Connector, provider: MockOAuthProvider) -> None:
     past = datetime.now(UTC) - timedelta(minutes=5)
     key_id, blob = runtime.vault.encrypt_json({**tokens.to_json(), "expires_at": past.timestamp()}, aad=aad)
     await runtime.store.grants.update_tokens(
-        grant.id, token_key_id=key_id, token_ciphertext=blob, token_expires_at=past, scopes=grant.scopes, now=past
+        grant.id,
+        token_key_id=key_id,
+        token_ciphertext=blob,
+        token_expires_at=past,
+        scopes=grant.scopes,
+        now=past,
+        replacing=grant.token_ciphertext,
     )
     provider.expire_access_tokens()
     assert TokenSet.from_json(runtime.vault.decrypt_json(key_id, blob, aad=aad)).expires_at == past.timestamp()
