@@ -144,6 +144,19 @@ class Deployment:
     local_user: Identity
 
 
+@pytest.fixture(autouse=True)
+def no_stray_log_handlers() -> Iterator[None]:
+    """What a test's `configure()` (the CLI run in-process, a served app) adds to the root logger goes with the test:
+    a handler left writing to that test's captured stderr, closed afterwards, would turn every later log line into
+    a "Logging error" traceback. pytest's own capture handlers (subclasses) are pytest's to manage."""
+    root = logging.getLogger()
+    before, level = list(root.handlers), root.level
+    yield
+    for handler in [h for h in root.handlers if type(h) is logging.StreamHandler and h not in before]:
+        root.removeHandler(handler)
+    root.setLevel(level)
+
+
 @pytest.fixture
 def mock_provider() -> MockOAuthProvider:
     return MockOAuthProvider(base_url="https://github.mock-provider.test")
