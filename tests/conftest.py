@@ -24,7 +24,7 @@ from sqlalchemy.pool import NullPool
 
 from service import Connector, Identity, load_settings
 from service.store import migrate
-from service.testing import MockOAuthProvider
+from service.testing import MockKeyedApi, MockOAuthProvider
 from service.vault import generate_key
 from service.web.server import listening_socket, serving
 
@@ -142,6 +142,12 @@ class Deployment:
     provider: MockOAuthProvider
     base_url: str
     local_user: Identity
+
+
+@pytest.fixture
+def keyed() -> MockKeyedApi:
+    """The keyed mock API (an API that takes an API key) of a credential test (`tests/credential_support.py`)."""
+    return MockKeyedApi()
 
 
 @pytest.fixture(autouse=True)

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
+import pytest
 
 from service.testing import MockKeyedApi, MockOAuthProvider, ScriptedBrowser
 
@@ -52,3 +53,16 @@ async def to_form(browser: ScriptedBrowser, connect_url: str) -> httpx.Response:
 async def type_key(browser: ScriptedBrowser, form: httpx.Response, key: str) -> httpx.Response:
     """Submit the form with `key` typed in its field."""
     return await browser.submit(form, "", api_key=key)
+
+
+@pytest.fixture
+async def keyed_connector(
+    connector_env: dict[str, str],
+    tmp_path: Path,
+    mock_provider: MockOAuthProvider,
+    keyed: MockKeyedApi,
+    loopback_socket: socket.socket,
+) -> AsyncIterator[Deployment]:
+    """A deployment whose catalog has the credential entry at `keyed`."""
+    async with keyed_deployment(connector_env, tmp_path, mock_provider, keyed, loopback_socket) as running:
+        yield running

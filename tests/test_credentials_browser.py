@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -18,12 +17,12 @@ from typing import Any
 import pytest
 
 from service import Identity
-from service.testing import MockKeyedApi, MockOAuthProvider
+from service.testing import MockKeyedApi
 
 from .api_support import api_client, make_key, user_headers
 from .chromium_support import CHROMIUM, FLAGS
 from .conftest import Deployment
-from .credential_support import KEYED, keyed_deployment
+from .credential_support import KEYED, keyed_connector
 from .flow_support import asking, assert_nothing_stored
 
 playwright_api = pytest.importorskip("playwright.async_api", reason="Playwright (pip package) is not installed")
@@ -74,21 +73,7 @@ async def chromium(tmp_path: Path) -> AsyncIterator[Chromium]:
             await context.close()
 
 
-@pytest.fixture
-def keyed() -> MockKeyedApi:
-    return MockKeyedApi()
-
-
-@pytest.fixture
-async def deployment(
-    connector_env: dict[str, str],
-    tmp_path: Path,
-    mock_provider: MockOAuthProvider,
-    keyed: MockKeyedApi,
-    loopback_socket: socket.socket,
-) -> AsyncIterator[Deployment]:
-    async with keyed_deployment(connector_env, tmp_path, mock_provider, keyed, loopback_socket) as running:
-        yield running
+deployment = keyed_connector  # every test here runs on the deployment with the keyed entry
 
 
 async def open_form(browser: Chromium, url: str) -> Any:

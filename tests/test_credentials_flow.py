@@ -24,11 +24,6 @@ from .flow_support import asking, assert_nothing_stored, events, status_of
 from .test_key_rotation import cli_env, keys_command
 
 
-@pytest.fixture
-def keyed() -> MockKeyedApi:
-    return MockKeyedApi()
-
-
 async def test_a_typed_key_is_checked_stored_and_used(keyed_env: Deployment, keyed: MockKeyedApi) -> None:
     deployment = keyed_env
     key = keyed.add_key({"id": "acct_42", "name": "Mona"})

@@ -5,37 +5,19 @@ notification to the asking client, and the key nowhere on the MCP wire."""
 from __future__ import annotations
 
 import asyncio
-import socket
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import InputRequiredResult
 
-from service.testing import MockKeyedApi, MockOAuthProvider, ScriptedBrowser
+from service.testing import MockKeyedApi, ScriptedBrowser
 
 from .conftest import Deployment
-from .credential_support import KEYED, keyed_deployment, to_form, type_key
+from .credential_support import KEYED, keyed_connector, to_form, type_key
 from .mcp_support import COMPLETE, Asker, connected, text_of
 from .test_mcp_face import served, transport
 
-
-@pytest.fixture
-def keyed() -> MockKeyedApi:
-    return MockKeyedApi()
-
-
-@pytest.fixture
-async def deployment(
-    connector_env: dict[str, str],
-    tmp_path: Path,
-    mock_provider: MockOAuthProvider,
-    keyed: MockKeyedApi,
-    loopback_socket: socket.socket,
-) -> AsyncIterator[Deployment]:
-    async with keyed_deployment(connector_env, tmp_path, mock_provider, keyed, loopback_socket) as running:
-        yield running
+deployment = keyed_connector  # every test here runs on the deployment with the keyed entry
 
 
 @pytest.mark.duration(4)
