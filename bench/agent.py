@@ -1,7 +1,8 @@
 """The benchmark's ACP agent: one stdio agent with the connector embedded, as an agent author would run it.
 
-Every prompt asks the connector for the configured user's `github` access with one scope, the prompt's text (the
-driver makes it unique per flow, so no stored grant ever covers it), and ends the turn when the call returns,
+Every prompt asks the connector for `github` access with one scope, the prompt's text, for the user of that name
+(bench/driver.py: the driver makes it unique per flow and the trusted_header verifier believes the driver's browser,
+so no stored grant ever covers it), and ends the turn when the call returns,
 with the outcome's status as its text. The connector's settings come from the CONNECTOR_* environment the driver
 sets; its connect pages are served on loopback in this process.
 
@@ -21,13 +22,14 @@ from acp import PROTOCOL_VERSION, run_agent, update_agent_message_text
 from acp.interfaces import Client
 from acp.schema import AgentCapabilities, InitializeResponse, NewSessionResponse, PromptResponse
 
+from bench.driver import USER_ISSUER
 from service import Connector, Identity, SessionScope, load_settings
 
 
 class BenchAgent:
-    def __init__(self, connector: Connector, user: Identity) -> None:
+    def __init__(self, connector: Connector, issuer: str) -> None:
         self.connector = connector
-        self.user = user
+        self.issuer = issuer
         self.conn: Client | None = None
         self.capabilities: Any = None
         self.sessions = 0
@@ -50,7 +52,7 @@ class BenchAgent:
         outcome = await self.connector.request_authorization(
             self.conn,
             self.capabilities,
-            user=self.user,
+            user=Identity(self.issuer, scope_name),
             provider="github",
             scopes=[scope_name],
             scope=SessionScope(session_id, f"call-{scope_name}"),
@@ -68,8 +70,7 @@ async def main() -> None:
     await connector.start()
     web = asyncio.create_task(connector.serve())
     try:
-        user = connector.verifier.user()  # the local verifier's one user
-        await run_agent(BenchAgent(connector, user), use_unstable_protocol=True)  # type: ignore[arg-type]
+        await run_agent(BenchAgent(connector, USER_ISSUER), use_unstable_protocol=True)  # type: ignore[arg-type]
     finally:
         web.cancel()
         with contextlib.suppress(asyncio.CancelledError):

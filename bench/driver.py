@@ -1,9 +1,10 @@
 """The benchmarks' side of a connect flow: an SDK client that accepts elicitations, and browsers that finish them.
 
-`AgentDriver.flow` runs one whole flow against the benchmark agent (bench/agent.py): `session/prompt` ->
-`elicitation/create` (accepted) -> consent page -> Continue -> the provider's authorize -> the callback -> the
-prompt ends, with `elicitation/complete` noted by the client. `Baseline.flow` runs the baseline app's flow.
-`run_flows` runs many, a fixed number at a time, one browser (keep-alive connections, fresh cookies) per worker.
+`AgentDriver.flow` runs one whole flow, as a user of its own, against the benchmark agent (bench/agent.py):
+`session/prompt` -> `elicitation/create` (accepted) -> consent page -> Continue -> the provider's authorize -> the
+callback -> the prompt ends, with `elicitation/complete` noted by the client. `Baseline.flow` runs the baseline
+app's flow. `run_flows` runs many, a fixed number at a time, one browser (keep-alive connections, fresh cookies)
+per worker.
 """
 
 from __future__ import annotations
@@ -26,6 +27,18 @@ from acp.schema import AcceptElicitationResponse
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 ACTION = re.compile(r'<form method="post" action="([^"]+)"')
 TLS = ssl.create_default_context()  # one for every browser: building one per client costs ~20 ms of CPU
+
+# Each flow runs as a user of its own, named by the flow (the trusted_header verifier; the driver's loopback peer
+# plays the authenticating proxy), so no flow finds a grant an earlier one stored. With one user for the whole run,
+# each flow would ask for the union of every earlier flow's scopes (incremental authorization): its elicitation, its
+# consent page and its authorize URL would grow with the run, and so would CPU and memory per flow.
+USER_ISSUER = "https://bench.example"
+USER_HEADER = "X-Forwarded-User"
+PER_FLOW_USERS = {
+    "CONNECTOR_IDENTITY__VERIFIER": "trusted_header",
+    "CONNECTOR_IDENTITY__TRUSTED_HEADER__ISSUER": USER_ISSUER,
+    "CONNECTOR_SERVER__TRUSTED_PROXIES": "127.0.0.1/32",
+}
 
 
 @dataclass
@@ -110,8 +123,9 @@ class AgentDriver:
         return self.sessions[index]
 
     async def flow(self, browser: httpx.AsyncClient, worker: int, result: Result) -> None:
-        name = f"flow-{uuid.uuid4().hex[:12]}"  # the scope asked for: no stored grant covers it
+        name = f"flow-{uuid.uuid4().hex[:12]}"  # the user and the scope asked for: no stored grant covers it
         flow = self.client.expect(name)
+        browser.headers[USER_HEADER] = name
         session = await self.session(worker)
         prompt = asyncio.create_task(self.conn.prompt(session_id=session, prompt=[text_block(name)]))
         try:

@@ -42,7 +42,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
-from bench.driver import AgentDriver, BenchClient, FlowFn, Result, provider_catalog, run_flows
+from bench.driver import PER_FLOW_USERS, AgentDriver, BenchClient, FlowFn, Result, provider_catalog, run_flows
 from bench.driver import Baseline as BaselineApp
 from bench.harness import PYTHON, REPO, children, cpu_ms, free_port, machine, median, percentile, wait_until_up
 from service.store import migrate
@@ -87,7 +87,7 @@ async def connector_agent(provider: str, database_url: str, workdir: Path) -> As
         "CONNECTOR_PROVIDER_GITHUB_CLIENT_ID": CLIENT_ID,
         "CONNECTOR_PROVIDER_GITHUB_CLIENT_SECRET": CLIENT_SECRET,
         "CONNECTOR_RATE_LIMIT__ENABLED": "false",
-        "CONNECTOR_IDENTITY__LOCAL__SUBJECT": "bench-user",
+        **PER_FLOW_USERS,
     }
     client = BenchClient()
     async with spawn_stdio_transport(PYTHON, "-m", "bench.agent", env=env, cwd=str(REPO), stderr=None) as (

@@ -42,7 +42,7 @@ from acp.schema import (
 from sqlalchemy import event
 
 from bench.agent import BenchAgent
-from bench.driver import AgentDriver, BenchClient, provider_catalog, run_flows
+from bench.driver import PER_FLOW_USERS, USER_ISSUER, AgentDriver, BenchClient, provider_catalog, run_flows
 from bench.harness import machine, median, rss_bytes
 from service import Connector, ElicitationStatus, Identity, RequestScope, load_settings
 from service.store import migrate
@@ -51,7 +51,9 @@ from service.vault import generate_key
 from service.web.server import listening_socket, serving
 
 CAPABILITIES = ClientCapabilities(elicitation=ElicitationCapabilities(url=ElicitationUrlCapabilities()))
-USER = Identity("local", "bench-user")
+# Who the held authorizations are for: a user with no grant (each flow runs as a user of its own, bench/driver.py),
+# so what a pending costs does not depend on what the flows before it stored.
+HOLDER = Identity(USER_ISSUER, "bench-holder")
 
 
 @dataclass
@@ -126,7 +128,8 @@ class Deployment:
         if self._holder is None:
             agent_end, client_end = memory_transport_pair()
             holding = HoldingClient()
-            agent_conn = AgentSideConnection(BenchAgent(self.connector, USER), agent_end, use_unstable_protocol=True)
+            agent = BenchAgent(self.connector, USER_ISSUER)
+            agent_conn = AgentSideConnection(agent, agent_end, use_unstable_protocol=True)
             client_conn = ClientSideConnection(holding, client_end, use_unstable_protocol=True)
             await client_conn.initialize(protocol_version=PROTOCOL_VERSION, client_capabilities=CAPABILITIES)
             self._holder = (agent_conn, client_conn, holding)
@@ -136,7 +139,7 @@ class Deployment:
             for n in range(start, min(start + 200, count)):
                 scope = f"pending-{uuid.uuid4().hex[:12]}"
                 ask = self.connector.request_authorization(
-                    agent_conn, user=USER, provider="github", scopes=[scope], scope=RequestScope(n)
+                    agent_conn, user=HOLDER, provider="github", scopes=[scope], scope=RequestScope(n)
                 )
                 self.waiting.append(asyncio.create_task(ask))
                 asked += 1
@@ -178,8 +181,7 @@ async def deployment(workdir: Path) -> AsyncIterator[Deployment]:
                 "CONNECTOR_PROVIDER_GITHUB_CLIENT_ID": provider.client_id,
                 "CONNECTOR_PROVIDER_GITHUB_CLIENT_SECRET": provider.client_secret,
                 "CONNECTOR_RATE_LIMIT__ENABLED": "false",
-                "CONNECTOR_IDENTITY__LOCAL__ISSUER": USER.issuer,
-                "CONNECTOR_IDENTITY__LOCAL__SUBJECT": USER.subject,
+                **PER_FLOW_USERS,
             },
         )
         connector = Connector.from_settings(settings)
@@ -188,7 +190,7 @@ async def deployment(workdir: Path) -> AsyncIterator[Deployment]:
             async with serving(connector.asgi_app(), sock):
                 agent_end, client_end = memory_transport_pair()
                 client = BenchClient()
-                AgentSideConnection(BenchAgent(connector, USER), agent_end, use_unstable_protocol=True)
+                AgentSideConnection(BenchAgent(connector, USER_ISSUER), agent_end, use_unstable_protocol=True)
                 conn = ClientSideConnection(client, client_end, use_unstable_protocol=True)
                 await conn.initialize(protocol_version=PROTOCOL_VERSION, client_capabilities=CAPABILITIES)
                 loaded = Deployment(connector, AgentDriver(conn, client))
@@ -217,7 +219,7 @@ def insert_pending_elsewhere(database: Path, count: int) -> None:
         "agent_name, message, status, created_at, expires_at, updated_at"
     )
     rows = [
-        (uuid.uuid4().hex, "elsewhere", USER.issuer, USER.subject, "github", '["repo"]', "request", str(n))
+        (uuid.uuid4().hex, "elsewhere", HOLDER.issuer, HOLDER.subject, "github", '["repo"]', "request", str(n))
         for n in range(count)
     ]
     fixed = ("Bench", "Connect", "pending", stamp, until, stamp)
