@@ -40,6 +40,7 @@ from acp.schema import (
     ElicitationUrlCapabilities,
 )
 from sqlalchemy import event
+from sqlalchemy.engine.base import OptionEngine
 
 from bench.agent import BenchAgent
 from bench.driver import PER_FLOW_USERS, USER_ISSUER, AgentDriver, BenchClient, provider_catalog, run_flows
@@ -73,8 +74,9 @@ class SqlCounter:
     def __init__(self, connector: Connector) -> None:
         self.count = SqlCount()
         db = connector.runtime.store.db
-        engines = {id(e.sync_engine): e.sync_engine for e in (db.writer, db.reader)}
-        for engine in engines.values():
+        # On PostgreSQL the reader is the writer with other options, hearing the writer's listeners already.
+        engines = [e.sync_engine for e in (db.writer, db.reader) if not isinstance(e.sync_engine, OptionEngine)]
+        for engine in engines:
             event.listen(engine, "before_cursor_execute", self._statement)
             event.listen(engine, "commit", self._commit)
 

@@ -21,7 +21,7 @@ from .answers import ClientAnswer
 from .errors import ConnectorError, FlowRefused
 from .handles import api_key_hash, new_id
 from .identity import Identity
-from .lifecycle import Elicitations
+from .lifecycle import Elicitations, GrantsSeen
 from .outcomes import AuthorizationOutcome, StopCause
 from .ports import ApiStore, EventSource, Tx
 from .records import ApiElicitationRecord, ApiKeyRecord, ElicitationRecord, GrantRecord
@@ -159,10 +159,12 @@ class AgentApi:
         except ConnectorError as exc:
             raise FlowRefused(exc.code, detail={"message": str(exc)}) from None
         wanted = tuple(scopes) if scopes is not None else default_scopes
+        seen = GrantsSeen()  # the grants read here serve the answer and the create below (no second read)
         settled = await self.elicitations.settled(
-            user, provider, wanted, ask_again=ask_again, connection=connection, tenant=caller.tenant
+            user, provider, wanted, ask_again=ask_again, connection=connection, tenant=caller.tenant, seen=seen
         )
-        grant = await self.store.grants.get(settled.grant.id) if settled and settled.grant else None
+        wanted_id = settled.grant.id if settled and settled.grant else None
+        grant = next((g for g in seen.grants or () if g.id == wanted_id), None)
         if settled is not None and grant is not None:
             return Created(grant=grant, refused_scopes=settled.refused_scopes)
         if not url_mode:
@@ -190,6 +192,7 @@ class AgentApi:
                 agent_name=caller.agent_name,
                 within=bind,
                 connection=connection,
+                seen=seen,
             )
         except _Replayed:
             assert idempotency_key is not None

@@ -42,6 +42,16 @@ EXPIRED_REASON = "expired before completion"
 CONNECTION_CLOSED = "connection_closed"  # why a completion is undeliverable: the connection is gone
 
 
+@dataclass(slots=True)
+class GrantsSeen:
+    """The grants a request's check read (`settled(..., seen=...)`), for the elicitation it then creates: `create`
+    plans from them instead of reading them again. Filled by `settled`; `tenants` are the tenants they were read for
+    (a create for another tenant reads its own)."""
+
+    tenants: frozenset[str] = frozenset()
+    grants: Sequence[GrantRecord] | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class Written:
     """What a final change's `within` wrote in its transaction, for the audit line and the event: more audit detail,
@@ -111,12 +121,16 @@ class Elicitations:
         ask_again: bool = False,
         connection: Mapping[str, str] | None = None,
         tenant: str = EMBEDDED_TENANT,
+        seen: GrantsSeen | None = None,
     ) -> AuthorizationOutcome | None:
         """The answer to a request that needs nobody asked (`coverage.settled_by`), or None. The per-connection
         values the provider needs from the agent (`connection`) are checked first: FlowRefused names a missing or
-        malformed one."""
+        malformed one. `seen` keeps the grants read, for the `create` that follows."""
         self.providers.connection_values(provider, connection)
-        grants = await self.store.grants.find(user, provider, tenants=self.sharing.visible(tenant))
+        tenants = self.sharing.visible(tenant)
+        grants = await self.store.grants.find(user, provider, tenants=tenants)
+        if seen is not None:
+            seen.tenants, seen.grants = tenants, grants
         if ask_again and self.providers.credential_form(provider) is not None:
             return None  # a credential entry asked again: the user replaces the stored key on the form
         return settled_by(grants, provider, self.display_name(provider), scopes, ask_again=ask_again)
@@ -188,6 +202,7 @@ class Elicitations:
         within: Callable[[ElicitationRecord, Tx], Awaitable[None]] | None = None,
         replica_id: str | None = None,
         connection: Mapping[str, str] | None = None,
+        seen: GrantsSeen | None = None,
     ) -> ElicitationRecord:
         """A new pending elicitation; its time (`elicitation_ttl`) runs from now. With a grant already at the
         provider, it asks for the union of its scopes and `scopes`, and its message says why (`request_plan`).
@@ -196,11 +211,15 @@ class Elicitations:
         the creating transaction, to write what belongs with the new row; if it raises, nothing is written.
         `replica_id` names the replica whose process holds the connection `connection_key`: the one that tells
         the client when it completes (None: no process here holds it, e.g. a `/v1` agent's own connection).
+        `seen`: the grants the request's `settled` check just read (not read again when they are this tenant's).
         """
         values = self.providers.connection_values(provider, connection)
         form = self.providers.credential_form(provider)
         message = message or (credential_message(form) if form is not None else None)
-        held = await self.store.grants.find(user, provider, tenants=self.sharing.visible(tenant_of_key(connection_key)))
+        tenants = self.sharing.visible(tenant_of_key(connection_key))
+        held = seen.grants if seen is not None and seen.grants is not None and seen.tenants == tenants else None
+        if held is None:
+            held = await self.store.grants.find(user, provider, tenants=tenants)
         plan = request_plan(held, self.display_name(provider), scopes, message)
         now = self.now()
         record = ElicitationRecord(

@@ -41,7 +41,12 @@ class EmbeddedLifecycle:
 
     async def settled(self, ask: AuthorizationAsk) -> AuthorizationOutcome | None:
         return await self.elicitations.settled(
-            ask.user, ask.provider, ask.scopes or (), ask_again=ask.ask_again, connection=ask.connection
+            ask.user,
+            ask.provider,
+            ask.scopes or (),
+            ask_again=ask.ask_again,
+            connection=ask.connection,
+            seen=ask.seen,
         )
 
     async def unsupported(self, ask: AuthorizationAsk) -> None:
@@ -57,6 +62,7 @@ class EmbeddedLifecycle:
             message=ask.message,
             replica_id=self.replica_id,
             connection=ask.connection,
+            seen=ask.seen,
         )
 
     def url(self, handle: ElicitationRecord) -> str:

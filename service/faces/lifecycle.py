@@ -15,11 +15,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 from service.core.answers import ClientAnswer
 from service.core.identity import Identity
+from service.core.lifecycle import GrantsSeen
 from service.core.outcomes import CLIENT_DISCONNECTED, AuthorizationOutcome, AuthorizationStatus, StopCause
 from service.core.scopes import ElicitationScope
 
@@ -36,6 +37,8 @@ class AuthorizationAsk:
     message: str | None
     ask_again: bool
     connection: Mapping[str, str] | None = None  # per-connection values for the provider's URLs
+    # The grants the in-process `settled` check read, for the `create` that follows (not read twice).
+    seen: GrantsSeen = field(default_factory=GrantsSeen, compare=False, repr=False)
 
 
 class Handle(Protocol):

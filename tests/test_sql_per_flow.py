@@ -1,0 +1,94 @@
+"""A connect flow costs a bounded number of SQL statements, on SQLite and on PostgreSQL.
+
+Counted on the connector's engines (SQLAlchemy's `before_cursor_execute`; a transaction's BEGIN is not a
+statement), from the agent's request to the completion told and settled, with the background work (sweeper,
+heartbeat, event-log poll, webhooks, retention) set far apart so that only the flow's own statements fall in the
+count. Counting is deterministic: the bound is exact, not a timing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.engine.base import OptionEngine
+
+from service import AuthorizationStatus
+from service.testing import ScriptedBrowser
+
+from .conftest import Deploy, Deployment
+from .flow_support import Ask, asking
+
+# What a flow may cost: the agent's grant check, and per step its state change with its audit row (issue 32 aims at
+# 8; what each statement is, is listed when the bound is crossed).
+STATEMENTS_PER_FLOW = {"sqlite": 21, "postgresql": 21}
+
+# Background loops that would otherwise run during the counted flow.
+QUIET = {
+    "CONNECTOR_ELICITATION__SWEEP_INTERVAL_SECONDS": "3600",
+    "CONNECTOR_EVENTS__POLL_INTERVAL_SECONDS": "60",
+    "CONNECTOR_REPLICAS__HEARTBEAT_SECONDS": "600",
+    "CONNECTOR_REPLICAS__DEAD_AFTER_SECONDS": "3600",
+    "CONNECTOR_WEBHOOKS__POLL_INTERVAL_SECONDS": "60",
+    "CONNECTOR_RETENTION__INTERVAL_SECONDS": "3600",
+}
+
+
+@contextmanager
+def statements(deployment: Deployment) -> Iterator[list[str]]:
+    """The SQL statements the connector runs inside the block (BEGIN left out), in order."""
+    seen: list[str] = []
+
+    def record(conn: Any, cursor: Any, statement: str, *rest: Any) -> None:
+        if statement.lstrip().split(None, 1)[0].upper() != "BEGIN":
+            seen.append(" ".join(statement.split()))
+
+    db = deployment.connector.runtime.store.db
+    # On PostgreSQL the reader is the writer with other options: it hears the writer's listeners already.
+    engines = [e.sync_engine for e in (db.writer, db.reader) if not isinstance(e.sync_engine, OptionEngine)]
+    for engine in engines:
+        event.listen(engine, "before_cursor_execute", record)
+    try:
+        yield seen
+    finally:
+        for engine in engines:
+            event.remove(engine, "before_cursor_execute", record)
+
+
+async def connect_flow(ask: Ask, browser: ScriptedBrowser, scope: str) -> None:
+    """One whole flow: the agent asks, the client accepts, the browser opens, continues, signs in, comes back."""
+    pending = await ask(scopes=(scope,))
+    page = await browser.get(pending.url)
+    assert page.status_code == 200, page.text
+    done = await browser.follow(await browser.submit(page, "continue"))
+    assert done.status_code == 200, done.text
+    assert (await pending.outcome()).status is AuthorizationStatus.AUTHORIZED
+    async with asyncio.timeout(10):
+        while pending.client.completions != [pending.elicitation_id]:  # noqa: ASYNC110 - a list the client fills
+            await asyncio.sleep(0.01)
+
+
+async def settled(seen: list[str]) -> None:
+    """Wait until no statement has come for a moment (the completion's telling is settled after it is sent)."""
+    count = -1
+    while count != len(seen):
+        count = len(seen)
+        await asyncio.sleep(0.3)
+
+
+async def test_a_connect_flow_runs_a_bounded_number_of_statements(deploy_with: Deploy, database_url: str) -> None:
+    async with deploy_with(CONNECTOR_DATABASE__URL=database_url, **QUIET) as deployment:
+        backend = deployment.connector.runtime.store.db.writer.dialect.name
+        async with asking(deployment) as ask, ScriptedBrowser() as browser:
+            await connect_flow(ask, browser, "warm-up")  # discovery, caches and the first background ticks
+            await asyncio.sleep(0.5)
+            with statements(deployment) as seen:
+                await connect_flow(ask, browser, "counted")
+                await settled(seen)
+    listing = "\n".join(seen)
+    assert len(seen) <= STATEMENTS_PER_FLOW[backend], f"{len(seen)} statements on {backend}:\n{listing}"
+    # Each of the flow's six steps leaves its audit row (written with the step, never batched away).
+    assert sum("INSERT INTO audit_events" in s for s in seen) == 6, listing
