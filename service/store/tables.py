@@ -122,6 +122,8 @@ elicitations = Table(
         postgresql_where=text(OPEN_ELICITATIONS),
         sqlite_where=text(OPEN_ELICITATIONS),
     ),
+    # Retention: ended elicitations, oldest change first (0018).
+    Index(None, "updated_at"),
 )
 
 oauth_flows = Table(
@@ -169,6 +171,7 @@ identity_verifications = Table(
     UniqueConstraint("handle_hash"),
     UniqueConstraint("return_hash"),
     Index(None, "elicitation_id"),
+    Index(None, "expires_at"),  # retention: expired verifications, oldest first (0018)
 )
 
 grants = Table(
@@ -363,7 +366,7 @@ webhook_deliveries = Table(
     Column("delivered_at", UTCDateTime, nullable=True),
     UniqueConstraint("endpoint_id", "event_id"),
     Index(None, "status", "next_attempt_at"),
-    Index(None, "status", "last_attempt_at"),  # retention: ended deliveries, oldest last attempt first
+    Index(None, "last_attempt_at"),  # retention: ended deliveries, oldest last attempt first (0018)
     # The console: deliveries newest first, of all endpoints or of one (0017).
     Index("ix_webhook_deliveries_created_at_id", "created_at", "id"),
     Index("ix_webhook_deliveries_endpoint_id_created_at_id", "endpoint_id", "created_at", "id"),
