@@ -18,7 +18,7 @@ from .identity import Identity
 from .lifecycle import Elicitations, Written
 from .ports import Provider, ProviderGateway, Store, Tx, Vault
 from .records import OFFLINE_ACCESS, ElicitationRecord, FlowRecord, GrantRecord, Intent, TokenSet
-from .renewal import carried_over, previous_grant, record_recovery
+from .renewal import store_given
 from .settings import FlowSettings
 from .states import RESTART_FROM, START_FROM, ElicitationStatus
 
@@ -235,7 +235,7 @@ class BrowserFlow:
         if found is None:
             await self.elicitations.record_unattributed("unknown_state", provider=provider_name)
             raise FlowRefused("unknown_state")
-        flow, record = found
+        flow, record, grant_held = found
         if flow.used_at is not None:
             await self._refuse_used_state(flow, record)  # raises, unless the elicitation's own closed page should
         record = await self.usable(record, allow_cancelled=True)
@@ -287,7 +287,7 @@ class BrowserFlow:
                 detail={"error": exc.code, **({"check": check} if check is not None else {})},
             )
             raise FlowRefused(exc.code, detail={"message": str(exc)}) from None
-        completed = await self.complete(record, provider, authorized.tokens, authorized.account_id)
+        completed = await self.complete(record, provider, authorized.tokens, authorized.account_id, held=grant_held)
         return Connected(completed, provider.display_name, authorized.account_label)
 
     # -- helpers ---------------------------------------------------------------------------------------
@@ -337,12 +337,11 @@ class BrowserFlow:
         raise FlowRefused("access_denied" if declined else "provider_error", detail={"error": error})
 
     async def complete(
-        self, record: ElicitationRecord, provider: Provider, tokens: TokenSet, account_id: str
+        self, record: ElicitationRecord, provider: Provider, tokens: TokenSet, account_id: str, *, held: bool = True
     ) -> ElicitationRecord:
-        """Store the tokens (or a typed credential) as `account_id`'s grant and complete the elicitation, together."""
+        """Store the tokens (or a typed credential) as `account_id`'s grant and complete the elicitation, together.
+        `held`: whether the user may hold a grant at the provider (False: none a moment ago, `store_given`)."""
         now = self.now()
-        previous = await previous_grant(self.store, record.identity, provider.name, account_id, record.tenant)
-        tokens = carried_over(tokens, previous, self.vault)
         aad = grant_aad(record.identity.issuer, record.identity.subject, provider.name, account_id)
         key_id, blob = self.vault.encrypt_json(tokens.to_json(), aad=aad)
         # Without a `scope` in the token response the grant is what was asked (RFC 6749 §5.1).
@@ -362,24 +361,24 @@ class BrowserFlow:
             refused_scopes=refused,
             tenant=record.tenant,  # the asking tenant's (docs/sidecar.md, "Tenants and grants")
         )
-        if tokens.refresh_token is None and OFFLINE_ACCESS in record.scopes:
-            log.warning(
-                "grant stored without a refresh token although offline_access was asked: it will need the user "
-                "again when its access token expires (%s)",
-                grant.token_expires_at.isoformat() if grant.token_expires_at is not None else "no expiry given",
-                extra={"elicitation_id": record.id, "provider": provider.name},
-            )
 
         async def store_grant(tx: Tx) -> Written:
-            stored = await self.store.grants.upsert(grant, conn=tx)
-            recovered = await record_recovery(self.store, previous, stored, now=now, conn=tx)
+            given = await store_given(self.store, self.vault, grant, tokens, held=held, now=now, conn=tx)
+            stored = given.stored
+            if not given.refreshable and OFFLINE_ACCESS in record.scopes:
+                log.warning(
+                    "grant stored without a refresh token although offline_access was asked: it will need the user "
+                    "again when its access token expires (%s)",
+                    stored.token_expires_at.isoformat() if stored.token_expires_at is not None else "no expiry given",
+                    extra={"elicitation_id": record.id, "provider": provider.name},
+                )
             detail = {
                 "grant_id": stored.id,
                 "scopes": list(stored.scopes),
                 **({"refused_scopes": list(refused)} if refused else {}),
-                "refreshable": tokens.refresh_token is not None,
+                "refreshable": given.refreshable,
             }
-            return Written(detail=detail, grant=stored, logged=recovered)
+            return Written(detail=detail, grant=stored, logged=given.logged)
 
         # The agent may have cancelled while the user was at the provider. The user did authorize, so the grant is
         # kept (`within` writes it either way), but the cancelled elicitation stays cancelled and resumes nothing.

@@ -167,7 +167,7 @@ class CredentialStep:
         if found is None or found[0].elicitation_id != elicitation_id:
             await self.elicitations.record_unattributed("unknown_state", elicitation_id=elicitation_id)
             raise FlowRefused("credential_form_invalid")
-        flow, record = found
+        flow, record, _ = found
         record = await self.flow.usable(record)
         if browser_binding is None or binding_hash(browser_binding) != flow.browser_binding_hash:
             await self.elicitations.audit(record, "browser_mismatch")

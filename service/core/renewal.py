@@ -8,7 +8,7 @@ logged in the completion's transaction, for `/v1/events`, webhooks and the embed
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from .events import GrantEvent, GrantEventKind
@@ -18,11 +18,43 @@ from .ports import Store, Tx, Vault
 from .records import GrantRecord, TokenSet
 
 
+@dataclass(frozen=True, slots=True)
+class Given:
+    """A grant the user gave, as stored: the record, whether it can be refreshed, the grant events it logged."""
+
+    stored: GrantRecord
+    refreshable: bool
+    logged: list[GrantEvent]
+
+
+async def store_given(
+    store: Store, vault: Vault, grant: GrantRecord, tokens: TokenSet, *, held: bool, now: datetime, conn: Tx
+) -> Given:
+    """Store `grant` (sealing `tokens`) in the caller's transaction. When its user held no grant at the provider a
+    moment ago (`held` False) it is inserted in one statement, unless its account has one by now; otherwise the
+    account's earlier grant is read here, in the transaction, and replaced: its refresh token carried over, its
+    recovery audited and logged."""
+    stored = None if held else await store.grants.insert_new(grant, conn=conn)
+    if stored is not None:
+        return Given(stored, tokens.refresh_token is not None, [])
+    previous = await previous_grant(
+        store, grant.identity, grant.provider, grant.provider_account_id, grant.tenant, conn=conn
+    )
+    carried = carried_over(tokens, previous, vault)
+    if carried is not tokens:
+        aad = grant_aad(grant.identity.issuer, grant.identity.subject, grant.provider, grant.provider_account_id)
+        key_id, blob = vault.encrypt_json(carried.to_json(), aad=aad)
+        grant = replace(grant, token_key_id=key_id, token_ciphertext=blob)
+    stored = await store.grants.upsert(grant, conn=conn)
+    logged = await record_recovery(store, previous, stored, now=now, conn=conn)
+    return Given(stored, carried.refresh_token is not None, logged)
+
+
 async def previous_grant(
-    store: Store, user: Identity, provider: str, account_id: str, tenant: str
+    store: Store, user: Identity, provider: str, account_id: str, tenant: str, conn: Tx = None
 ) -> GrantRecord | None:
     """The grant `tenant` already holds for this user, provider and account (None when a new one is given)."""
-    for grant in await store.grants.find(user, provider, tenants=(tenant,)):
+    for grant in await store.grants.find(user, provider, conn, tenants=(tenant,)):
         if grant.provider_account_id == account_id:
             return grant
     return None

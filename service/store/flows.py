@@ -6,19 +6,30 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import LABEL_STYLE_TABLENAME_PLUS_COL, bindparam, func, insert, select, update
+from sqlalchemy import LABEL_STYLE_TABLENAME_PLUS_COL, bindparam, exists, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.core.records import ElicitationRecord, FlowRecord
 
 from .elicitations import from_row as elicitation_from_row
 from .engine import Database
-from .tables import elicitations, oauth_flows
+from .tables import elicitations, grants, oauth_flows
 
 # The statements every flow runs, built once (building and keying a statement costs more than running it).
 _INSERT = insert(oauth_flows)
+# Whether the elicitation's user holds a grant at its provider: when not, the completion inserts its grant without
+# reading an earlier one first (`GrantRepository.insert_new`).
+_GRANT_HELD = (
+    exists()
+    .where(
+        grants.c.identity_issuer == elicitations.c.identity_issuer,
+        grants.c.identity_subject == elicitations.c.identity_subject,
+        grants.c.provider == elicitations.c.provider,
+    )
+    .label("grant_held")
+)
 _WITH_ELICITATION = (
-    select(oauth_flows, elicitations)
+    select(oauth_flows, elicitations, _GRANT_HELD)
     .join(elicitations, elicitations.c.id == oauth_flows.c.elicitation_id)
     .where(oauth_flows.c.state_hash == bindparam("state"))
     .set_label_style(LABEL_STYLE_TABLENAME_PLUS_COL)
@@ -51,13 +62,18 @@ class FlowRepository:
 
     async def get_with_elicitation(
         self, state_hash: str, conn: AsyncConnection | None = None
-    ) -> tuple[FlowRecord, ElicitationRecord] | None:
-        """The flow with this state hash and its elicitation, in one read (None when the state is unknown)."""
+    ) -> tuple[FlowRecord, ElicitationRecord, bool] | None:
+        """The flow with this state hash, its elicitation, and whether that elicitation's user holds a grant at its
+        provider (any account, any tenant), in one read (None when the state is unknown)."""
         async with self._db.read(conn) as c:
             row = (await c.execute(_WITH_ELICITATION, {"state": state_hash})).mappings().first()
         if row is None:
             return None
-        return _from_row(_columns_of(row, oauth_flows.name)), elicitation_from_row(_columns_of(row, elicitations.name))
+        flow, record = (
+            _from_row(_columns_of(row, oauth_flows.name)),
+            elicitation_from_row(_columns_of(row, elicitations.name)),
+        )
+        return flow, record, bool(row["grant_held"])
 
     async def claim(self, state_hash: str, now: datetime, conn: AsyncConnection | None = None) -> FlowRecord | None:
         """Use the flow once: set `used_at` if it is unused and unexpired, in one UPDATE.

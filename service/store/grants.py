@@ -45,16 +45,15 @@ _REPLACED_ON_CONFLICT = (
 )
 
 
-def _upsert(insert: Any) -> Any:
-    statement = insert(grants)
-    return statement.on_conflict_do_update(
-        index_elements=list(_ACCOUNT_KEY),
-        set_={name: statement.excluded[name] for name in _REPLACED_ON_CONFLICT},
-    ).returning(*grants.c)
+def _writes(insert: Any) -> tuple[Any, Any]:
+    """The upsert, and the insert of a grant for an account that holds none (nothing written when it does)."""
+    new, key = insert(grants), list(_ACCOUNT_KEY)
+    upsert = new.on_conflict_do_update(index_elements=key, set_={n: new.excluded[n] for n in _REPLACED_ON_CONFLICT})
+    return upsert.returning(*grants.c), new.on_conflict_do_nothing(index_elements=key).returning(*grants.c)
 
 
 # Built once (building and keying a statement costs more than running it); values come with each execution.
-_UPSERT = {"postgresql": _upsert(postgresql.insert), "sqlite": _upsert(sqlite.insert)}
+_WRITES = {"postgresql": _writes(postgresql.insert), "sqlite": _writes(sqlite.insert)}
 _FIND = (
     select(grants)
     .where(
@@ -76,16 +75,17 @@ class GrantRepository:
         return self._db
 
     async def upsert(self, rec: GrantRecord, conn: AsyncConnection | None = None) -> GrantRecord:
-        """Insert the grant, or when the account has one, replace its scopes, tokens, expiry and key id.
-
-        An existing grant keeps its id and created_at; the stored record is returned.
-        """
+        """Insert the grant, or when the account has one, replace its scopes, tokens, expiry and key id (keeping its
+        id and created_at); the stored record."""
         async with self._db.write(conn) as c:
-            statement = _UPSERT.get(c.dialect.name)
-            if statement is None:  # pragma: no cover - only the two supported backends are configured
-                raise NotImplementedError(f"grant upsert is not implemented for {c.dialect.name}")
-            row = (await c.execute(statement, _to_row(rec))).mappings().one()
+            row = (await c.execute(_WRITES[c.dialect.name][0], _to_row(rec))).mappings().one()
         return _from_row(row)
+
+    async def insert_new(self, rec: GrantRecord, conn: AsyncConnection | None = None) -> GrantRecord | None:
+        """Insert the grant unless its account holds one already: the stored record, or None (nothing written)."""
+        async with self._db.write(conn) as c:
+            row = (await c.execute(_WRITES[c.dialect.name][1], _to_row(rec))).mappings().first()
+        return None if row is None else _from_row(row)
 
     async def find(
         self,
