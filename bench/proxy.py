@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import os
 import platform
+import signal
 import socket
 import statistics
 import sys
@@ -77,7 +78,7 @@ def free_port() -> int:
 
 async def wait_up(url: str) -> None:
     async with httpx.AsyncClient(timeout=1) as probe:
-        for _ in range(400):
+        for _ in range(1200):  # 60 s: a loaded machine, a profiled sidecar
             try:
                 await probe.get(url)
                 return
@@ -164,7 +165,9 @@ async def throughput(client: httpx.AsyncClient, url: str, mib: int, rounds: int,
     return best
 
 
-async def main(calls: int, mib: int, rounds: int, log_format: str, compare_with: Path | None) -> None:
+async def main(
+    calls: int, mib: int, rounds: int, log_format: str, compare_with: Path | None, profile: Path | None = None
+) -> None:
     from service.vault import generate_key
 
     # The sidecars: this checkout's, and another checkout's when comparing (both on the same database and API).
@@ -200,8 +203,9 @@ async def main(calls: int, mib: int, rounds: int, log_format: str, compare_with:
                 "CONNECTOR_LOG_FORMAT": log_format,
             }
             # `-m service.cli` from the checkout's directory runs that checkout's code.
+            profiled = ["-m", "cProfile", "-o", str(profile)] if profile and name == "proxy" else []
             processes[name] = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "service.cli", "serve", env=env, cwd=checkout, stdout=log, stderr=log
+                sys.executable, *profiled, "-m", "service.cli", "serve", env=env, cwd=checkout, stdout=log, stderr=log
             )
         try:
             await wait_up(f"{upstream}/api/small")
@@ -225,8 +229,11 @@ async def main(calls: int, mib: int, rounds: int, log_format: str, compare_with:
                     for name, base in bases.items()
                 }
         finally:
-            for process in processes.values():
-                process.terminate()
+            for name, process in processes.items():
+                if profile and name == "proxy":  # cProfile writes its file on KeyboardInterrupt, not on SIGTERM
+                    process.send_signal(signal.SIGINT)
+                else:
+                    process.terminate()
                 await process.wait()
             log.close()
 
@@ -269,9 +276,14 @@ if __name__ == "__main__":
     parser.add_argument(
         "--compare-with", type=Path, metavar="CHECKOUT", help="also run another checkout's sidecar, interleaved"
     )
+    parser.add_argument(
+        "--profile", type=Path, metavar="FILE", help="run this checkout's sidecar under cProfile, its stats to FILE"
+    )
     parser.add_argument("--upstream", type=int, help=argparse.SUPPRESS)
     options = parser.parse_args()
     if options.upstream:
         serve_upstream(options.upstream)
     else:
-        asyncio.run(main(options.calls, options.mib, options.rounds, options.log_format, options.compare_with))
+        asyncio.run(
+            main(options.calls, options.mib, options.rounds, options.log_format, options.compare_with, options.profile)
+        )

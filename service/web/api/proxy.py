@@ -65,6 +65,9 @@ HOP_BY_HOP = frozenset(
 NOT_FORWARDED = HOP_BY_HOP | {"authorization", "cookie", "content-length", "expect"}
 # The server writes its own Date on every response; a second one would make the field invalid (RFC 9110 5.3, 6.6.1).
 NOT_RETURNED = HOP_BY_HOP | {"set-cookie", "www-authenticate", "date"}
+NOT_FORWARDED_RAW = frozenset(name.encode("latin-1") for name in NOT_FORWARDED)
+NOT_RETURNED_RAW = frozenset(name.encode("latin-1") for name in NOT_RETURNED)
+USER_AGENT_RAW = USER_AGENT.encode("latin-1")
 _UNSAFE_PATH = re.compile(r"(^|/)\.\.?(/|$)|\\|[\x00-\x1f\x7f]")
 # A response that declares at most this many bytes is read whole and sent as one body: streaming it would cost a
 # task (and a task group) per response, more than the whole of a small API answer.
@@ -79,7 +82,22 @@ def _api_base(base: str) -> tuple[httpx.URL, str]:
 
 
 def target_url(base: str, raw_path: str, query: bytes) -> httpx.URL:
-    """`raw_path` (as sent, percent-encoded) under `base`; FlowRefused `proxy_path_refused` if it could leave it."""
+    """`raw_path` (as sent, percent-encoded) under `base`; FlowRefused `proxy_path_refused` if it could leave it.
+
+    Built and checked once per distinct (base, path, query) among the last TARGETS_KEPT: parsing a URL costs more
+    than the rest of the route's own work, and an agent calls the same few endpoints again and again. A refusal
+    is an exception, so it is never kept."""
+    if len(raw_path) + len(query) > TARGET_KEPT_MAX_CHARS:
+        return _target_url.__wrapped__(base, raw_path, query)
+    return _target_url(base, raw_path, query)
+
+
+TARGETS_KEPT = 1024
+TARGET_KEPT_MAX_CHARS = 512  # at most ~1 MB kept
+
+
+@functools.lru_cache(maxsize=TARGETS_KEPT)
+def _target_url(base: str, raw_path: str, query: bytes) -> httpx.URL:
     decoded = unquote(raw_path)
     if _UNSAFE_PATH.search(decoded) or decoded.startswith("/") or "//" in decoded or "?" in decoded or "#" in decoded:
         raise FlowRefused("proxy_path_refused")
@@ -116,14 +134,7 @@ class ProxyRoute:
         self.api.check_provider(key, provider_name)
         provider, grant, url = await self._destination(request, provider_name, rest, self.api.tenants_seen(key))
 
-        listed = _listed_in_connection(request) | {provider.quirks.api_auth.header.lower()}
-        headers = [
-            (name, value)
-            for name, value in request.headers.items()
-            if name not in NOT_FORWARDED and not name.startswith("connector-") and name not in listed
-        ]
-        if "user-agent" not in request.headers:
-            headers.append(("user-agent", USER_AGENT))  # some APIs (GitHub's) refuse a request without one
+        headers = _forwarded(request.scope["headers"], provider.quirks.api_auth.header)
         content = await self._body(request)
         # The agent's request as it is (no client defaults such as Accept-Encoding are added), on the provider's
         # long-lived pool; redirects are not followed: the agent gets the provider's own answer.
@@ -136,10 +147,10 @@ class ProxyRoute:
             )
         except (NotAuthorized, ProviderError, httpx.HTTPError) as exc:
             raise _refusal(exc) from None
-        dropped = NOT_RETURNED | _connection_tokens(response.headers)
+        raw_headers = response.headers.raw
+        dropped = NOT_RETURNED_RAW | _tokens(b", ".join(v for n, v in raw_headers if n.lower() == b"connection"))
         if response.is_stream_consumed:  # a 401 that could not be retried was read (and decoded) by GrantAuth
-            dropped |= {"content-encoding", "content-length"}
-        returned = [(name, value) for name, value in response.headers.multi_items() if name.lower() not in dropped]
+            dropped |= {b"content-encoding", b"content-length"}
         relayed: Response
         if self._small(response):
             relayed = Response(await self._read_small(response), status_code=response.status_code)
@@ -147,7 +158,8 @@ class ProxyRoute:
             relayed = StreamingResponse(
                 self._relay(response), status_code=response.status_code, background=BackgroundTask(response.aclose)
             )
-        relayed.raw_headers = [(n.lower().encode("latin-1"), v.encode("latin-1")) for n, v in returned]
+        # As the provider sent them (bytes: nothing decoded and encoded again), less what only this hop may see.
+        relayed.raw_headers = [(n.lower(), v) for n, v in raw_headers if n.lower() not in dropped]
         return relayed
 
     async def _destination(
@@ -162,8 +174,9 @@ class ProxyRoute:
         if not provider.entry.api_base_url:
             raise FlowRefused("proxy_not_available")
         query = request.scope.get("query_string", b"")
-        if provider.api_base_url:  # a base without per-connection values: the path is checked before any read
-            target_url(provider.api_base_url, rest, query)
+        base = provider.api_base_url
+        # A base without per-connection values: the path is checked before any read.
+        checked = target_url(base, rest, query) if base else None
         grant = await self.tokens.grant_for(_user(request), provider.name, (), tenants)
         if grant is None:
             raise FlowRefused("no_grant")
@@ -173,6 +186,8 @@ class ProxyRoute:
             raise FlowRefused(exc.code, detail={"message": str(exc)}) from None
         if not provider.api_base_url:
             raise FlowRefused("proxy_not_available")
+        if checked is not None and provider.api_base_url == base:
+            return provider, grant, checked
         return provider, grant, target_url(provider.api_base_url, rest, query)
 
     def _small(self, response: httpx.Response) -> bool:
@@ -188,7 +203,11 @@ class ProxyRoute:
         or the time limit here is an error answer, not a cut-off body."""
         try:
             async with asyncio.timeout(self.settings.proxy_max_seconds):
-                return b"".join([chunk async for chunk in response.aiter_raw()])
+                # The transport's stream itself (its errors are httpx's): no decoder or chunker in between.
+                stream = response.stream
+                assert isinstance(stream, httpx.AsyncByteStream)
+                response.is_stream_consumed = True
+                return b"".join([chunk async for chunk in stream])
         except TimeoutError:
             log.warning("proxied response cut off at proxy_max_seconds")
             raise FlowRefused("upstream_timeout") from None
@@ -252,16 +271,25 @@ def _user(request: Request) -> Identity:
     )
 
 
-def _listed_in_connection(request: Request) -> frozenset[str]:
-    return _tokens(request.headers.get("connection", ""))
+def _forwarded(received: list[tuple[bytes, bytes]], auth_header: str) -> list[tuple[bytes, bytes]]:
+    """The agent's headers (the ASGI scope's: names in lower case) that go on to the provider: neither hop-by-hop
+    ones (those its Connection headers list included), nor its Authorization or cookies, nor our `Connector-*`
+    headers, nor the API's own auth header; a User-Agent of ours when it sent none."""
+    listed = _tokens(b", ".join(value for name, value in received if name == b"connection"))
+    listed |= {auth_header.lower().encode("latin-1")}
+    headers = [
+        (name, value)
+        for name, value in received
+        if name not in NOT_FORWARDED_RAW and not name.startswith(b"connector-") and name not in listed
+    ]
+    if not any(name == b"user-agent" for name, _ in received):
+        headers.append((b"user-agent", USER_AGENT_RAW))  # some APIs (GitHub's) refuse a request without one
+    return headers
 
 
-def _connection_tokens(headers: httpx.Headers) -> frozenset[str]:
-    return _tokens(headers.get("connection", ""))
-
-
-def _tokens(value: str) -> frozenset[str]:
-    return frozenset(part.strip().lower() for part in value.split(",") if part.strip())
+def _tokens(value: bytes) -> frozenset[bytes]:
+    """The tokens of a Connection header's value, in lower case."""
+    return frozenset(token for part in value.split(b",") if (token := part.strip().lower()))
 
 
 def _refusal(exc: NotAuthorized | ProviderError | httpx.HTTPError) -> FlowRefused:
