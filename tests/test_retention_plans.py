@@ -122,10 +122,10 @@ async def test_a_retention_pass_with_nothing_left_to_delete_reads_no_row() -> No
                     where = f"{kind} ({'generic' if generic else 'custom'} plan): {json.dumps(plan)}"
                     assert scans, where
                     assert all(node["Node Type"] in INDEXED for node in scans), where
-                    read = sum(
-                        node["Actual Rows"] + node.get("Rows Removed by Filter", 0) + node.get("Heap Fetches", 0)
-                        for node in scans
-                    )
+                    # Live rows returned or filtered out. (An index scan right after the purge may still visit the
+                    # index entries of the rows it deleted, until the first scan marks them dead or vacuum removes
+                    # them: "Heap Fetches", as many as were just deleted, whatever the table's size.)
+                    read = sum(node["Actual Rows"] + node.get("Rows Removed by Filter", 0) for node in scans)
                     assert read == 0, where
         finally:
             await store.close()
