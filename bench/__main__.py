@@ -20,6 +20,7 @@ BENCHES = [
     ("Connect flows against the baseline, latency, concurrency", "bench.flow"),
     ("Under load in one process: SQL per flow, waiters, memory, idle reads", "bench.load"),
     ("Two replicas on PostgreSQL: completion across replicas, one refresh for both", "bench.replicas"),
+    ("The token proxy against calling the API directly: sidecar CPU, added latency, throughput", "bench.proxy"),
     ("A proxied call with a DPoP-bound grant beside a Bearer one", "bench.dpop"),
 ]
 RESULTS = REPO / "bench" / "RESULTS.md"
