@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from .config import Settings, load_settings
     from .connector import Connector
     from .core.errors import (
+        AccountChoiceNeeded,
         AcpSdkUnsupported,
         ClientNotInitialized,
         ConfigError,
@@ -51,6 +52,7 @@ _LAZY = {
     "Connector": ".connector",
     **dict.fromkeys(
         [
+            "AccountChoiceNeeded",
             "AcpSdkUnsupported",
             "ClientNotInitialized",
             "ConfigError",
@@ -101,6 +103,7 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
+    "AccountChoiceNeeded",
     "AcpLink",
     "AcpSdkUnsupported",
     "AuthorizationOutcome",

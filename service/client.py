@@ -26,9 +26,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import httpx
 
 from .acp import AcpAuthorizer, AgentCalls, AuthorizationAsk
+from .core.accounts import choose
 from .core.answers import AnswerKind, ClientAnswer
 from .core.coverage import covers
-from .core.errors import SidecarError, SidecarUnavailable
+from .core.errors import AccountChoiceNeeded, SidecarError, SidecarUnavailable
 from .core.identity import Identity
 from .core.outcomes import (
     NARROWED_BEFORE,
@@ -282,27 +283,35 @@ class SidecarClient(AgentCalls):
     def authorizer(self) -> AcpAuthorizer[SidecarElicitation, State]:
         return self._authorizer
 
-    async def find_grant(self, user: Identity, provider: str, scopes: Sequence[str] = ()) -> GrantInfo | None:
-        grants = await self._call(
+    async def find_grant(
+        self, user: Identity, provider: str, scopes: Sequence[str] = (), *, account: str | None = None
+    ) -> GrantInfo | None:
+        """As `Connector.find_grant`: of the account `account` names; AccountChoiceNeeded without it when the user
+        holds several accounts at the provider."""
+        listed = await self._call(
             "GET", "/v1/grants", params={"issuer": user.issuer, "subject": user.subject, "provider": provider}
         )
-        for grant in grants["grants"]:
-            if covers(grant["scopes"], scopes):
-                return _grant(grant)
-        return None
+        found = choose([_grant(grant) for grant in listed["grants"]], account, provider)
+        return next((grant for grant in found if covers(grant.scopes, scopes)), None)
 
     async def elicitation(self, elicitation_id: str) -> dict[str, Any]:
         """An elicitation's state as the sidecar reports it (never a secret)."""
         return await self._call("GET", f"/v1/elicitations/{elicitation_id}")
 
     @asynccontextmanager
-    async def http(self, user: Identity, provider: str, **client_kwargs: Any) -> AsyncIterator[httpx.AsyncClient]:
-        """An httpx client for the provider's API through the sidecar's proxy: the token is injected there."""
+    async def http(
+        self, user: Identity, provider: str, *, account: str | None = None, **client_kwargs: Any
+    ) -> AsyncIterator[httpx.AsyncClient]:
+        """An httpx client for the provider's API through the sidecar's proxy: the token is injected there.
+        `account` (an account id or label) names which of the user's accounts there; without it, a user holding
+        several gets the sidecar's 409 `account_choice_needed` (its `error.labels` name them) on each request."""
         headers = {
             "Authorization": f"Bearer {self._api_key}",
             "Connector-User-Issuer": user.issuer,
             "Connector-User-Subject": user.subject,
         }
+        if account is not None:
+            headers["Connector-Account"] = account
         client_kwargs.setdefault("timeout", 60.0)
         async with httpx.AsyncClient(
             base_url=f"{self.base_url}/v1/proxy/{provider}/", headers=headers, **client_kwargs
@@ -328,6 +337,8 @@ class SidecarClient(AgentCalls):
             body = None
         if response.status_code >= 400 or not isinstance(body, dict):
             error = body.get("error", {}) if isinstance(body, dict) else {}
+            if error.get("code") == AccountChoiceNeeded.code and isinstance(error.get("labels"), list):
+                raise AccountChoiceNeeded("", [str(label) for label in error["labels"]], error.get("message"))
             raise SidecarError(
                 error.get("message") or f"the sidecar answered HTTP {response.status_code}",
                 code=error.get("code") or f"http_{response.status_code}",
@@ -357,6 +368,8 @@ def _create_body(ask: AuthorizationAsk, connection_id: str | None) -> dict[str, 
         body["askAgain"] = True
     if ask.connection:
         body["connection"] = dict(ask.connection)
+    if ask.account is not None:
+        body["account"] = ask.account
     return body
 
 
@@ -379,6 +392,8 @@ def _grant(body: Mapping[str, Any]) -> GrantInfo:
         account_id=body["accountId"],
         scopes=tuple(body["scopes"]),
         token_expires_at=datetime.fromisoformat(expires) if expires else None,
+        account_label=body.get("accountLabel"),
+        account_name=body.get("accountName"),
     )
 
 

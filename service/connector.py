@@ -115,8 +115,12 @@ class Connector(AgentCalls):
         entry = self.runtime.providers.require_configured(provider)
         return entry.name, tuple(scopes) if scopes is not None else tuple(entry.default_scopes)
 
-    async def find_grant(self, user: Identity, provider: str, scopes: Sequence[str] = ()) -> GrantInfo | None:
-        grant = await self.runtime.elicitations.find_grant(user, provider, scopes, EMBEDDED_TENANT)
+    async def find_grant(
+        self, user: Identity, provider: str, scopes: Sequence[str] = (), *, account: str | None = None
+    ) -> GrantInfo | None:
+        """The user's grant at `provider` covering `scopes` (of the account `account` names: an account id or a label;
+        without it, `AccountChoiceNeeded` when the user holds several accounts there), or None."""
+        grant = await self.runtime.elicitations.find_grant(user, provider, scopes, EMBEDDED_TENANT, account=account)
         return GrantInfo.of(grant) if grant is not None else None
 
     async def elicitation(self, elicitation_id: str) -> ElicitationRecord | None:
@@ -125,11 +129,21 @@ class Connector(AgentCalls):
 
     @asynccontextmanager
     async def http(
-        self, user: Identity, provider: str, *, scopes: Sequence[str] = (), **client_kwargs: Any
+        self,
+        user: Identity,
+        provider: str,
+        *,
+        scopes: Sequence[str] = (),
+        account: str | None = None,
+        **client_kwargs: Any,
     ) -> AsyncIterator[httpx.AsyncClient]:
         """An httpx client for the provider's API with the user's token injected (and refreshed) server-side, or,
         for a credential entry (an API key), its values as the catalog entry says (a 401 then marks the grant
         `needs_user` and raises GrantNeedsUser).
+
+        `account` names which of the user's accounts at the provider to use: the provider's account id, or the label
+        the user gave it (or its profile name). Without it, the user's one account there is used; a user holding
+        several raises `AccountChoiceNeeded` (naming them by label). NotAuthorized when no grant answers.
 
         Requests to any other host are refused before they are sent, so the token cannot be steered elsewhere.
         The client runs over the provider's long-lived connection pool, so opening one per call is cheap;
@@ -138,9 +152,12 @@ class Connector(AgentCalls):
         """
         runtime = self.runtime
         resolved = await runtime.providers.resolve(provider)
-        grant = await runtime.tokens.grant_for(user, provider, scopes, self._tenants_seen)
+        grant = await runtime.tokens.grant_for(
+            user, provider, scopes, self._tenants_seen, account=account, display_name=resolved.display_name
+        )
         if grant is None:
-            raise NotAuthorized(f"{user} has no {resolved.display_name} grant with scopes {list(scopes)}")
+            which = "" if account is None else " for that account"
+            raise NotAuthorized(f"{user} has no {resolved.display_name} grant{which} with scopes {list(scopes)}")
         resolved = runtime.tokens.bound(grant, resolved)  # the API base may be the grant's (an instance URL)
         auth = grant_auth(runtime.tokens, grant.id, resolved)
         async with runtime.providers.api_client(resolved, auth=auth, client_kwargs=client_kwargs) as client:

@@ -55,6 +55,8 @@ async def test_full_flow_over_the_api(deployment: Deployment) -> None:
             "grantId",
             "provider",
             "accountId",
+            "accountLabel",
+            "accountName",
             "scopes",
             "createdAt",
             "updatedAt",

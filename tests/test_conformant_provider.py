@@ -31,6 +31,7 @@ import pytest
 import pytest_asyncio
 
 from service import (
+    AccountChoiceNeeded,
     AuthorizationOutcome,
     AuthorizationStatus,
     GrantNeedsUser,
@@ -179,6 +180,17 @@ class Conformant:
             )
         assert answer.status_code == 200, answer.text
 
+    async def sign_in_as(self, account: str) -> None:
+        """Whoever signs in at the provider from now on: `alice` (the default) or `mallory`."""
+        if self.op is not None:
+            await self.op.set_login_account(account)
+        else:
+            assert self.mock is not None
+            self.mock.account = {"sub": f"{account}-sub", "email": f"{account}@example.com", "name": account.title()}
+
+    def sub_of(self, account: str) -> str:
+        return account if self.op is not None else f"{account}-sub"
+
     async def override_next_refresh_sub(self, sub: str) -> None:
         if self.op is not None:
             await self.op.override_sub(sub)
@@ -194,6 +206,7 @@ async def provider(request: pytest.FixtureRequest, oidc_op: OidcOp) -> AsyncIter
         await op.reset_stats()
         await op.set_narrow_scopes([])
         await op.override_sub(None)
+        await op.set_login_account("alice")
         discovery = await op.discovery()
         yield Conformant("oidc-provider", op.discovery_url, op.issuer, "alice", discovery["userinfo_endpoint"], op=op)
         return
@@ -275,14 +288,18 @@ class Agent:
             )
         )
 
-    async def authorize(self, scopes: list[str] | None = None, **options: Any) -> AuthorizationOutcome:
-        """Ask, and walk the user through every redirect in the browser (identity provider, then provider)."""
+    async def authorize(
+        self, scopes: list[str] | None = None, *, label: str | None = None, **options: Any
+    ) -> AuthorizationOutcome:
+        """Ask, and walk the user through every redirect in the browser (identity provider, then provider), naming the
+        account `label` on the consent page when given."""
         outcome = self.request(scopes, **options)
         url = await self.wire.client.next_url()
         async with ScriptedBrowser() as browser:
             page = await browser.get(url)
             assert page.status_code == 200, page.text
-            final = await browser.follow(await browser.submit(page, "continue"), limit=20)
+            fields = {} if label is None else {"account_label": label}
+            final = await browser.follow(await browser.submit(page, "continue", **fields), limit=20)
             assert final.status_code == 200, final.text
             assert "is connected" in final.text
         return await asyncio.wait_for(outcome, 10)
@@ -527,3 +544,42 @@ async def test_a_grant_revoked_at_the_provider_needs_the_user_says_why_and_heals
         # No secret in anything the reason went into.
         told_everywhere = json.dumps([told, recovered, listed, str(refused.value), message])
         assert tokens["refresh_token"] not in told_everywhere and tokens["access_token"] not in told_everywhere
+
+
+async def test_two_accounts_at_one_provider_are_each_chosen_by_account(
+    provider: Conformant, connector_env: dict[str, str], tmp_path: Path, loopback_socket: socket.socket
+) -> None:
+    """One user, two accounts at one provider (alice's work account, then mallory as the personal one): each a grant
+    of its own, each used when named, an error naming both when none is; one more scope updates the one named."""
+    async with (
+        connector_for(provider, connector_env, tmp_path, loopback_socket, scopes=REFRESHABLE) as deployment,
+        agent_of(deployment) as agent,
+    ):
+        user = deployment.local_user
+        await provider.sign_in_as("alice")
+        work = await agent.authorize(label="work")
+        assert work.ok and work.grant is not None and work.grant.account_id == provider.sub_of("alice")
+        await provider.sign_in_as("mallory")
+        home = await agent.authorize(account="home")  # not held: asked for, named "home" on the consent page
+        assert home.status is AuthorizationStatus.AUTHORIZED and home.grant is not None
+        assert (home.grant.account_id, home.grant.account_label) == (provider.sub_of("mallory"), "home")
+        assert agent.elicitations_sent() == 2
+        with pytest.raises(AccountChoiceNeeded) as raised:
+            await userinfo(deployment, provider)
+        assert raised.value.labels == ("home", "work")
+        for account, sub in (("work", "alice"), ("HOME", "mallory"), (provider.sub_of("alice"), "alice")):
+            async with deployment.connector.http(user, NAME, account=account) as api:
+                answer = await api.get(provider.userinfo_url)
+            assert answer.status_code == 200 and answer.json()["sub"] == provider.sub_of(sub)
+        expire(deployment)  # each account's tokens refresh as its own (the ID token's sub is checked)
+        async with deployment.connector.http(user, NAME, account="home") as api:
+            assert (await api.get(provider.userinfo_url)).json()["sub"] == provider.sub_of("mallory")
+
+        await provider.sign_in_as("alice")
+        before = {g.account_label: g for g in await deployment.connector.runtime.store.grants.find(user, NAME)}
+        more = await agent.authorize([*REFRESHABLE, "api.write"], account="work")
+        assert more.status is AuthorizationStatus.AUTHORIZED and more.grant is not None
+        after = {g.account_label: g for g in await deployment.connector.runtime.store.grants.find(user, NAME)}
+        assert set(after) == {"work", "home"}
+        assert after["work"].id == before["work"].id and "api.write" in after["work"].scopes
+        assert after["home"].id == before["home"].id and "api.write" not in after["home"].scopes

@@ -179,12 +179,18 @@ PREVIOUS_RELEASE_LACKS = {
         "elicitation_events": ("kind", "detail"),
     },
     "0013": {"elicitations": ("connection_values",)},
+    "0019": {"grants": ("account_label", "account_name"), "elicitations": ("account",)},
 }
 
 
 def as_before(revision: str, table: Table) -> Table:
-    """`table` as the release before `revision` declared it (without the columns `revision` added)."""
-    lacking = PREVIOUS_RELEASE_LACKS[revision].get(table.name, ())
+    """`table` as the release before `revision` declared it (without the columns `revision` and later ones added)."""
+    lacking = {
+        column
+        for added, tables_added in PREVIOUS_RELEASE_LACKS.items()
+        if added >= revision
+        for column in tables_added.get(table.name, ())
+    }
     return Table(table.name, MetaData(), *(c._copy() for c in table.columns if c.name not in lacking))
 
 
@@ -335,10 +341,11 @@ async def test_0015_gives_each_existing_grant_the_tenant_that_made_it(database_u
     newest grant of each account."""
     script = ScriptDirectory.from_config(alembic_config())
     assert declared_oldest_code_revision(script, "0015") == "0015"
-    assert OLDEST_SCHEMA_REVISION == "0015"
+    assert OLDEST_SCHEMA_REVISION >= "0015"
     await asyncio.to_thread(command.upgrade, alembic_config(database_url), "0013")
     now = datetime.now(UTC)
-    old_grants = Table("grants", MetaData(), *(c._copy() for c in tables.grants.columns if c.name != "tenant"))
+    before = as_before("0019", tables.grants)
+    old_grants = Table("grants", MetaData(), *(c._copy() for c in before.columns if c.name != "tenant"))
 
     def grant_row(grant_id: str, subject: str) -> dict[str, object]:
         return {
@@ -427,5 +434,54 @@ async def test_0015_gives_each_existing_grant_the_tenant_that_made_it(database_u
         async with store.engine.connect() as conn:
             ids = sorted((await conn.execute(select(old_grants.c.id))).scalars().all())
         assert ids == ["g-api-b", "g-embedded", "g-unknown"]
+    finally:
+        await store.close()
+
+
+async def test_the_previous_release_works_on_the_account_columns(database_url: str) -> None:
+    """0019 is expand-only: it promises what 0018 promised, a replica of the previous release stores and reads
+    grants and elicitations beside this one (whose rows carry account labels and the account asked for), and this
+    one reads the older rows as unnamed; downgrading keeps the grants."""
+    from service.core.accounts import AccountAsk
+
+    from .test_store import elicitation, grant
+
+    script = ScriptDirectory.from_config(alembic_config())
+    assert declared_oldest_code_revision(script, "0019") == declared_oldest_code_revision(script, "0018")
+    assert OLDEST_SCHEMA_REVISION >= "0019"  # this code reads the new columns: it needs them
+    migrate(database_url)
+    old_grants = as_before("0019", tables.grants)
+    old_elicitations = as_before("0019", tables.elicitations)
+    store = Store.from_url(database_url)
+    try:
+        mine = replace(grant(), account_label="work", account_name="alice@work.example")
+        await store.grants.upsert(mine)
+        asked = replace(elicitation(), account=AccountAsk("work", ("personal",), new=True))
+        await store.elicitations.insert(asked)
+        async with store.engine.begin() as conn:  # the previous release writes...
+            row = (await conn.execute(select(old_grants).where(old_grants.c.id == mine.id))).mappings().one()
+            theirs = {**row, "id": "old-release-grant", "provider_account_id": "acct-old"}
+            await conn.execute(insert(old_grants).values(theirs))
+            row = (
+                (await conn.execute(select(old_elicitations).where(old_elicitations.c.id == asked.id))).mappings().one()
+            )
+            await conn.execute(insert(old_elicitations).values({**row, "id": "old-release-elicitation"}))
+        old = await store.grants.get("old-release-grant")
+        assert old is not None and (old.account_label, old.account_name) == (None, None)
+        again = await store.grants.get(mine.id)
+        assert again is not None and (again.account_label, again.account_name) == ("work", "alice@work.example")
+        old_asked = await store.elicitations.get("old-release-elicitation")
+        assert old_asked is not None and old_asked.account is None
+        again_asked = await store.elicitations.get(asked.id)
+        assert again_asked is not None and again_asked.account == AccountAsk("work", ("personal",), new=True)
+    finally:
+        await store.close()
+
+    await asyncio.to_thread(command.downgrade, alembic_config(database_url), "0018")
+    store = Store.from_url(database_url)
+    try:
+        async with store.engine.connect() as conn:
+            kept = sorted((await conn.execute(select(old_grants.c.id))).scalars().all())
+        assert kept == sorted([mine.id, "old-release-grant"])
     finally:
         await store.close()

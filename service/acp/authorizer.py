@@ -105,9 +105,10 @@ class AcpAuthorizer(Generic[H, E]):
         foreground: bool,
         ask_again: bool = False,
         connection: Mapping[str, str] | None = None,
+        account: str | None = None,
     ) -> AuthorizationOutcome:
         """Settle the request from stored grants, else ask the client (URL mode only) and wait for the browser."""
-        ask = AuthorizationAsk(user, provider, scopes, scope, message, ask_again, connection)
+        ask = AuthorizationAsk(user, provider, scopes, scope, message, ask_again, connection, account)
         settled = await self.lifecycle.settled(ask)
         if settled is not None:
             return settled

@@ -56,6 +56,7 @@ class AgentCalls(ABC):
         foreground: bool = True,
         ask_again: bool = False,
         connection: Mapping[str, str] | None = None,
+        account: str | None = None,
     ) -> AuthorizationOutcome:
         """Make sure `user` holds a grant at `provider` covering `scopes`, asking through the client if needed.
 
@@ -77,6 +78,13 @@ class AgentCalls(ABC):
         URLs and are stored with the grant. A missing or malformed one is refused (`FlowRefused`
         `missing_connection_value` / `invalid_connection_value`, naming it) before anything is asked.
 
+        `account` names which of the user's accounts at the provider is meant (work and personal GitHub): the
+        provider's account id, or the label the user gave it on the consent page (or its profile name). Without it, a
+        user holding one account there is answered as above, and one holding several raises `AccountChoiceNeeded`
+        (its `labels` name them) rather than one being chosen for them. An account the user does not hold yet starts
+        an elicitation for a new one (the provider is asked to let the user pick the account, and the consent page
+        offers `account` as its name), even when another account already covers the scopes.
+
         Returns when the grant exists, or with the reason it does not (`AuthorizationOutcome.status`). If the calling
         task is cancelled (a timeout of yours, `session/cancel`, the client's `$/cancel_request`), the pending
         `elicitation/create` is withdrawn with `$/cancel_request`, the elicitation ends as cancelled, and
@@ -96,4 +104,5 @@ class AgentCalls(ABC):
             foreground=foreground,
             ask_again=ask_again,
             connection=connection,
+            account=account,
         )

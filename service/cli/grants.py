@@ -83,7 +83,9 @@ def run_list(invocation: Invocation) -> int:
     if args.json:
         print_page(invocation, page, lambda grant: grant_json(grant, now))
         return 0
-    rows = [("ID", "ISSUER", "SUBJECT", "PROVIDER", "ACCOUNT", "SCOPES", "EXPIRES", "STATUS", "REFRESHED", "NOTE")]
+    rows = [
+        ("ID", "ISSUER", "SUBJECT", "PROVIDER", "ACCOUNT", "LABEL", "SCOPES", "EXPIRES", "STATUS", "REFRESHED", "NOTE")
+    ]
     for grant in page.items:
         status, reason = grant.status_at(now)
         rows.append(
@@ -93,6 +95,7 @@ def run_list(invocation: Invocation) -> int:
                 grant.identity.subject,
                 grant.provider,
                 grant.provider_account_id,
+                grant.account_label or "-",
                 ",".join(grant.scopes) or "-",
                 _time(grant.token_expires_at),
                 status.value if reason is None else f"{status.value}:{reason.value}",

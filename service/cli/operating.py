@@ -64,6 +64,8 @@ def grant_json(grant: GrantRecord, now: datetime) -> dict[str, Any]:
         "provider": grant.provider,
         "tenant": grant.tenant,
         "account": grant.provider_account_id,
+        "accountLabel": grant.account_label,
+        "accountName": grant.account_name,
         "scopes": list(grant.scopes),
         "status": status.value,
         "reason": None if reason is None else reason.value,

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from .answers import ClientAnswer
-from .errors import ConnectorError, FlowRefused
+from .errors import AccountChoiceNeeded, ConnectorError, FlowRefused, account_choice_refused
 from .handles import api_key_hash, new_id
 from .identity import Identity
 from .lifecycle import Elicitations, GrantsSeen
@@ -139,6 +139,7 @@ class AgentApi:
         grants_only: bool = False,
         url_mode: bool = True,
         connection: Mapping[str, str] | None = None,
+        account: str | None = None,
     ) -> Created:
         """A grant that already covers the scopes (or, unless `ask_again`, lacks only scopes the provider refused
         when it was made: asking would ask the user the same again), else a new pending elicitation bound to `user`.
@@ -147,6 +148,8 @@ class AgentApi:
         and `idempotency_conflict` if it is not. `grants_only` creates nothing: without a grant that settles the
         request, the answer is empty. Without `url_mode` (the client cannot take a URL-mode elicitation) nothing is
         created either, and an unsettled request is audited `unsupported_client`, as on the embedded path.
+        `account` names the user's account meant (`service.core.accounts`): without it, a user holding several at
+        the provider is refused `account_choice_needed` (naming them by label); one not held yet is a new account.
         """
         self.check_provider(caller, provider)
         grants_only = grants_only or not url_mode
@@ -160,13 +163,9 @@ class AgentApi:
             raise FlowRefused(exc.code, detail={"message": str(exc)}) from None
         wanted = tuple(scopes) if scopes is not None else default_scopes
         seen = GrantsSeen()  # the grants read here serve the answer and the create below (no second read)
-        settled = await self.elicitations.settled(
-            user, provider, wanted, ask_again=ask_again, connection=connection, tenant=caller.tenant, seen=seen
-        )
-        wanted_id = settled.grant.id if settled and settled.grant else None
-        grant = next((g for g in seen.grants or () if g.id == wanted_id), None)
-        if settled is not None and grant is not None:
-            return Created(grant=grant, refused_scopes=settled.refused_scopes)
+        answered = await self._settled(caller, user, provider, wanted, ask_again, connection, account, seen)
+        if answered is not None:
+            return answered
         if not url_mode:
             await self.elicitations.unsupported_client(user, provider, detail={"tenant": caller.tenant, "via": "api"})
             return Created(unsupported=True)
@@ -192,14 +191,49 @@ class AgentApi:
                 agent_name=caller.agent_name,
                 within=bind,
                 connection=connection,
+                account=account,
                 seen=seen,
             )
+        except AccountChoiceNeeded as exc:  # a second account stored since `settled` read
+            raise account_choice_refused(exc) from None
         except _Replayed:
             assert idempotency_key is not None
             earlier = await self.store.api_elicitations.by_idempotency_key(caller.tenant, idempotency_key)
             assert earlier is not None
             return await self._replay(earlier, user, provider, scopes, scope, connection_id)
         return Created(elicitation=record, owner=owner)
+
+    async def _settled(
+        self,
+        caller: ApiKeyRecord,
+        user: Identity,
+        provider: str,
+        wanted: Sequence[str],
+        ask_again: bool,
+        connection: Mapping[str, str] | None,
+        account: str | None,
+        seen: GrantsSeen,
+    ) -> Created | None:
+        """The answer stored grants give (`Elicitations.settled`), with the grant as read into `seen`, or None;
+        `account_choice_needed` when no account is named and the user holds several."""
+        try:
+            settled = await self.elicitations.settled(
+                user,
+                provider,
+                wanted,
+                ask_again=ask_again,
+                connection=connection,
+                tenant=caller.tenant,
+                seen=seen,
+                account=account,
+            )
+        except AccountChoiceNeeded as exc:
+            raise account_choice_refused(exc) from None
+        wanted_id = settled.grant.id if settled and settled.grant else None
+        grant = next((g for g in seen.grants or () if g.id == wanted_id), None)
+        if settled is None or grant is None:
+            return None
+        return Created(grant=grant, refused_scopes=settled.refused_scopes)
 
     async def _replay(
         self,

@@ -8,9 +8,10 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from .accounts import UNNAMED, LabelOf, Named, clean_label, label_for, no_label
+from .consent import Connected, ConsentView
 from .credentials import ticket_flow
 from .errors import ConnectorError, FlowRefused, ProviderError
 from .handles import binding_hash, flow_aad, grant_aad, new_id, state_hash
@@ -36,25 +37,6 @@ CLOSED_CODES: dict[ElicitationStatus, str] = {
     ElicitationStatus.EXPIRED: "expired",
     ElicitationStatus.FAILED: "failed",
 }
-
-
-@dataclass(frozen=True, slots=True)
-class Connected:
-    """How a provider's redirect ended well: the elicitation (COMPLETED, or CANCELLED when the agent gave up
-    meanwhile), the provider's display name, and the name the user knows the connected account by (or None)."""
-
-    elicitation: ElicitationRecord
-    display_name: str
-    account_label: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class ConsentView:
-    """What the consent page shows."""
-
-    elicitation: ElicitationRecord
-    provider: Provider
-    agent_name: str
 
 
 class BrowserFlow:
@@ -102,7 +84,7 @@ class BrowserFlow:
         record = await self.open_elicitation(elicitation_id)
         provider = await self.resolve(record.provider, record.connection_values)
         await self.elicitations.audit(record, "opened")
-        return ConsentView(record, provider, record.agent_name)
+        return ConsentView(record, provider, record.agent_name, record.account)
 
     async def decline(self, record: ElicitationRecord, browser_user: Identity) -> None:
         """The browser's verified user declines: only the bound user can (FlowRefused `not_your_link` otherwise).
@@ -127,7 +109,7 @@ class BrowserFlow:
         redirect_uri = self.settings.callback_url(provider.name)
         try:
             request = await self.providers.authorization_request(
-                provider, redirect_uri=redirect_uri, scopes=record.scopes
+                provider, redirect_uri=redirect_uri, scopes=record.scopes, account=record.account
             )
         except ConnectorError as exc:  # a pushed authorization request (PAR) refused or failed
             raise FlowRefused(exc.code, detail={"message": str(exc)}) from None
@@ -225,8 +207,11 @@ class BrowserFlow:
             )
         raise FlowRefused("identity_mismatch")
 
-    async def callback(self, provider_name: str, params: Mapping[str, str], browser_binding: str | None) -> Connected:
-        """Check and finish the provider's redirect; on success the grant is stored and the elicitation completed."""
+    async def callback(
+        self, provider_name: str, params: Mapping[str, str], browser_binding: str | None, label: LabelOf = no_label
+    ) -> Connected:
+        """Check and finish the provider's redirect; on success the grant is stored and the elicitation completed,
+        with the account label this browser gave on the consent page (`label(elicitation_id)`)."""
         store = self.store
         state = params.get("state")
         if not state:
@@ -287,8 +272,11 @@ class BrowserFlow:
                 detail={"error": exc.code, **({"check": check} if check is not None else {})},
             )
             raise FlowRefused(exc.code, detail={"message": str(exc)}) from None
-        completed = await self.complete(record, provider, authorized.tokens, authorized.account_id, held=grant_held)
-        return Connected(completed, provider.display_name, authorized.account_label)
+        named = Named(clean_label(label(record.id)), authorized.account_label)
+        completed = await self.complete(
+            record, provider, authorized.tokens, authorized.account_id, named, held=grant_held
+        )
+        return Connected(completed, provider.display_name, named.shown)
 
     # -- helpers ---------------------------------------------------------------------------------------
     async def _refuse_used_state(self, flow: FlowRecord, record: ElicitationRecord) -> None:
@@ -337,10 +325,18 @@ class BrowserFlow:
         raise FlowRefused("access_denied" if declined else "provider_error", detail={"error": error})
 
     async def complete(
-        self, record: ElicitationRecord, provider: Provider, tokens: TokenSet, account_id: str, *, held: bool = True
+        self,
+        record: ElicitationRecord,
+        provider: Provider,
+        tokens: TokenSet,
+        account_id: str,
+        named: Named = UNNAMED,
+        *,
+        held: bool = True,
     ) -> ElicitationRecord:
-        """Store the tokens (or a typed credential) as `account_id`'s grant and complete the elicitation, together.
-        `held`: whether the user may hold a grant at the provider (False: none a moment ago, `store_given`)."""
+        """Store the tokens (or a typed credential) as `account_id`'s grant, `named` as the user and the provider
+        name it (`service.core.accounts`), and complete the elicitation, together. `held`: whether the user may hold
+        a grant at the provider (False: none a moment ago, `store_given`)."""
         now = self.now()
         aad = grant_aad(record.identity.issuer, record.identity.subject, provider.name, account_id)
         key_id, blob = self.vault.encrypt_json(tokens.to_json(), aad=aad)
@@ -360,10 +356,14 @@ class BrowserFlow:
             updated_at=now,
             refused_scopes=refused,
             tenant=record.tenant,  # the asking tenant's (docs/sidecar.md, "Tenants and grants")
+            account_label=label_for(named.given, None, named.profile, account_id, ()),  # a first account's
+            account_name=named.profile,
         )
 
         async def store_grant(tx: Tx) -> Written:
-            given = await store_given(self.store, self.vault, grant, tokens, held=held, now=now, conn=tx)
+            given = await store_given(
+                self.store, self.vault, grant, tokens, held=held, now=now, conn=tx, label=named.given
+            )
             stored = given.stored
             if not given.refreshable and OFFLINE_ACCESS in record.scopes:
                 log.warning(

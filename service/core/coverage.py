@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
+from .accounts import choose
 from .health import ask_again_message, reason_sentence
 from .identity import Identity
 from .outcomes import NARROWED_BEFORE, AuthorizationOutcome, AuthorizationStatus, GrantInfo
@@ -19,13 +20,24 @@ def covers(granted: Sequence[str], wanted: Sequence[str]) -> bool:
 
 
 async def find_grant(
-    grants: GrantRepo, user: Identity, provider: str, scopes: Sequence[str], tenants: Collection[str]
+    grants: GrantRepo,
+    user: Identity,
+    provider: str,
+    scopes: Sequence[str],
+    tenants: Collection[str],
+    *,
+    account: str | None = None,
+    display_name: str | None = None,
 ) -> GrantRecord | None:
-    """The newest grant of `user` at `provider` held by one of `tenants` that covers every scope in `scopes`."""
-    for grant in await grants.find(user, provider, tenants=tenants):
-        if covers(grant.scopes, scopes):
-            return grant
-    return None
+    """The newest grant of `user` at `provider` held by one of `tenants` that covers every scope in `scopes`, of the
+    account `account` names (`accounts.choose`: AccountChoiceNeeded when it names none and the user holds several)."""
+    chosen = choose(await grants.find(user, provider, tenants=tenants), account, display_name or provider)
+    return newest_covering(chosen, scopes)
+
+
+def newest_covering(grants: Sequence[GrantRecord], scopes: Sequence[str]) -> GrantRecord | None:
+    """The first of `grants` (newest first) that covers every scope in `scopes`."""
+    return next((grant for grant in grants if covers(grant.scopes, scopes)), None)
 
 
 def settled_by(

@@ -6,6 +6,7 @@
     ├── SchemaNotCurrent, DatabaseUnavailable
     ├── VaultError
     ├── NotAuthorized               no grant covers the request
+    ├── AccountChoiceNeeded         several accounts at the provider, and the call named none
     ├── ProviderError               a provider refused or failed
     │   ├── EndpointError           ... at one of its endpoints (its OAuth error code, the HTTP status)
     │   └── IdTokenError            ... with an ID token that failed one check
@@ -24,7 +25,7 @@ browser, and to JSON bodies for the `/v1` API. Messages never carry a secret.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 
@@ -128,6 +129,28 @@ class GrantNeedsUser(NotAuthorized):
         self.sentence = sentence
 
 
+class AccountChoiceNeeded(ConnectorError):
+    """The user holds grants for several accounts at the provider and the call named none: pass `account=` (an
+    account id, or one of `labels`). `labels` names the accounts as the user knows them (the labels they gave, else
+    the provider's profile names), never an id or a token."""
+
+    code = "account_choice_needed"
+
+    def __init__(self, provider: str, labels: Sequence[str], message: str | None = None) -> None:
+        self.provider = provider
+        self.labels = tuple(labels)
+        super().__init__(
+            message
+            or f"the user holds {len(self.labels)} {provider} accounts ({self.listed}): name the one meant "
+            "with account="
+        )
+
+    @property
+    def listed(self) -> str:
+        """The labels as a sentence lists them: 'work', 'personal'."""
+        return ", ".join(f"'{label}'" for label in self.labels)
+
+
 class ProviderError(ConnectorError):
     """The provider refused or failed a request. Never carries the provider's token payload."""
 
@@ -226,9 +249,11 @@ class FlowRefused(ConnectorError):
         event: str | None = None,
         elicitation_id: str | None = None,
         audit: Mapping[str, object] | None = None,
+        labels: Sequence[str] = (),
     ) -> None:
         super().__init__(code, code=code)
         self.detail = dict(detail or {})
+        self.labels = tuple(labels)  # `account_choice_needed`: the accounts, by label (a /v1 answer lists them)
         self.event = event
         self.elicitation_id = elicitation_id
         self.audit_detail = dict(audit or {})
@@ -236,6 +261,11 @@ class FlowRefused(ConnectorError):
     def __str__(self) -> str:
         extra = ", ".join(f"{k}={v}" for k, v in self.detail.items())
         return f"{self.code} ({extra})" if extra else self.code
+
+
+def account_choice_refused(exc: AccountChoiceNeeded) -> FlowRefused:
+    """What an API caller is told when its call named no account and the user holds several."""
+    return FlowRefused("account_choice_needed", detail={"labels": exc.listed}, labels=exc.labels)
 
 
 class SidecarError(ConnectorError):

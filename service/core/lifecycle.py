@@ -15,8 +15,9 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
+from .accounts import account_ask, choose
 from .answers import AnswerKind, ClientAnswer, ending_of
-from .coverage import default_message, find_grant, request_plan, settled_by
+from .coverage import default_message, find_grant, newest_covering, request_plan, settled_by
 from .credentials import credential_message
 from .errors import FlowRefused
 from .events import ElicitationEvent, GrantChange, GrantChanged, GrantEvent
@@ -107,10 +108,36 @@ class Elicitations:
         return await self.store.elicitations.get(elicitation_id)
 
     async def find_grant(
-        self, user: Identity, provider: str, scopes: Sequence[str], tenant: str = EMBEDDED_TENANT
+        self,
+        user: Identity,
+        provider: str,
+        scopes: Sequence[str],
+        tenant: str = EMBEDDED_TENANT,
+        *,
+        account: str | None = None,
     ) -> GrantRecord | None:
-        """The newest grant of `user` at `provider` that covers every scope asked for, among those `tenant` sees."""
-        return await find_grant(self.store.grants, user, provider, scopes, self.sharing.visible(tenant))
+        """The newest grant of `user` at `provider` that covers every scope asked for, among those `tenant` sees, of
+        the account `account` names (AccountChoiceNeeded when it names none and the user holds several there)."""
+        seen = self.sharing.visible(tenant)
+        display_name = self.display_name(provider)
+        return await find_grant(
+            self.store.grants, user, provider, scopes, seen, account=account, display_name=display_name
+        )
+
+    async def held(
+        self, user: Identity, provider: str, tenant: str, account: str | None, seen: GrantsSeen | None = None
+    ) -> tuple[Sequence[GrantRecord], list[GrantRecord]]:
+        """The user's grants at `provider` that `tenant` sees (those `seen` holds when they were read for the same
+        tenants, else read now and kept in `seen`), and of those the grants (newest first) of the account a request
+        for `account` means (`accounts.choose`: none when the named account is not held; AccountChoiceNeeded when it
+        names none and the user holds several)."""
+        tenants = self.sharing.visible(tenant)
+        grants = seen.grants if seen is not None and seen.grants is not None and seen.tenants == tenants else None
+        if grants is None:
+            grants = await self.store.grants.find(user, provider, tenants=tenants)
+            if seen is not None:
+                seen.tenants, seen.grants = tenants, grants
+        return grants, choose(grants, account, self.display_name(provider))
 
     async def settled(
         self,
@@ -121,16 +148,14 @@ class Elicitations:
         ask_again: bool = False,
         connection: Mapping[str, str] | None = None,
         tenant: str = EMBEDDED_TENANT,
+        account: str | None = None,
         seen: GrantsSeen | None = None,
     ) -> AuthorizationOutcome | None:
         """The answer to a request that needs nobody asked (`coverage.settled_by`), or None. The per-connection
         values the provider needs from the agent (`connection`) are checked first: FlowRefused names a missing or
         malformed one. `seen` keeps the grants read, for the `create` that follows."""
         self.providers.connection_values(provider, connection)
-        tenants = self.sharing.visible(tenant)
-        grants = await self.store.grants.find(user, provider, tenants=tenants)
-        if seen is not None:
-            seen.tenants, seen.grants = tenants, grants
+        _, grants = await self.held(user, provider, tenant, account, seen)
         if ask_again and self.providers.credential_form(provider) is not None:
             return None  # a credential entry asked again: the user replaces the stored key on the form
         return settled_by(grants, provider, self.display_name(provider), scopes, ask_again=ask_again)
@@ -142,10 +167,10 @@ class Elicitations:
         if status is AuthorizationStatus.AUTHORIZED:
             # The grant covering what was asked; else (a narrowed grant) the newest one of this user there.
             tenant = tenant_of_key(record.connection_key)
-            found = await self.find_grant(record.identity, record.provider, record.scopes, tenant)
-            if found is None:
-                seen = self.sharing.visible(tenant)
-                found = next(iter(await self.store.grants.find(record.identity, record.provider, tenants=seen)), None)
+            # (Several accounts: the one just stored is the newest.)
+            seen = self.sharing.visible(tenant)
+            grants = await self.store.grants.find(record.identity, record.provider, tenants=seen)
+            found = newest_covering(grants, record.scopes) or next(iter(grants), None)
             grant = GrantInfo.of(found) if found is not None else None
         return self.outcome_of(
             record,
@@ -202,6 +227,7 @@ class Elicitations:
         within: Callable[[ElicitationRecord, Tx], Awaitable[None]] | None = None,
         replica_id: str | None = None,
         connection: Mapping[str, str] | None = None,
+        account: str | None = None,
         seen: GrantsSeen | None = None,
     ) -> ElicitationRecord:
         """A new pending elicitation; its time (`elicitation_ttl`) runs from now. With a grant already at the
@@ -212,14 +238,13 @@ class Elicitations:
         `replica_id` names the replica whose process holds the connection `connection_key`: the one that tells
         the client when it completes (None: no process here holds it, e.g. a `/v1` agent's own connection).
         `seen`: the grants the request's `settled` check just read (not read again when they are this tenant's).
+        `account` names the account meant (`service.core.accounts`): one the user does not hold yet is a new one, for
+        which the provider is asked to let the user pick (`prompt=select_account`).
         """
         values = self.providers.connection_values(provider, connection)
         form = self.providers.credential_form(provider)
         message = message or (credential_message(form) if form is not None else None)
-        tenants = self.sharing.visible(tenant_of_key(connection_key))
-        held = seen.grants if seen is not None and seen.grants is not None and seen.tenants == tenants else None
-        if held is None:
-            held = await self.store.grants.find(user, provider, tenants=tenants)
+        grants, held = await self.held(user, provider, tenant_of_key(connection_key), account, seen)
         plan = request_plan(held, self.display_name(provider), scopes, message)
         now = self.now()
         record = ElicitationRecord(
@@ -241,6 +266,7 @@ class Elicitations:
             updated_at=now,
             replica_id=replica_id,
             connection_values=values,
+            account=account_ask(grants, held, account),
         )
         async with self.store.transaction() as tx:
             await self.store.elicitations.insert(record, conn=tx)

@@ -112,6 +112,9 @@ class GrantInfo:
     last_refresh_at: datetime | None = None
     last_failure_at: datetime | None = None
     next_refresh_at: datetime | None = None
+    # Which account (`service.core.accounts`): the label the user gave it (else its profile name), the provider's name.
+    account_label: str | None = None
+    account_name: str | None = None
 
     @classmethod
     def of(cls, grant: GrantRecord, now: datetime | None = None) -> GrantInfo:
@@ -128,6 +131,8 @@ class GrantInfo:
             last_refresh_at=health.last_refresh_at,
             last_failure_at=health.last_failure_at,
             next_refresh_at=health.next_attempt_at,
+            account_label=grant.account_label,
+            account_name=grant.account_name,
         )
 
     def describe_health(self, display_name: str | None = None) -> str | None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
+from .accounts import AccountAsk
 from .credentials import CredentialForm, CredentialVerdict
 from .events import ElicitationEvent, Event, GrantEvent, LoggedEvent
 from .identity import Identity
@@ -275,10 +276,10 @@ class ProviderGateway(Protocol):
         ...
 
     async def authorization_request(
-        self, provider: Provider, *, redirect_uri: str, scopes: Sequence[str]
+        self, provider: Provider, *, redirect_uri: str, scopes: Sequence[str], account: AccountAsk | None = None
     ) -> AuthorizationRequest:
         """A new authorization request (pushed to the provider first where PAR is used: ConnectorError if that
-        fails)."""
+        fails); `account`: which of the user's accounts it is for (a new one: the provider's account chooser)."""
         ...
 
     def issuer_acceptable(self, provider: Provider, expected: str | None, received: str | None) -> bool:

@@ -9,6 +9,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal
 
+from .accounts import AccountAsk
 from .health import GrantHealth, GrantStatus, HealthReason
 from .identity import Identity
 from .states import DeliveryStatus, ElicitationStatus
@@ -43,6 +44,8 @@ class ElicitationRecord:
     replica_id: str | None = None
     # Per-connection values the agent gave for the provider's URLs (a tenant, a shop's subdomain).
     connection_values: Mapping[str, str] = field(default_factory=dict, hash=False)
+    # Which account it is for (`service.core.accounts`); None: a first account, none named.
+    account: AccountAsk | None = None
 
     @property
     def tenant(self) -> str:
@@ -119,6 +122,15 @@ class GrantRecord:
     # The tenant it was made through (an API key's, or the embedded connector's own): only it (and the tenants it
     # shares with, `[tenants] shared_groups`) sees, uses and revokes it.
     tenant: str = EMBEDDED_TENANT
+    # The name the user gave this account (else its profile name), unique among the user's accounts at the provider;
+    # and the provider's own name for it (a login or e-mail address, from its profile). None: not known.
+    account_label: str | None = None
+    account_name: str | None = None
+
+    @property
+    def account_id(self) -> str:
+        """The provider's id of the account (as `GrantInfo.account_id`)."""
+        return self.provider_account_id
 
     def status_at(self, now: datetime) -> tuple[GrantStatus, HealthReason | None]:
         """The grant's status and its reason at `now`: `needs_user` as stored, `expired` once the access token of a

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from datetime import datetime
 
+from .accounts import label_for
 from .events import GrantEvent, GrantEventKind
 from .handles import grant_aad
-from .identity import Identity
 from .ports import Store, Tx, Vault
 from .records import GrantRecord, TokenSet
 
@@ -28,18 +28,28 @@ class Given:
 
 
 async def store_given(
-    store: Store, vault: Vault, grant: GrantRecord, tokens: TokenSet, *, held: bool, now: datetime, conn: Tx
+    store: Store,
+    vault: Vault,
+    grant: GrantRecord,
+    tokens: TokenSet,
+    *,
+    held: bool,
+    now: datetime,
+    conn: Tx,
+    label: str | None = None,
 ) -> Given:
     """Store `grant` (sealing `tokens`) in the caller's transaction. When its user held no grant at the provider a
     moment ago (`held` False) it is inserted in one statement, unless its account has one by now; otherwise the
-    account's earlier grant is read here, in the transaction, and replaced: its refresh token carried over, its
-    recovery audited and logged."""
+    user's grants there are read here, in the transaction, and the account's earlier grant replaced: its refresh
+    token carried over, its recovery audited and logged, its label kept unless the user gave one (`label`), and the
+    label made unique among the user's accounts (`accounts.label_for`)."""
     stored = None if held else await store.grants.insert_new(grant, conn=conn)
     if stored is not None:
         return Given(stored, tokens.refresh_token is not None, [])
-    previous = await previous_grant(
-        store, grant.identity, grant.provider, grant.provider_account_id, grant.tenant, conn=conn
-    )
+    grants = await store.grants.find(grant.identity, grant.provider, conn, tenants=(grant.tenant,))
+    previous = next((g for g in grants if g.provider_account_id == grant.provider_account_id), None)
+    named = label_for(label, previous, grant.account_name, grant.provider_account_id, grants)
+    grant = replace(grant, account_label=named)
     carried = carried_over(tokens, previous, vault)
     if carried is not tokens:
         aad = grant_aad(grant.identity.issuer, grant.identity.subject, grant.provider, grant.provider_account_id)
@@ -48,16 +58,6 @@ async def store_given(
     stored = await store.grants.upsert(grant, conn=conn)
     logged = await record_recovery(store, previous, stored, now=now, conn=conn)
     return Given(stored, carried.refresh_token is not None, logged)
-
-
-async def previous_grant(
-    store: Store, user: Identity, provider: str, account_id: str, tenant: str, conn: Tx = None
-) -> GrantRecord | None:
-    """The grant `tenant` already holds for this user, provider and account (None when a new one is given)."""
-    for grant in await store.grants.find(user, provider, conn, tenants=(tenant,)):
-        if grant.provider_account_id == account_id:
-            return grant
-    return None
 
 
 def carried_over(tokens: TokenSet, previous: GrantRecord | None, vault: Vault) -> TokenSet:

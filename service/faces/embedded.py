@@ -46,6 +46,7 @@ class EmbeddedLifecycle:
             ask.scopes or (),
             ask_again=ask.ask_again,
             connection=ask.connection,
+            account=ask.account,
             seen=ask.seen,
         )
 
@@ -62,6 +63,7 @@ class EmbeddedLifecycle:
             message=ask.message,
             replica_id=self.replica_id,
             connection=ask.connection,
+            account=ask.account,
             seen=ask.seen,
         )
 

@@ -37,6 +37,7 @@ class AuthorizationAsk:
     message: str | None
     ask_again: bool
     connection: Mapping[str, str] | None = None  # per-connection values for the provider's URLs
+    account: str | None = None  # the account meant: an account id or label (`service.core.accounts`)
     # The grants the in-process `settled` check read, for the `create` that follows (not read twice).
     seen: GrantsSeen = field(default_factory=GrantsSeen, compare=False, repr=False)
 

@@ -95,6 +95,7 @@ class McpAuthorizer(Generic[H, E]):
         scopes: Sequence[str] | None = None,
         message: str | None = None,
         ask_again: bool = False,
+        account: str | None = None,
     ) -> AuthorizationOutcome | InputRequiredResult:
         """Make sure `user` holds a grant at `provider` covering `scopes`, asking through the client if needed.
 
@@ -103,9 +104,11 @@ class McpAuthorizer(Generic[H, E]):
         is (the client answers and retries the call, and this then waits for the browser). Otherwise it returns when
         the grant exists, or with the reason it does not (`AuthorizationOutcome.status`): `unsupported` for a client
         without URL mode, `declined` / `cancelled` for the client's answer, `expired`, `failed`. If the tool call is
-        cancelled meanwhile, the elicitation ends as cancelled and `CancelledError` propagates.
+        cancelled meanwhile, the elicitation ends as cancelled and `CancelledError` propagates. `account` names
+        which of the user's accounts at the provider is meant, as for ACP (`AgentCalls.request_authorization`):
+        without it, a user holding several there raises `AccountChoiceNeeded`.
         """
-        ask = self._ask(ctx, user, provider, scopes, message, ask_again)
+        ask = self._ask(ctx, user, provider, scopes, message, ask_again, account)
         if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
             return await self.rounds.round(ctx, ask)
         session = ctx.session
@@ -150,6 +153,7 @@ class McpAuthorizer(Generic[H, E]):
         scopes: Sequence[str] | None = None,
         message: str | None = None,
         ask_again: bool = False,
+        account: str | None = None,
     ) -> AuthorizationOutcome | InputRequiredResult:
         """Like `request_authorization`, but on a 2025-11-25 connection the client is asked with the `-32042` error.
 
@@ -160,7 +164,7 @@ class McpAuthorizer(Generic[H, E]):
         without URL mode gets `unsupported`. On 2026-07-28, where -32042 no longer exists, this is
         `request_authorization` (its input-required round trip).
         """
-        ask = self._ask(ctx, user, provider, scopes, message, ask_again)
+        ask = self._ask(ctx, user, provider, scopes, message, ask_again, account)
         if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
             return await self.rounds.round(ctx, ask)
         answered = await without_asking(self.lifecycle, ask, ctx.session.client_capabilities)
@@ -185,6 +189,7 @@ class McpAuthorizer(Generic[H, E]):
         scopes: Sequence[str] | None,
         message: str | None,
         ask_again: bool,
+        account: str | None = None,
     ) -> AuthorizationAsk:
         request_id = ctx.request_context.request_id
         if not isinstance(user, Identity):
@@ -192,7 +197,7 @@ class McpAuthorizer(Generic[H, E]):
         scope = RequestScope(request_id if isinstance(request_id, str | int) else str(request_id))
         if self._resolve is not None:
             provider, scopes = self._resolve(provider, scopes)
-        return AuthorizationAsk(user, provider, scopes, scope, message, ask_again)
+        return AuthorizationAsk(user, provider, scopes, scope, message, ask_again, account=account)
 
     async def _elicit(
         self, session: ServerSession, request_id: RequestId, handle: H, ended: asyncio.Future[E | None]

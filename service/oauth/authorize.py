@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from authlib.common.urls import add_params_to_uri
 from authlib.oauth2.rfc7636 import create_s256_code_challenge
 
+from service.core.accounts import AccountAsk
 from service.core.records import OFFLINE_ACCESS
 
 from .issuer import issuer_matches
@@ -48,16 +49,55 @@ def prompt_for(entry: ResolvedProvider, scopes: Sequence[str]) -> str | None:
     return None
 
 
-def authorization_url(entry: ResolvedProvider, *, redirect_uri: str, scopes: Sequence[str], flow: FlowSecrets) -> str:
+def account_params(entry: ResolvedProvider, account: AccountAsk | None) -> list[tuple[str, str]]:
+    """What asks the provider for the right account (`service.core.accounts`): for a new one, the `prompt` that
+    shows its account chooser (the browser may be signed in to another account there); for one asked again, the
+    parameter that names it. Only what the entry declares or the provider advertises (`select_account_prompt`,
+    `login_hint_parameter`)."""
+    if account is None:
+        return []
+    if account.new:
+        prompt = entry.account_prompt
+        return [("prompt", prompt)] if prompt else []
+    hint = entry.login_hint
+    return [(hint, account.login_hint)] if hint and account.login_hint else []
+
+
+def _merged_prompts(params: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """One `prompt` parameter with every value asked (OpenID Connect Core §3.1.2.1: space-separated), where the
+    first one stood."""
+    prompts = [value for name, value in params if name == "prompt"]
+    if len(prompts) < 2:
+        return params
+    joined = " ".join(dict.fromkeys(word for value in prompts for word in value.split()))
+    first = next(index for index, (name, _) in enumerate(params) if name == "prompt")
+    rest = [(name, value) for name, value in params if name != "prompt"]
+    return [*rest[:first], ("prompt", joined), *rest[first:]]
+
+
+def authorization_url(
+    entry: ResolvedProvider,
+    *,
+    redirect_uri: str,
+    scopes: Sequence[str],
+    flow: FlowSecrets,
+    account: AccountAsk | None = None,
+) -> str:
     """The authorization request as a URL, every parameter in its query (no PAR)."""
-    params = authorization_params(entry, redirect_uri=redirect_uri, scopes=scopes, flow=flow)
+    params = authorization_params(entry, redirect_uri=redirect_uri, scopes=scopes, flow=flow, account=account)
     return str(add_params_to_uri(entry.authorization_endpoint, params))
 
 
 def authorization_params(
-    entry: ResolvedProvider, *, redirect_uri: str, scopes: Sequence[str], flow: FlowSecrets
+    entry: ResolvedProvider,
+    *,
+    redirect_uri: str,
+    scopes: Sequence[str],
+    flow: FlowSecrets,
+    account: AccountAsk | None = None,
 ) -> list[tuple[str, str]]:
-    """The parameters of an authorization request (RFC 6749 §4.1.1, PKCE, nonce, the entry's extra ones)."""
+    """The parameters of an authorization request (RFC 6749 §4.1.1, PKCE, nonce, the entry's extra ones, and which
+    account: `account_params`)."""
     params: list[tuple[str, str]] = [
         ("response_type", "code"),
         ("client_id", entry.client_id),
@@ -77,7 +117,7 @@ def authorization_params(
         params.append(("prompt", prompt))
     params += [("resource", resource) for resource in entry.entry.resource]  # RFC 8707
     params += list(entry.extra_authorize_params.items())
-    return params
+    return _merged_prompts(params + account_params(entry, account))
 
 
 def issuer_acceptable(entry: ResolvedProvider, expected: str | None, received: str | None) -> bool:

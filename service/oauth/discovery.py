@@ -71,6 +71,7 @@ async def discover(entry: ProviderEntry, url: str, http: httpx.AsyncClient) -> R
                 tuple(assertion_algs) if assertion_algs is not None else None
             ),
             "dpop_signing_alg_values_supported": tuple(dpop_algs) if dpop_algs is not None else None,
+            "prompt_values_supported": tuple(document.text_list("prompt_values_supported") or ()),
         },
     )
 

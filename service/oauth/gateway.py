@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 import httpx
 
+from service.core.accounts import AccountAsk
 from service.core.credentials import CredentialForm, CredentialVerdict
 from service.core.errors import DiscoveryError, EndpointError, ProviderError
 from service.core.ports import AuthorizationRequest, Authorized, Provider
@@ -174,15 +175,18 @@ class ProviderGateway:
 
     # -- the authorization code flow -------------------------------------------------------------------
     async def authorization_request(
-        self, provider: Provider, *, redirect_uri: str, scopes: Sequence[str]
+        self, provider: Provider, *, redirect_uri: str, scopes: Sequence[str], account: AccountAsk | None = None
     ) -> AuthorizationRequest:
-        """A new authorization request: its URL (pushed to the provider first where PAR is used) and its secrets."""
+        """A new authorization request: its URL (pushed to the provider first where PAR is used) and its secrets;
+        `account`: which account it is for (`authorize.account_params`)."""
         provider = _resolved(provider)
         flow = new_flow_secrets(provider)
         if provider.par_reason is None:
-            url = authorization_url(provider, redirect_uri=redirect_uri, scopes=scopes, flow=flow)
+            url = authorization_url(provider, redirect_uri=redirect_uri, scopes=scopes, flow=flow, account=account)
         else:
-            params = authorization_params(provider, redirect_uri=redirect_uri, scopes=scopes, flow=flow)
+            params = authorization_params(
+                provider, redirect_uri=redirect_uri, scopes=scopes, flow=flow, account=account
+            )
             url = await self._call(
                 provider, ProviderEndpoint.PAR, pushed_authorization_url(provider, self.http_client(provider), params)
             )

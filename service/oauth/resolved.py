@@ -185,6 +185,19 @@ class ResolvedProvider:
         return self.entry.account_id_field
 
     @property
+    def account_prompt(self) -> str | None:
+        """The `prompt` value that shows the provider's account chooser: the catalog's, else `select_account` when
+        the discovery document lists it (OpenID Connect Discovery's prompt_values_supported); None: none known."""
+        if self.entry.select_account_prompt is not None:
+            return self.entry.account_prompt
+        listed = self.extra.get("prompt_values_supported")
+        return "select_account" if isinstance(listed, tuple) and "select_account" in listed else None
+
+    @property
+    def login_hint(self) -> str | None:
+        return self.entry.login_hint
+
+    @property
     def extra_authorize_params(self) -> Mapping[str, str]:
         return self.entry.extra_authorize_params
 

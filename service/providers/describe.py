@@ -93,6 +93,16 @@ def credential_facts(entry: ProviderEntry) -> EntryFacts:
     return facts
 
 
+def _account_choice(entry: ProviderEntry) -> list[str]:
+    """How the user picks among several accounts at the provider (service.core.accounts), if the entry says."""
+    said = []
+    if entry.account_prompt:
+        said.append(f"a new account is asked with prompt={entry.account_prompt}")
+    if entry.login_hint:
+        said.append(f"an account asked again is named with {entry.login_hint}=")
+    return ["several accounts: " + ", ".join(said)] if said else []
+
+
 def entry_facts(entry: ProviderEntry) -> EntryFacts:
     """The entry's needs and quirks (and, for an offline check, what is missing)."""
     if entry.is_credential:
@@ -114,6 +124,7 @@ def entry_facts(entry: ProviderEntry) -> EntryFacts:
     if entry.extra_authorize_params:
         params = ", ".join(f"{k}={v}" for k, v in entry.extra_authorize_params.items())
         facts.quirks.append(f"authorization adds {params}")
+    facts.quirks += _account_choice(entry)
     if entry.token_endpoint_auth_method is not None:
         facts.quirks.append(f"client authentication: {entry.token_endpoint_auth_method}")
     facts.quirks += _token_quirks(quirks.token_request, quirks.token_response)

@@ -96,6 +96,13 @@ class ProviderEntry:
     userinfo: bool | None = None
     account_id_field: str = "id"
     extra_authorize_params: Mapping[str, str] = field(default_factory=dict, hash=False)
+    # Several accounts per provider (service.core.accounts): the `prompt` value that shows the provider's account
+    # chooser, sent when the user adds an account (unset: `select_account` when the provider's discovery document
+    # lists it in prompt_values_supported), and the authorization parameter that names the account to sign in with,
+    # sent when an account is asked again (unset: `login_hint` for an OpenID provider, OpenID Connect Core
+    # §3.1.2.1). "" turns either off.
+    select_account_prompt: str | None = None
+    login_hint_parameter: str | None = None
     # A scope as asked -> the name the provider's token response gives it (Google answers `email` with
     # https://www.googleapis.com/auth/userinfo.email): either counts as granted.
     scope_aliases: Mapping[str, str] = field(default_factory=dict, hash=False)
@@ -123,6 +130,18 @@ class ProviderEntry:
         object.__setattr__(self, "extra_authorize_params", MappingProxyType(dict(self.extra_authorize_params)))
         object.__setattr__(self, "scope_aliases", MappingProxyType(dict(self.scope_aliases)))
         object.__setattr__(self, "scope_descriptions", MappingProxyType(dict(self.scope_descriptions)))
+
+    @property
+    def account_prompt(self) -> str | None:
+        """The declared `prompt` value that lets the user pick the account at the provider (None: none declared;
+        a discovered provider may still list `select_account`, `ResolvedProvider.account_prompt`)."""
+        return self.select_account_prompt or None
+
+    @property
+    def login_hint(self) -> str | None:
+        """The authorization parameter naming the account to sign in with (None: none is known)."""
+        declared = self.login_hint_parameter
+        return (declared if declared is not None else ("login_hint" if self.oidc else None)) or None
 
     @property
     def is_credential(self) -> bool:

@@ -86,6 +86,8 @@ class ProviderTable(_Strict):
     account_id_field: StrictStr = Field(default="id", min_length=1)
     account_id_source: AccountSource = "userinfo"
     extra_authorize_params: dict[StrictStr, StrictStr] = Field(default_factory=dict)
+    select_account_prompt: StrictStr | None = Field(default=None, pattern=r"^[a-z_]{0,32}$")
+    login_hint_parameter: StrictStr | None = Field(default=None, pattern=r"^[a-z_]{0,32}$")
     extra_token_params: dict[StrictStr, StrictStr] = Field(default_factory=dict)
     extra_refresh_params: dict[StrictStr, StrictStr] = Field(default_factory=dict)
     token_request_encoding: RequestEncoding = "form"

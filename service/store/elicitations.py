@@ -9,6 +9,7 @@ from typing import Any, cast
 from sqlalchemy import bindparam, exists, func, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from service.core.accounts import AccountAsk
 from service.core.identity import Identity
 from service.core.records import ElicitationRecord, ScopeKind
 from service.core.states import ALLOWED, CompletionDelivery, ElicitationStatus
@@ -224,6 +225,7 @@ def _to_row(rec: ElicitationRecord) -> dict[str, Any]:
         "updated_at": rec.updated_at,
         "replica_id": rec.replica_id,
         "connection_values": dump_json(dict(rec.connection_values)) if rec.connection_values else None,
+        "account": dump_json(rec.account.to_json()) if rec.account is not None else None,
     }
 
 
@@ -252,4 +254,5 @@ def _from_row(row: Mapping[Any, Any]) -> ElicitationRecord:
         updated_at=row["updated_at"],
         replica_id=row["replica_id"],
         connection_values=load_json(row["connection_values"]) if row.get("connection_values") else {},
+        account=AccountAsk.from_json(load_json(row["account"])) if row.get("account") else None,
     )

@@ -101,6 +101,8 @@ elicitations = Table(
     Column("replica_id", String(32), nullable=True),
     # JSON object: the per-connection values the agent gave (a tenant, a subdomain); NULL: none (0013).
     Column("connection_values", Text, nullable=True),
+    # JSON object: which account it is for (0019; service.core.accounts.AccountAsk); NULL: a first one, none named.
+    Column("account", Text, nullable=True),
     # Telling the client that it completed, decided by conditional updates: NULL (not yet), "delivering" (its
     # replica took it and is sending elicitation/complete), "sent", "undeliverable".
     Column("completion_delivery", String(16), nullable=True),
@@ -200,6 +202,10 @@ grants = Table(
     Column("refresh_failures", Integer, nullable=True),  # transient failures in a row
     # The tenant it was made through (0015; service.core.tenants): only it, and tenants sharing with it, see it.
     Column("tenant", String(64), nullable=False),
+    # Several accounts per provider (0019; service.core.accounts): the name the user gave the account (else its
+    # profile name), unique among the user's accounts there; and the provider's own name for it (login, e-mail).
+    Column("account_label", String(128), nullable=True),
+    Column("account_name", String(128), nullable=True),
     # Also serves find(identity, provider[, tenants]): its leading columns are issuer, subject, provider, tenant.
     UniqueConstraint(
         "identity_issuer",

@@ -70,12 +70,13 @@ class ScriptedBrowser:
             response = await self.get(urljoin(str(response.url), response.headers["location"]))
         raise AssertionError("too many redirects")
 
-    async def authorize(self, connect_url: str) -> httpx.Response:
-        """The whole happy path: open the link, press Continue, go through the provider, land on our page."""
+    async def authorize(self, connect_url: str, **fields: str) -> httpx.Response:
+        """The whole happy path: open the link, press Continue (with the consent form's `fields` changed, e.g.
+        `account_label="work"`), go through the provider, land on our page."""
         page = await self.get(connect_url)
         if page.status_code != 200:
             return page
-        return await self.follow(await self.submit(page, "continue"))
+        return await self.follow(await self.submit(page, "continue", **fields))
 
     def transcript(self, host: str | None = None) -> str:
         """What the servers answered (status, headers, body), optionally only those of `host`, for scanning.

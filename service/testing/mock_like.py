@@ -316,10 +316,12 @@ class EmulatedProvider(MockOIDCProvider):
             self._refresh -= grant.tokens
         return MockResponse(204) if style.method == "DELETE" else MockResponse.json(200, {"ok": True})
 
-    def make_id_token(self, *, nonce: str | None, subject: str | None = None) -> str:
+    def make_id_token(
+        self, *, nonce: str | None, subject: str | None = None, account: dict[str, Any] | None = None
+    ) -> str:
         if "{tenantid}" in str(self.table.get("issuer", "")):
             self.id_token_claims.setdefault("tid", TENANT_ID)
-        return super().make_id_token(nonce=nonce, subject=subject)
+        return super().make_id_token(nonce=nonce, subject=subject, account=account)
 
 
 __all__ = ["CATALOG", "EmulatedProvider", "catalog_table"]

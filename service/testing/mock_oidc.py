@@ -150,18 +150,22 @@ class MockOIDCProvider(MockOAuthProvider):
         subject = None
         if grant_type == "refresh_token":
             subject, self.refresh_sub_override = self.refresh_sub_override, None
-        body["id_token"] = self.make_id_token(nonce=grant.nonce, subject=subject)
+        body["id_token"] = self.make_id_token(nonce=grant.nonce, subject=subject, account=grant.account)
         return MockResponse.json(200, body)
 
-    def make_id_token(self, *, nonce: str | None, subject: str | None = None) -> str:
+    def make_id_token(
+        self, *, nonce: str | None, subject: str | None = None, account: dict[str, Any] | None = None
+    ) -> str:
+        """An ID token for `account` (the one the grant was given as; default: whoever is signed in now)."""
         now = int(time.time())
+        who = account or self.account
         claims: dict[str, Any] = {
             "iss": self.issuer,
-            "sub": subject or str(self.account["sub"]),
+            "sub": subject or str(who["sub"]),
             "aud": self.client_id,
             "exp": now + self.id_token_lifetime,
             "iat": now,
-            "email": self.account.get("email"),
+            "email": who.get("email"),
         }
         if nonce is not None:
             claims["nonce"] = nonce

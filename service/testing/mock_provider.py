@@ -106,7 +106,8 @@ class MockOAuthProvider(MockServing):
     issued_access_tokens: list[str] = field(default_factory=list)
     issued_refresh_tokens: list[str] = field(default_factory=list)
     issued_codes: list[str] = field(default_factory=list)
-    authorization_requests: list[dict[str, str]] = field(default_factory=list)  # scope and prompt asked
+    # scope, prompt and the account named (login, login_hint) asked
+    authorization_requests: list[dict[str, str]] = field(default_factory=list)
     token_requests: list[dict[str, str]] = field(default_factory=list)  # grant_type and the client_auth used
     revocation_requests: list[dict[str, str]] = field(default_factory=list)  # token_type_hint, client_auth
     api_calls: list[str] = field(default_factory=list)
@@ -145,6 +146,9 @@ class MockOAuthProvider(MockServing):
             "api_base_url": f"{self.base_url}/api",
             "default_scopes": ["read:user"],
             "account_id_field": "id",
+            # As GitHub: its account picker, and `login` naming the account to sign in with.
+            "select_account_prompt": "select_account",
+            "login_hint_parameter": "login",
         }
 
     def secrets_issued(self) -> list[str]:
@@ -217,10 +221,10 @@ class MockOAuthProvider(MockServing):
         challenge = q.get("code_challenge")
         if self.require_pkce and (challenge is None or q.get("code_challenge_method") != "S256"):
             return MockResponse.redirect(redirect_uri, error="invalid_request", state=q.get("state"))
-        self.authorization_requests.append({k: q[k] for k in ("scope", "prompt") if k in q})
+        self.authorization_requests.append({k: q[k] for k in ("scope", "prompt", "login", "login_hint") if k in q})
         if self.sign_in_page:
             return self._sign_in_page(dict(q))
-        return self._consented(q, q.get("scope", ""), None)
+        return self._consented(q, q.get("scope", ""), dict(self.account))  # as whoever is signed in now
 
     def _consented(self, q: Mapping[str, str], scope: str, account: dict[str, Any] | None) -> MockResponse:
         """Consent to `scope` of the request `q` as `account`: a code, redirected to the client."""

@@ -36,6 +36,7 @@ log = logging.getLogger("service.tokens")
 REFRESH_AHEAD_SHARE = 0.1
 REFRESH_AHEAD_MAX_SECONDS = 60.0
 GRANT_LOOKUPS_KEPT = 10_000
+_Lookup = tuple[frozenset[str], frozenset[str], str | None]  # scopes asked, tenants seen, the account named
 
 
 def refresh_margin(tokens: TokenSet) -> float:
@@ -70,10 +71,9 @@ class TokenAccess:
         self._tokens: dict[str, TokenSet] = {}
         # DPoP-bound grants: grant id -> (the private JWK of the set held, its parsed key and the nonces).
         self._dpop: dict[str, tuple[Mapping[str, str], Dpop | None]] = {}
-        # Grant lookups: (issuer, subject, provider) -> {(scopes asked, tenants seen): grant}, newest use last.
-        self._grants: OrderedDict[tuple[str, str, str], dict[tuple[frozenset[str], frozenset[str]], GrantRecord]] = (
-            OrderedDict()
-        )
+        # Grant lookups: (issuer, subject, provider) -> {(scopes asked, tenants seen, account): grant}, newest use
+        # last.
+        self._grants: OrderedDict[tuple[str, str, str], dict[_Lookup, GrantRecord]] = OrderedDict()
         self._generations: dict[tuple[str, str, str], int] = {}
         # Grants this process used: grant id -> (when, provider), for refreshing ahead (`used_since`).
         self._used: dict[str, tuple[float, str]] = {}
@@ -81,18 +81,29 @@ class TokenAccess:
 
     # -- finding a grant -----------------------------------------------------------------------------------
     async def grant_for(
-        self, user: Identity, provider: str, scopes: Sequence[str], tenants: Collection[str]
+        self,
+        user: Identity,
+        provider: str,
+        scopes: Sequence[str],
+        tenants: Collection[str],
+        *,
+        account: str | None = None,
+        display_name: str | None = None,
     ) -> GrantRecord | None:
         """The newest grant of `user` at `provider` covering `scopes`, held by one of `tenants` (the caller's and
-        those it shares with); cached until the grant changes."""
+        those it shares with), of the account `account` names (`service.core.accounts`: AccountChoiceNeeded, naming
+        the accounts by `display_name`'s provider, when it names none and the user holds several); cached until the
+        grant changes."""
         pair = (user.issuer, user.subject, provider)
-        wanted = (frozenset(scopes), frozenset(tenants))
+        wanted = (frozenset(scopes), frozenset(tenants), account)
         known = self._grants.get(pair)
         if known is not None and wanted in known:
             self._grants.move_to_end(pair)
             return known[wanted]
         generation = self._generations.get(pair, 0)
-        grant = await find_grant(self.store.grants, user, provider, scopes, tenants)
+        grant = await find_grant(
+            self.store.grants, user, provider, scopes, tenants, account=account, display_name=display_name
+        )
         # Kept only if no change to this user's grants at this provider was announced while we read.
         if grant is not None and self._generations.get(pair, 0) == generation:
             self._grants.setdefault(pair, {})[wanted] = grant

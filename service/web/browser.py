@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
+from ..core.accounts import LABEL_MAX_LENGTH, clean_label
 from ..core.browser import BrowserFlow
 from ..core.errors import FlowRefused
 from ..core.identity import Identity
@@ -18,6 +19,7 @@ from ..util.hosts import HostAssessment, assess_host
 from ..vault import Vault
 from .inputs import read_form
 from .kit import browser_facts
+from .label_cookie import LabelCookie
 from .pages import Pages
 from .result import Result, ResultCookie, done_path
 from .security import BrowserBinding, csp_with_form_target, csrf_token, csrf_valid
@@ -41,6 +43,7 @@ class BrowserRoutes:
         self.binding = binding
         self.vault = vault
         self.result = ResultCookie(vault, secure=binding.secure)
+        self.labels = LabelCookie(vault, secure=binding.secure)
         self.public_host = public_host
         self.trusted_proxies = tuple(trusted_proxies)
 
@@ -73,6 +76,9 @@ class BrowserRoutes:
                 "action": f"/connect/{view.elicitation.id}",
                 "csrf": csrf_token(self.vault, view.elicitation.id, binding),
                 "credential": credential,
+                "accounts": view.account.held if view.account is not None else (),
+                "label": view.account.suggested_label if view.account is not None else None,
+                "label_max": LABEL_MAX_LENGTH,
             },
         )
         # Continue goes on to the provider, or (a credential entry) to this connector's own form.
@@ -104,18 +110,24 @@ class BrowserRoutes:
             )
         if action != "continue":
             raise FlowRefused("bad_action")
+        label = clean_label(form.get("account_label"))  # refused before anything changes
         url = await self.identity.begin(elicitation_id, binding, browser)
-        return RedirectResponse(url, status_code=303)
+        response = RedirectResponse(url, status_code=303)
+        self.labels.set(response, elicitation_id, binding, label)
+        return response
 
     async def callback(self, request: Request) -> Response:
         provider = request.path_params["provider"]
         params = {k: v for k, v in request.query_params.items()}
         binding = self.binding.read(request)
-        connected = await self.flow.callback(provider, params, binding)
+        connected = await self.flow.callback(
+            provider, params, binding, lambda elicitation_id: self.labels.read(request, elicitation_id, binding)
+        )
         assert binding is not None  # the flow refuses a callback from a browser without its binding
         elicitation_id = connected.elicitation.id
         # Off the provider's redirect (its code and state) to an address with nothing in it; the cookie says the rest.
         response = RedirectResponse(done_path(elicitation_id), status_code=303)
+        self.labels.clear(response, elicitation_id)
         cancelled = connected.elicitation.status is ElicitationStatus.CANCELLED
         self.result.set(
             response, elicitation_id, binding, Result(connected.display_name, connected.account_label, cancelled)

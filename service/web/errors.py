@@ -136,6 +136,24 @@ REFUSALS: dict[str, Refusal] = {
     "invalid_connection_value": Refusal(
         400, "Invalid request", "A value given for the provider is not usable ({name}).", api_sentence="{message}"
     ),
+    # Several accounts per provider (service.core.accounts).
+    "invalid_account_label": Refusal(
+        400,
+        "Account name not accepted",
+        "The name for the account is not accepted: {problem}. Go back, change it (or leave it empty) and continue.",
+    ),
+    "invalid_account": Refusal(400, "Invalid request", "The account named is not usable: {problem}."),
+    "account_choice_needed": Refusal(
+        409,
+        "Account choice needed",
+        "The user holds several accounts at this provider ({labels}): name the one meant with 'account'.",
+    ),
+    "unknown_account": Refusal(
+        403,
+        "Not authorized",
+        "The user holds no grant for this account at this provider: create an elicitation with this 'account' to "
+        "let the user add it.",
+    ),
     "provider_discovery_failed": Refusal(
         502,
         "Provider unavailable",

@@ -33,7 +33,10 @@ def api_error(exc: FlowRefused, **extra: Any) -> JSONResponse:
     headers = {"WWW-Authenticate": 'Bearer realm="acp-connector"'} if refusal.status == 401 else {}
     if "retry_after" in exc.detail:
         headers["Retry-After"] = exc.detail["retry_after"]
-    return JSONResponse({"error": {"code": exc.code, "message": text}, **extra}, refusal.status, headers=headers)
+    error: dict[str, Any] = {"code": exc.code, "message": text}
+    if exc.labels:
+        error["labels"] = list(exc.labels)
+    return JSONResponse({"error": error, **extra}, refusal.status, headers=headers)
 
 
 class Kit:

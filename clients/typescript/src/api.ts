@@ -80,11 +80,12 @@ export class SidecarApi {
   }
 
   /** A provider API call through the token proxy: the sidecar adds the user's token; it never comes here. */
-  proxy(user: User, provider: string, path: string, init: RequestInit = {}): Promise<Response> {
+  proxy(user: User, provider: string, path: string, init: RequestInit = {}, account?: string): Promise<Response> {
     const headers = new Headers(init.headers);
     headers.set("Authorization", `Bearer ${this.apiKey}`);
     headers.set("Connector-User-Issuer", user.issuer);
     headers.set("Connector-User-Subject", user.subject);
+    if (account !== undefined) headers.set("Connector-Account", account);
     const relative = path.replace(/^\/+/, "");
     return this.fetcher(`${this.baseUrl}/v1/proxy/${encodeURIComponent(provider)}/${relative}`, { ...init, headers });
   }
@@ -121,6 +122,7 @@ export class SidecarApi {
         response.status,
         error?.code ?? `http_${response.status}`,
         error?.message ?? `The sidecar answered HTTP ${response.status}.`,
+        error?.labels ?? undefined,
       );
     }
     return payload as T;

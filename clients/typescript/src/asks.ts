@@ -19,6 +19,7 @@ export type Ask = {
   message?: string;
   askAgain?: boolean;
   connection?: Record<string, string>;
+  account?: string;
 };
 
 export function createBody(request: Ask): CreateElicitation {
@@ -29,6 +30,7 @@ export function createBody(request: Ask): CreateElicitation {
   if (request.connection !== undefined && Object.keys(request.connection).length > 0) {
     body.connection = request.connection;
   }
+  if (request.account !== undefined) body.account = request.account;
   return body;
 }
 

@@ -30,6 +30,10 @@ export type AuthorizationRequest = {
   /** Per-connection values the provider's catalog entry asks of the agent (e.g. `{subdomain: "acme"}`); a missing or
    * malformed one is refused (`missing_connection_value` / `invalid_connection_value`) before anyone is asked. */
   connection?: Record<string, string>;
+  /** Which of the user's accounts at the provider (work and personal): its account id or the label the user gave it.
+   * Required when the user holds several there (else `SidecarError` `account_choice_needed`, its `labels` naming
+   * them); one not held yet asks the user to add it. */
+  account?: string;
   /** The agent's own cancellation (a timeout, its work stopping): the elicitation ends with cause `agent`. */
   signal?: AbortSignal;
 };
@@ -211,14 +215,15 @@ export class SidecarConnector {
     return grants.find((grant) => scopes.every((scope) => grant.scopes.includes(scope)));
   }
 
-  /** A provider API call through the sidecar's token proxy (`path` relative to the provider's API base). */
-  fetch(user: User, provider: string, path: string, init?: RequestInit): Promise<Response> {
-    return this.api.proxy(user, provider, path, init);
+  /** A provider API call through the sidecar's token proxy (`path` relative to the provider's API base); `account`
+   * names which of the user's accounts there (needed when the user holds several: else a 409). */
+  fetch(user: User, provider: string, path: string, init?: RequestInit, account?: string): Promise<Response> {
+    return this.api.proxy(user, provider, path, init, account);
   }
 
-  /** `fetch` bound to one user and provider. */
-  http(user: User, provider: string): (path: string, init?: RequestInit) => Promise<Response> {
-    return (path, init) => this.api.proxy(user, provider, path, init);
+  /** `fetch` bound to one user, provider and (optionally) account. */
+  http(user: User, provider: string, account?: string): (path: string, init?: RequestInit) => Promise<Response> {
+    return (path, init) => this.api.proxy(user, provider, path, init, account);
   }
 
   /** Revoke (where the provider allows) and delete every grant of `user` at `provider`; how many there were. */

@@ -1,13 +1,15 @@
 // The errors the package throws: each has a stable `code` and a message a person can read.
 import type { StopCause } from "./types.js";
 
-/** The sidecar refused a call (`status`: its HTTP status, `code`: its stable error code). */
+/** The sidecar refused a call (`status`: its HTTP status, `code`: its stable error code; `labels`, for
+ * `account_choice_needed`: the user's accounts at the provider, by label). */
 export class SidecarError extends Error {
   override readonly name: string = "SidecarError";
   constructor(
     readonly status: number,
     readonly code: string,
     message: string,
+    readonly labels?: readonly string[],
   ) {
     super(message);
   }

@@ -118,12 +118,13 @@ test("a client without URL mode is recorded at the sidecar and sent nothing", as
   peers.close();
 });
 
-test("per-connection values and scopes reach the sidecar as asked; none asked, none sent", async () => {
+test("per-connection values, scopes and the account reach the sidecar as asked; none asked, none sent", async () => {
   fresh();
   const decline = (): Promise<{ action: "decline" }> => Promise.resolve({ action: "decline" });
   const asked = await connect(sidecar.baseUrl, decline, true, {
     scopes: ["repo"],
     connection: { subdomain: "acme" },
+    account: "work",
   });
   await asked.prompt();
   asked.close();
@@ -132,6 +133,10 @@ test("per-connection values and scopes reach the sidecar as asked; none asked, n
   await plain.prompt();
   plain.close();
   assert.ok(sent.length > 0 && sidecar.created.length > 0);
-  for (const body of sent) assert.deepEqual([body.scopes, body.connection], [["repo"], { subdomain: "acme" }]);
-  for (const body of sidecar.created) assert.deepEqual([body.scopes, body.connection], [undefined, undefined]);
+  for (const body of sent) {
+    assert.deepEqual([body.scopes, body.connection, body.account], [["repo"], { subdomain: "acme" }, "work"]);
+  }
+  for (const body of sidecar.created) {
+    assert.deepEqual([body.scopes, body.connection, body.account], [undefined, undefined, undefined]);
+  }
 });

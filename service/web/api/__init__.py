@@ -68,6 +68,12 @@ def api_operations(parts: ApiParts, draining: Draining) -> list[Operation]:
         Param("path", "path", "The path under the provider's API base URL.", required=True),
         Param("Connector-User-Issuer", "header", "The user's identity issuer.", required=True),
         Param("Connector-User-Subject", "header", "The user's subject at that issuer.", required=True),
+        Param(
+            "Connector-Account",
+            "header",
+            "Which of the user's accounts at the provider: its account id or label. Required when the user holds "
+            "several there (else 409 account_choice_needed, naming them).",
+        ),
     )
     events = EventStream(parts.agent_api, parts.bus, draining, keepalive_seconds=settings.events_keepalive_seconds)
     webhooks = WebhookRoutes(parts.agent_api, parts.webhooks, max_body=settings.max_body_bytes)
@@ -102,6 +108,9 @@ def api_operations(parts: ApiParts, draining: Draining) -> list[Operation]:
                     "provider_not_allowed",
                     "unknown_provider",
                     "proxy_not_available",
+                    "account_choice_needed",
+                    "unknown_account",
+                    "invalid_account",
                     "proxy_path_refused",
                     "invalid_input",
                     "no_grant",

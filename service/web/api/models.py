@@ -79,6 +79,14 @@ class CreateElicitation(_Request):
         "`subdomain`, a Microsoft `tenant`); a missing or malformed one is refused with "
         "`missing_connection_value` / `invalid_connection_value` naming it.",
     )
+    account: Text255 | None = Field(
+        default=None,
+        description="Which of the user's accounts at the provider is meant: the provider's account id (`accountId` "
+        "of a grant) or its label (`accountLabel`, or the provider's name for it, `accountName`), without regard to "
+        "case. Without it, a user holding several accounts there is refused `account_choice_needed` (409, naming "
+        "them in `error.labels`). An account the user does not hold yet creates an elicitation for a new one: the "
+        "provider is asked to let the user pick the account, and the consent page offers this as its name.",
+    )
     ask_again: bool = Field(
         default=False,
         description="Ask the user even when a stored grant lacks only scopes the provider refused before "
@@ -141,7 +149,15 @@ class Grant(_Model):
 
     grant_id: str
     provider: str
-    account_id: str
+    account_id: str = Field(description="The provider's id of the account (`account` names it; one grant each).")
+    account_label: str | None = Field(
+        default=None,
+        description="The name the user gave the account on the consent page (e.g. work), else the provider's name "
+        "for it; unique among the user's accounts at the provider. None for a grant stored before labels.",
+    )
+    account_name: str | None = Field(
+        default=None, description="The provider's own name for the account (a login or e-mail address), if it gave one."
+    )
     scopes: list[str]
     created_at: datetime
     updated_at: datetime
@@ -299,6 +315,10 @@ class WebhookDeliveryList(_Model):
 class ErrorDetail(_Model):
     code: str = Field(description="Stable and machine-readable; see the README's error table.")
     message: str = Field(description="A sentence for people.")
+    labels: list[str] | None = Field(
+        default=None,
+        description="`account_choice_needed`: the user's accounts at the provider, by label (pass one as `account`).",
+    )
 
 
 class Error(_Model):

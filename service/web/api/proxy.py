@@ -25,12 +25,14 @@ from starlette.responses import Response, StreamingResponse
 from service.config import ApiSettings
 from service.core.agent_api import AgentApi
 from service.core.errors import (
+    AccountChoiceNeeded,
     ConnectorError,
     FlowRefused,
     GrantNeedsUser,
     NotAuthorized,
     ProviderError,
     ProviderUnavailable,
+    account_choice_refused,
 )
 from service.core.identity import Identity
 from service.core.records import GrantRecord
@@ -46,6 +48,7 @@ log = logging.getLogger("service.web")
 PREFIX = "/v1/proxy/"
 USER_ISSUER = "connector-user-issuer"
 USER_SUBJECT = "connector-user-subject"
+ACCOUNT = "connector-account"  # which of the user's accounts at the provider (service.core.accounts)
 USER_AGENT = f"acp-connector/{__version__}"
 # RFC 9110 section 7.6.1, and what only this hop may see.
 HOP_BY_HOP = frozenset(
@@ -177,9 +180,15 @@ class ProxyRoute:
         base = provider.api_base_url
         # A base without per-connection values: the path is checked before any read.
         checked = target_url(base, rest, query) if base else None
-        grant = await self.tokens.grant_for(_user(request), provider.name, (), tenants)
+        account = request.headers.get(ACCOUNT)
+        try:
+            grant = await self.tokens.grant_for(
+                _user(request), provider.name, (), tenants, account=account, display_name=provider.display_name
+            )
+        except AccountChoiceNeeded as exc:
+            raise account_choice_refused(exc) from None
         if grant is None:
-            raise FlowRefused("no_grant")
+            raise FlowRefused("no_grant" if account is None else "unknown_account")
         try:
             provider = self.tokens.bound(grant, provider)  # the API base may be the grant's (an instance URL)
         except ConnectorError as exc:

@@ -72,6 +72,8 @@ def grant_model(
         grant_id=grant.id,
         provider=grant.provider,
         account_id=grant.provider_account_id,
+        account_label=grant.account_label,
+        account_name=grant.account_name,
         scopes=list(grant.scopes),
         created_at=grant.created_at,
         updated_at=grant.updated_at,
@@ -152,6 +154,7 @@ class ElicitationRoutes:
             grants_only=body.grants_only,
             url_mode=body.url_mode,
             connection=body.connection,
+            account=body.account,
         )
         status = 200 if created.replayed or created.elicitation is None else 201
         return answer(await self._created(created, body.provider), status)
@@ -273,6 +276,8 @@ class ElicitationRoutes:
                     "unknown_provider",
                     "provider_not_configured",
                     "idempotency_conflict",
+                    "account_choice_needed",
+                    "invalid_account",
                 ),
                 params=(
                     Param(

@@ -280,6 +280,12 @@ export interface components {
     /** CreateElicitation */
     CreateElicitation: {
       /**
+       * Account
+       * @description Which of the user's accounts at the provider is meant: the provider's account id (`accountId` of a grant) or its label (`accountLabel`, or the provider's name for it, `accountName`), without regard to case. Without it, a user holding several accounts there is refused `account_choice_needed` (409, naming them in `error.labels`). An account the user does not hold yet creates an elicitation for a new one: the provider is asked to let the user pick the account, and the consent page offers this as its name.
+       * @default null
+       */
+      account?: string | null;
+      /**
        * Askagain
        * @description Ask the user even when a stored grant lacks only scopes the provider refused before (without it, such a request is answered `narrowed` at once).
        * @default false
@@ -475,6 +481,12 @@ export interface components {
        */
       code: string;
       /**
+       * Labels
+       * @description `account_choice_needed`: the user's accounts at the provider, by label (pass one as `account`).
+       * @default null
+       */
+      labels?: string[] | null;
+      /**
        * Message
        * @description A sentence for people.
        */
@@ -499,8 +511,23 @@ export interface components {
      * @description What an agent may know about a grant: never a token.
      */
     Grant: {
-      /** Accountid */
+      /**
+       * Accountid
+       * @description The provider's id of the account (`account` names it; one grant each).
+       */
       accountId: string;
+      /**
+       * Accountlabel
+       * @description The name the user gave the account on the consent page (e.g. work), else the provider's name for it; unique among the user's accounts at the provider. None for a grant stored before labels.
+       * @default null
+       */
+      accountLabel?: string | null;
+      /**
+       * Accountname
+       * @description The provider's own name for the account (a login or e-mail address), if it gave one.
+       * @default null
+       */
+      accountName?: string | null;
       /**
        * Connection
        * @description The grant's per-connection values (a tenant, a shop's subdomain, an instance URL, a company id): given by the agent, or read from the provider's callback or token response. Secret ones are left out.
@@ -787,7 +814,7 @@ export interface operations {
           "application/json": components["schemas"]["Created"];
         };
       };
-      /** @description Error codes: `bad_request`, `invalid_input` */
+      /** @description Error codes: `bad_request`, `invalid_input`, `invalid_account` */
       400: {
         headers: {
           [name: string]: unknown;
@@ -823,7 +850,7 @@ export interface operations {
           "application/json": components["schemas"]["Error"];
         };
       };
-      /** @description Error codes: `idempotency_conflict` */
+      /** @description Error codes: `idempotency_conflict`, `account_choice_needed` */
       409: {
         headers: {
           [name: string]: unknown;
@@ -1239,6 +1266,8 @@ export interface operations {
         "Connector-User-Issuer": string;
         /** @description The user's subject at that issuer. */
         "Connector-User-Subject": string;
+        /** @description Which of the user's accounts at the provider: its account id or label. Required when the user holds several there (else 409 account_choice_needed, naming them). */
+        "Connector-Account"?: string;
       };
       path: {
         /** @description The provider's catalog name. */
@@ -1259,7 +1288,7 @@ export interface operations {
           "*/*": unknown;
         };
       };
-      /** @description Error codes: `proxy_path_refused`, `invalid_input` */
+      /** @description Error codes: `invalid_account`, `proxy_path_refused`, `invalid_input` */
       400: {
         headers: {
           [name: string]: unknown;
@@ -1277,7 +1306,7 @@ export interface operations {
           "application/json": components["schemas"]["Error"];
         };
       };
-      /** @description Error codes: `provider_not_allowed`, `no_grant`, `grant_unusable` */
+      /** @description Error codes: `provider_not_allowed`, `unknown_account`, `no_grant`, `grant_unusable` */
       403: {
         headers: {
           [name: string]: unknown;
@@ -1288,6 +1317,15 @@ export interface operations {
       };
       /** @description Error codes: `unknown_provider`, `proxy_not_available` */
       404: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          "application/json": components["schemas"]["Error"];
+        };
+      };
+      /** @description Error codes: `account_choice_needed` */
+      409: {
         headers: {
           [name: string]: unknown;
         };
@@ -1332,6 +1370,8 @@ export interface operations {
         "Connector-User-Issuer": string;
         /** @description The user's subject at that issuer. */
         "Connector-User-Subject": string;
+        /** @description Which of the user's accounts at the provider: its account id or label. Required when the user holds several there (else 409 account_choice_needed, naming them). */
+        "Connector-Account"?: string;
       };
       path: {
         /** @description The provider's catalog name. */
@@ -1352,7 +1392,7 @@ export interface operations {
           "*/*": unknown;
         };
       };
-      /** @description Error codes: `proxy_path_refused`, `invalid_input` */
+      /** @description Error codes: `invalid_account`, `proxy_path_refused`, `invalid_input` */
       400: {
         headers: {
           [name: string]: unknown;
@@ -1370,7 +1410,7 @@ export interface operations {
           "application/json": components["schemas"]["Error"];
         };
       };
-      /** @description Error codes: `provider_not_allowed`, `no_grant`, `grant_unusable` */
+      /** @description Error codes: `provider_not_allowed`, `unknown_account`, `no_grant`, `grant_unusable` */
       403: {
         headers: {
           [name: string]: unknown;
@@ -1381,6 +1421,15 @@ export interface operations {
       };
       /** @description Error codes: `unknown_provider`, `proxy_not_available` */
       404: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          "application/json": components["schemas"]["Error"];
+        };
+      };
+      /** @description Error codes: `account_choice_needed` */
+      409: {
         headers: {
           [name: string]: unknown;
         };
@@ -1425,6 +1474,8 @@ export interface operations {
         "Connector-User-Issuer": string;
         /** @description The user's subject at that issuer. */
         "Connector-User-Subject": string;
+        /** @description Which of the user's accounts at the provider: its account id or label. Required when the user holds several there (else 409 account_choice_needed, naming them). */
+        "Connector-Account"?: string;
       };
       path: {
         /** @description The provider's catalog name. */
@@ -1445,7 +1496,7 @@ export interface operations {
           "*/*": unknown;
         };
       };
-      /** @description Error codes: `proxy_path_refused`, `invalid_input` */
+      /** @description Error codes: `invalid_account`, `proxy_path_refused`, `invalid_input` */
       400: {
         headers: {
           [name: string]: unknown;
@@ -1463,7 +1514,7 @@ export interface operations {
           "application/json": components["schemas"]["Error"];
         };
       };
-      /** @description Error codes: `provider_not_allowed`, `no_grant`, `grant_unusable` */
+      /** @description Error codes: `provider_not_allowed`, `unknown_account`, `no_grant`, `grant_unusable` */
       403: {
         headers: {
           [name: string]: unknown;
@@ -1474,6 +1525,15 @@ export interface operations {
       };
       /** @description Error codes: `unknown_provider`, `proxy_not_available` */
       404: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          "application/json": components["schemas"]["Error"];
+        };
+      };
+      /** @description Error codes: `account_choice_needed` */
+      409: {
         headers: {
           [name: string]: unknown;
         };
@@ -1518,6 +1578,8 @@ export interface operations {
         "Connector-User-Issuer": string;
         /** @description The user's subject at that issuer. */
         "Connector-User-Subject": string;
+        /** @description Which of the user's accounts at the provider: its account id or label. Required when the user holds several there (else 409 account_choice_needed, naming them). */
+        "Connector-Account"?: string;
       };
       path: {
         /** @description The provider's catalog name. */
@@ -1538,7 +1600,7 @@ export interface operations {
           "*/*": unknown;
         };
       };
-      /** @description Error codes: `proxy_path_refused`, `invalid_input` */
+      /** @description Error codes: `invalid_account`, `proxy_path_refused`, `invalid_input` */
       400: {
         headers: {
           [name: string]: unknown;
@@ -1556,7 +1618,7 @@ export interface operations {
           "application/json": components["schemas"]["Error"];
         };
       };
-      /** @description Error codes: `provider_not_allowed`, `no_grant`, `grant_unusable` */
+      /** @description Error codes: `provider_not_allowed`, `unknown_account`, `no_grant`, `grant_unusable` */
       403: {
         headers: {
           [name: string]: unknown;
@@ -1567,6 +1629,15 @@ export interface operations {
       };
       /** @description Error codes: `unknown_provider`, `proxy_not_available` */
       404: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          "application/json": components["schemas"]["Error"];
+        };
+      };
+      /** @description Error codes: `account_choice_needed` */
+      409: {
         headers: {
           [name: string]: unknown;
         };
@@ -1611,6 +1682,8 @@ export interface operations {
         "Connector-User-Issuer": string;
         /** @description The user's subject at that issuer. */
         "Connector-User-Subject": string;
+        /** @description Which of the user's accounts at the provider: its account id or label. Required when the user holds several there (else 409 account_choice_needed, naming them). */
+        "Connector-Account"?: string;
       };
       path: {
         /** @description The provider's catalog name. */
@@ -1631,7 +1704,7 @@ export interface operations {
           "*/*": unknown;
         };
       };
-      /** @description Error codes: `proxy_path_refused`, `invalid_input` */
+      /** @description Error codes: `invalid_account`, `proxy_path_refused`, `invalid_input` */
       400: {
         headers: {
           [name: string]: unknown;
@@ -1649,7 +1722,7 @@ export interface operations {
           "application/json": components["schemas"]["Error"];
         };
       };
-      /** @description Error codes: `provider_not_allowed`, `no_grant`, `grant_unusable` */
+      /** @description Error codes: `provider_not_allowed`, `unknown_account`, `no_grant`, `grant_unusable` */
       403: {
         headers: {
           [name: string]: unknown;
@@ -1660,6 +1733,15 @@ export interface operations {
       };
       /** @description Error codes: `unknown_provider`, `proxy_not_available` */
       404: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          "application/json": components["schemas"]["Error"];
+        };
+      };
+      /** @description Error codes: `account_choice_needed` */
+      409: {
         headers: {
           [name: string]: unknown;
         };
@@ -1704,6 +1786,8 @@ export interface operations {
         "Connector-User-Issuer": string;
         /** @description The user's subject at that issuer. */
         "Connector-User-Subject": string;
+        /** @description Which of the user's accounts at the provider: its account id or label. Required when the user holds several there (else 409 account_choice_needed, naming them). */
+        "Connector-Account"?: string;
       };
       path: {
         /** @description The provider's catalog name. */
@@ -1724,7 +1808,7 @@ export interface operations {
           "*/*": unknown;
         };
       };
-      /** @description Error codes: `proxy_path_refused`, `invalid_input` */
+      /** @description Error codes: `invalid_account`, `proxy_path_refused`, `invalid_input` */
       400: {
         headers: {
           [name: string]: unknown;
@@ -1742,7 +1826,7 @@ export interface operations {
           "application/json": components["schemas"]["Error"];
         };
       };
-      /** @description Error codes: `provider_not_allowed`, `no_grant`, `grant_unusable` */
+      /** @description Error codes: `provider_not_allowed`, `unknown_account`, `no_grant`, `grant_unusable` */
       403: {
         headers: {
           [name: string]: unknown;
@@ -1753,6 +1837,15 @@ export interface operations {
       };
       /** @description Error codes: `unknown_provider`, `proxy_not_available` */
       404: {
+        headers: {
+          [name: string]: unknown;
+        };
+        content: {
+          "application/json": components["schemas"]["Error"];
+        };
+      };
+      /** @description Error codes: `account_choice_needed` */
+      409: {
         headers: {
           [name: string]: unknown;
         };
