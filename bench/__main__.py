@@ -1,10 +1,12 @@
 """`make bench`: every benchmark, each in its own process, then the tables in bench/RESULTS.md.
 
-    .venv/bin/python -m bench [--quick] [--no-write]
+    .venv/bin/python -m bench [--quick] [--no-write] [--scale]
 
 The tables go between the `<!-- results -->` markers of bench/RESULTS.md; the notes around them are kept.
 PostgreSQL runs join in when BENCH_POSTGRES_URL (or CONNECTOR_TEST_POSTGRES_URL) names a server to create a
-scratch database on.
+scratch database on. `--scale` (`make bench BENCH_ARGS=--scale`) adds `bench/scale.py`, a million grants and ten
+million audit and event rows on PostgreSQL (15-20 minutes more; it loads and drops a database of its own; run
+`python -m bench.scale --reuse` alone to keep it loaded between runs).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ BENCHES = [
     ("The token proxy against calling the API directly: sidecar CPU, added latency, throughput", "bench.proxy"),
     ("A proxied call with a DPoP-bound grant beside a Bearer one", "bench.dpop"),
 ]
+SCALE = ("At scale on PostgreSQL: 1,000,000 grants, 10,000,000 audit and event rows", "bench.scale")
 RESULTS = REPO / "bench" / "RESULTS.md"
 MARKERS = re.compile(r"(<!-- results -->\n).*?(<!-- /results -->)", re.S)
 
@@ -39,9 +42,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer flows and levels (a smoke run)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave bench/RESULTS.md as it is")
+    parser.add_argument("--scale", action="store_true", help="add bench/scale.py (PostgreSQL, 15-20 minutes)")
     args = parser.parse_args()
     parts = [f"Run by `make bench`{' --quick' if args.quick else ''} on {machine()}."]
-    for title, module in BENCHES:
+    for title, module in [*BENCHES, *([SCALE] if args.scale else [])]:
         print(f"running {module} ...", file=sys.stderr, flush=True)
         output = "\n".join(line for line in run(module, args.quick).splitlines() if not line.startswith("Measured on"))
         parts.append(f"### {title} (`{module.replace('.', '/')}.py`)\n\n{output.strip()}")
