@@ -29,6 +29,7 @@ log = logging.getLogger("service.flow")
 FLOW_TTL = timedelta(minutes=10)
 _ERROR_CODE = re.compile(r"[a-z0-9_.-]{1,64}")
 
+AUTHORIZING = ElicitationStatus.AUTHORIZING
 # The refusal for an elicitation that has ended, by how it ended.
 CLOSED_CODES: dict[ElicitationStatus, str] = {
     ElicitationStatus.COMPLETED: "already_completed",
@@ -139,21 +140,16 @@ class BrowserFlow:
     async def _start(self, record: ElicitationRecord, flow: FlowRecord) -> None:
         """The verified browser's flow begins: -> AUTHORIZING, the flow stored, `verified` audited, together."""
         store, now = self.store, flow.created_at
+        verified = self.elicitations.entry(record, "verified", None, now)
         async with store.transaction() as tx:
-            # -> VERIFIED -> AUTHORIZING as one UPDATE. A first start has no flow to supersede; a restart (back
-            # button, second click) supersedes the earlier flow.
-            started = await store.elicitations.transition(
-                record.id, ElicitationStatus.AUTHORIZING, from_=START_FROM, now=now, conn=tx
-            )
-            if started is None:
-                started = await store.elicitations.transition(
-                    record.id, ElicitationStatus.AUTHORIZING, from_=RESTART_FROM, now=now, conn=tx
-                )
-                if started is None:
+            # -> VERIFIED -> AUTHORIZING as one UPDATE, audited in it. A first start has no flow to supersede; a
+            # restart (back button, second click) supersedes the earlier flow.
+            to_start = {"now": now, "conn": tx, "audit": verified}
+            if not await store.elicitations.transition(record.id, AUTHORIZING, from_=START_FROM, **to_start):
+                if not await store.elicitations.transition(record.id, AUTHORIZING, from_=RESTART_FROM, **to_start):
                     raise FlowRefused(CLOSED_CODES.get(record.status, "failed"))
                 await store.flows.invalidate_open(record.id, now, conn=tx)
             await store.flows.insert(flow, conn=tx)
-            await self.elicitations.audit(record, "verified", now=now, conn=tx)
 
     def _whose_browser(self, browser_user: Identity) -> dict[str, str]:
         """What an audit row of a refused browser says about who was there, and who vouched for it."""

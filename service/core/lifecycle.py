@@ -33,7 +33,7 @@ from .outcomes import (
     terminal_status,
 )
 from .ports import AuditGate, EventSink, FlowMetrics, ProviderGateway, Store, Tx
-from .records import ElicitationRecord, GrantRecord
+from .records import AuditEntry, ElicitationRecord, GrantRecord
 from .scopes import ElicitationScope, RequestScope, SessionScope
 from .settings import FlowSettings
 from .states import CompletionDelivery, ElicitationStatus
@@ -268,24 +268,23 @@ class Elicitations:
             connection_values=values,
             account=account_ask(grants, held, account),
         )
+        created = self.entry(record, "created", {"scopes": list(record.scopes), "scope_kind": record.scope_kind}, now)
         async with self.store.transaction() as tx:
-            await self.store.elicitations.insert(record, conn=tx)
+            await self.store.elicitations.insert(record, conn=tx, audit=created)
             if within is not None:
                 await within(record, tx)
-            await self.audit(
-                record, "created", detail={"scopes": list(record.scopes), "scope_kind": record.scope_kind}, conn=tx
-            )
         if self.metrics is not None:
             self.metrics.flow_started(provider)
         return record
 
     async def consented(self, record: ElicitationRecord) -> None:
         """The client answered accept. The browser may already be ahead: then nothing changes."""
+        now = self.now()
+        consented = self.entry(record, "consented", None, now)
         async with self.store.transaction() as tx:
-            if await self.store.elicitations.transition(
-                record.id, ElicitationStatus.CONSENTED, now=self.now(), conn=tx
-            ):
-                await self.audit(record, "consented", conn=tx)
+            await self.store.elicitations.transition(
+                record.id, ElicitationStatus.CONSENTED, now=now, conn=tx, audit=consented
+            )
 
     async def answered(self, record: ElicitationRecord, answer: ClientAnswer) -> AuthorizationOutcome | None:
         """Record an answer other than accept; the outcome, or None for accept (the browser decides then)."""
@@ -408,19 +407,22 @@ class Elicitations:
         """Record how a telling this replica took went: sent, or undeliverable (the connection is gone), audited.
         False when it was settled meanwhile (this replica was presumed gone)."""
         outcome = CompletionDelivery.SENT if sent else CompletionDelivery.UNDELIVERABLE
+        told = AuditEntry(
+            "completion_sent" if sent else "completion_undeliverable",
+            self.now(),
+            elicitation_id=elicitation_id,
+            detail={} if sent else {"reason": CONNECTION_CLOSED},
+        )
         async with self.store.transaction() as tx:
-            settled = await self.store.elicitations.settle_completion(elicitation_id, outcome, conn=tx)
-            if settled:
-                await self.store.audit.record(
-                    "completion_sent" if sent else "completion_undeliverable",
-                    elicitation_id=elicitation_id,
-                    detail={} if sent else {"reason": CONNECTION_CLOSED},
-                    now=self.now(),
-                    conn=tx,
-                )
-        return settled
+            return await self.store.elicitations.settle_completion(elicitation_id, outcome, conn=tx, audit=told)
 
     # -- audit ------------------------------------------------------------------------------------------
+    def entry(
+        self, record: ElicitationRecord, event: str, detail: Mapping[str, object] | None, now: datetime
+    ) -> AuditEntry:
+        """The audit event `event` about `record` (its id, bound identity and provider), to write with a change."""
+        return AuditEntry(event, now, record.id, record.identity, record.provider, detail)
+
     async def audit(
         self,
         record: ElicitationRecord,

@@ -24,6 +24,7 @@ from .records import (
     ApiKeyRecord,
     AttemptRecord,
     AttemptResult,
+    AuditEntry,
     AuditRecord,
     ElicitationRecord,
     FlowRecord,
@@ -40,7 +41,8 @@ Tx = Any  # an open transaction of the store, passed through unchanged
 
 
 class ElicitationRepo(Protocol):
-    async def insert(self, rec: ElicitationRecord, conn: Tx = None) -> None: ...
+    # `audit`: the change's audit row, written with it (in its statement where the database can).
+    async def insert(self, rec: ElicitationRecord, conn: Tx = None, *, audit: AuditEntry | None = None) -> None: ...
     async def get(self, id: str, conn: Tx = None) -> ElicitationRecord | None: ...
     async def transition(
         self,
@@ -51,10 +53,13 @@ class ElicitationRepo(Protocol):
         now: datetime,
         from_: Collection[ElicitationStatus] | None = None,
         conn: Tx = None,
+        audit: AuditEntry | None = None,
     ) -> ElicitationRecord | None: ...
     async def add_identity_mismatch(self, id: str, *, now: datetime, conn: Tx = None) -> int: ...
     async def claim_completion(self, id: str, replica_id: str, conn: Tx = None) -> datetime | None: ...
-    async def settle_completion(self, id: str, outcome: CompletionDelivery, conn: Tx = None) -> bool: ...
+    async def settle_completion(
+        self, id: str, outcome: CompletionDelivery, conn: Tx = None, *, audit: AuditEntry | None = None
+    ) -> bool: ...
     async def expire_due(
         self, now: datetime, *, limit: int = ..., reason: str | None = None, conn: Tx = None
     ) -> list[ElicitationRecord]: ...

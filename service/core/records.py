@@ -156,6 +156,19 @@ class GrantRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class AuditEntry:
+    """An audit event to write with the change it records, in the change's transaction (and on PostgreSQL in the
+    change's own statement). `detail` must be JSON-serialisable; the store bounds and redacts it."""
+
+    event: str
+    at: datetime
+    elicitation_id: str | None = None
+    identity: Identity | None = None
+    provider: str | None = None
+    detail: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class AuditRecord:
     """One line of the audit trail. `detail` never holds secrets."""
 

@@ -20,12 +20,12 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import RowMapping, insert, select
+from sqlalchemy import RowMapping, bindparam, insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.core.audit_events import checked_event
 from service.core.identity import Identity
-from service.core.records import AuditRecord, ElicitationRecord
+from service.core.records import AuditEntry, AuditRecord, ElicitationRecord
 
 from .engine import Database, dump_json, load_json
 from .tables import audit_events
@@ -119,6 +119,52 @@ def log_audit_event(values: Mapping[str, Any]) -> None:
 
 
 _INSERT = insert(audit_events)  # built once: every step of every flow appends a row
+_COLUMNS = ("at", "event", "elicitation_id", "identity_issuer", "identity_subject", "provider", "detail")
+
+
+def audit_row(entry: AuditEntry) -> dict[str, Any]:
+    """The row of `entry` as stored (every field bounded, secret-named detail keys redacted)."""
+    identity = entry.identity
+    return {
+        "at": entry.at,
+        "event": _bounded_field("event", checked_event(entry.event)),
+        "elicitation_id": _bounded_field("elicitation_id", entry.elicitation_id),
+        "identity_issuer": _bounded_field("identity_issuer", None if identity is None else identity.issuer),
+        "identity_subject": _bounded_field("identity_subject", None if identity is None else identity.subject),
+        "provider": _bounded_field("provider", entry.provider),
+        "detail": dump_json(_bounded_detail(_redact(entry.detail or {}))),
+    }
+
+
+def with_audit_row(statement: Any) -> Any:
+    """PostgreSQL: `statement` (an INSERT, UPDATE or DELETE ... RETURNING) and, for each row it changed, the audit
+    row given as `audit_*` parameters (`audit_params`), in one statement: a data-modifying CTE. Its rows are the
+    changed rows."""
+    changed = statement.cte("changed")
+    row = select(*(bindparam(f"audit_{n}", type_=audit_events.c[n].type) for n in _COLUMNS)).select_from(changed)
+    return select(*changed.c).add_cte(insert(audit_events).from_select(list(_COLUMNS), row).cte("audited"))
+
+
+def audit_params(values: Mapping[str, Any]) -> dict[str, Any]:
+    """An audit row's values as the parameters of a statement built by `with_audit_row`."""
+    return {f"audit_{name}": values[name] for name in _COLUMNS}
+
+
+def fuses_audit(conn: AsyncConnection) -> bool:
+    """Whether this connection's database writes an audit row in its change's own statement (PostgreSQL)."""
+    return conn.dialect.name == "postgresql"
+
+
+async def write_audit_row(conn: AsyncConnection, values: Mapping[str, Any], *, written: bool = False) -> None:
+    """Append an audit row in `conn`'s transaction (unless `written` by the change's own statement already), and log
+    it: after the commit inside a `Store.transaction()`, else at once."""
+    if not written:
+        await conn.execute(_INSERT, dict(values))
+    pending = conn.info.get(PENDING_AUDIT_LOG)
+    if isinstance(pending, builtins.list):
+        pending.append(values)  # logged by Store.transaction() after the commit
+    else:
+        log_audit_event(values)
 
 
 class AuditRepository:
@@ -137,15 +183,8 @@ class AuditRepository:
         conn: AsyncConnection | None = None,
     ) -> None:
         """Append one event and log it. `detail` must be JSON-serialisable; secret-named keys are redacted."""
-        values = {
-            "at": now if now is not None else datetime.now(UTC),
-            "event": _bounded_field("event", checked_event(event)),
-            "elicitation_id": _bounded_field("elicitation_id", elicitation_id),
-            "identity_issuer": _bounded_field("identity_issuer", None if identity is None else identity.issuer),
-            "identity_subject": _bounded_field("identity_subject", None if identity is None else identity.subject),
-            "provider": _bounded_field("provider", provider),
-            "detail": dump_json(_bounded_detail(_redact(detail or {}))),
-        }
+        at = now if now is not None else datetime.now(UTC)
+        values = audit_row(AuditEntry(event, at, elicitation_id, identity, provider, detail))
         async with self._db.write(conn) as c:
             await c.execute(_INSERT, values)
         pending = conn.info.get(PENDING_AUDIT_LOG) if conn is not None else None

@@ -11,9 +11,10 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.core.accounts import AccountAsk
 from service.core.identity import Identity
-from service.core.records import ElicitationRecord, ScopeKind
+from service.core.records import AuditEntry, ElicitationRecord, ScopeKind
 from service.core.states import ALLOWED, CompletionDelivery, ElicitationStatus
 
+from .audit import audit_params, audit_row, fuses_audit, with_audit_row, write_audit_row
 from .engine import Database, dump_json, load_json
 from .tables import COMPLETION_PENDING, elicitations, replicas
 
@@ -51,6 +52,21 @@ _SETTLE_COMPLETION = (
 )
 
 
+# The same with the step's audit row in the statement (PostgreSQL: a data-modifying CTE, `with_audit_row`).
+_ROW_COLUMNS = (
+    "id connection_key identity_issuer identity_subject provider scopes scope_kind session_id tool_call_id request_id "
+    "agent_name message status failure_reason created_at expires_at updated_at replica_id connection_values"
+).split()
+_AUDITED = {
+    "insert": with_audit_row(
+        insert(elicitations).values({n: bindparam(n) for n in _ROW_COLUMNS}).returning(elicitations.c.id)
+    ),
+    "transition": with_audit_row(_TRANSITION),
+    "transition_with_reason": with_audit_row(_TRANSITION_WITH_REASON),
+    "settle": with_audit_row(_SETTLE_COMPLETION.returning(elicitations.c.id)),
+}
+
+
 def predecessors(target: ElicitationStatus) -> frozenset[ElicitationStatus]:
     """The statuses from which `target` may be reached. Terminal statuses are never among them."""
     return frozenset(current for current, allowed in ALLOWED.items() if target in allowed)
@@ -60,9 +76,19 @@ class ElicitationRepository:
     def __init__(self, db: Database) -> None:
         self._db = db
 
-    async def insert(self, rec: ElicitationRecord, conn: AsyncConnection | None = None) -> None:
+    async def insert(
+        self, rec: ElicitationRecord, conn: AsyncConnection | None = None, *, audit: AuditEntry | None = None
+    ) -> None:
+        """Insert the elicitation, and `audit`'s row with it (in its statement on PostgreSQL)."""
         async with self._db.write(conn) as c:
+            if audit is not None and fuses_audit(c):
+                values = audit_row(audit)
+                await c.execute(_AUDITED["insert"], {**_to_row(rec), **audit_params(values)})
+                await write_audit_row(c, values, written=True)
+                return
             await c.execute(_INSERT, _to_row(rec))
+            if audit is not None:
+                await write_audit_row(c, audit_row(audit))
 
     async def get(self, id: str, conn: AsyncConnection | None = None) -> ElicitationRecord | None:
         async with self._db.read(conn) as c:
@@ -78,12 +104,14 @@ class ElicitationRepository:
         now: datetime,
         from_: Collection[ElicitationStatus] | None = None,
         conn: AsyncConnection | None = None,
+        audit: AuditEntry | None = None,
     ) -> ElicitationRecord | None:
         """Move the elicitation to `target` if its current status allows it, in one UPDATE.
 
         Returns the updated record, or None when the id is unknown or the current status does not allow
         `target` (a terminal status never changes). `reason` is stored as the failure reason when given.
         `from_` narrows the statuses it may move from (the core passes it for a step it checked as a path).
+        `audit` is written when the move happens, in the same transaction (on PostgreSQL in the UPDATE's statement).
         """
         allowed = predecessors(target) if from_ is None else frozenset(from_)
         assert not any(s.terminal for s in allowed), "a terminal status never changes"
@@ -96,8 +124,17 @@ class ElicitationRepository:
         if reason is not None:
             params["reason"] = reason
         async with self._db.write(conn) as c:
-            statement = _TRANSITION if reason is None else _TRANSITION_WITH_REASON
+            values = None if audit is None else audit_row(audit)
+            fused = values is not None and fuses_audit(c)
+            if fused:
+                assert values is not None
+                params.update(audit_params(values))
+                statement = _AUDITED["transition" if reason is None else "transition_with_reason"]
+            else:
+                statement = _TRANSITION if reason is None else _TRANSITION_WITH_REASON
             row = (await c.execute(statement, params)).mappings().first()
+            if row is not None and values is not None:
+                await write_audit_row(c, values, written=fused)
         return None if row is None else _from_row(row)
 
     async def add_identity_mismatch(self, id: str, *, now: datetime, conn: AsyncConnection | None = None) -> int:
@@ -122,12 +159,27 @@ class ElicitationRepository:
         return completed_at
 
     async def settle_completion(
-        self, id: str, outcome: CompletionDelivery, conn: AsyncConnection | None = None
+        self,
+        id: str,
+        outcome: CompletionDelivery,
+        conn: AsyncConnection | None = None,
+        *,
+        audit: AuditEntry | None = None,
     ) -> bool:
-        """Record how a claimed telling ended (`sent` or `undeliverable`); False if it was settled meanwhile."""
-        params = {"elicitation_id": id, "outcome": outcome.value}
+        """Record how a claimed telling ended (`sent` or `undeliverable`), with `audit`'s row when it is recorded
+        (in its statement on PostgreSQL); False if it was settled meanwhile."""
+        params: dict[str, Any] = {"elicitation_id": id, "outcome": outcome.value}
         async with self._db.write(conn) as c:
-            return bool((await c.execute(_SETTLE_COMPLETION, params)).rowcount > 0)
+            values = None if audit is None else audit_row(audit)
+            if values is not None and fuses_audit(c):
+                settled = (await c.execute(_AUDITED["settle"], {**params, **audit_params(values)})).first() is not None
+                if settled:
+                    await write_audit_row(c, values, written=True)
+                return settled
+            settled = (await c.execute(_SETTLE_COMPLETION, params)).rowcount > 0
+            if settled and values is not None:
+                await write_audit_row(c, values)
+            return settled
 
     async def completions_to_tell(
         self, replica_id: str, *, limit: int = 100, conn: AsyncConnection | None = None
