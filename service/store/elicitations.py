@@ -53,10 +53,9 @@ _SETTLE_COMPLETION = (
 
 
 # The same with the step's audit row in the statement (PostgreSQL: a data-modifying CTE, `with_audit_row`).
-_ROW_COLUMNS = (
-    "id connection_key identity_issuer identity_subject provider scopes scope_kind session_id tool_call_id request_id "
-    "agent_name message status failure_reason created_at expires_at updated_at replica_id connection_values"
-).split()
+# Every column `_to_row` gives (the two left out start NULL or 0 and change later): a column added to the table
+# without a value there makes this insert fail loudly rather than store NULL.
+_ROW_COLUMNS = [c.name for c in elicitations.c if c.name not in ("identity_mismatches", "completion_delivery")]
 _AUDITED = {
     "insert": with_audit_row(
         insert(elicitations).values({n: bindparam(n) for n in _ROW_COLUMNS}).returning(elicitations.c.id)
