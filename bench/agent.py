@@ -16,6 +16,7 @@ import contextlib
 import logging
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from acp import PROTOCOL_VERSION, run_agent, update_agent_message_text
@@ -23,6 +24,7 @@ from acp.interfaces import Client
 from acp.schema import AgentCapabilities, InitializeResponse, NewSessionResponse, PromptResponse
 
 from bench.driver import USER_ISSUER
+from bench.memory import MemoryProbe
 from service import Connector, Identity, SessionScope, load_settings
 
 
@@ -66,6 +68,8 @@ class BenchAgent:
 
 async def main() -> None:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    if probe_dir := os.environ.get("BENCH_MEMORY_DIR"):  # bench/soak.py reads this process's memory through it
+        MemoryProbe(Path(probe_dir)).install()
     connector = Connector.from_settings(load_settings(None))
     await connector.start()
     web = asyncio.create_task(connector.serve())

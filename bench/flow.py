@@ -69,7 +69,9 @@ async def postgres_database(admin_url: str) -> AsyncIterator[str]:
 
 
 @contextlib.asynccontextmanager
-async def connector_agent(provider: str, database_url: str, workdir: Path) -> AsyncIterator[AgentDriver]:
+async def connector_agent(
+    provider: str, database_url: str, workdir: Path, extra_env: dict[str, str] | None = None
+) -> AsyncIterator[AgentDriver]:
     """The benchmark agent with its connector on `database_url`, its web server up, an SDK client connected."""
     migrate(database_url)
     port = free_port()
@@ -88,6 +90,7 @@ async def connector_agent(provider: str, database_url: str, workdir: Path) -> As
         "CONNECTOR_PROVIDER_GITHUB_CLIENT_SECRET": CLIENT_SECRET,
         "CONNECTOR_RATE_LIMIT__ENABLED": "false",
         **PER_FLOW_USERS,
+        **(extra_env or {}),
     }
     client = BenchClient()
     async with spawn_stdio_transport(PYTHON, "-m", "bench.agent", env=env, cwd=str(REPO), stderr=None) as (
