@@ -26,7 +26,7 @@ an elicitation elsewhere (e.g. an expiry sweeper) only ends the row; the waiting
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic
 
 from service.core.answers import ClientAnswer
@@ -106,8 +106,13 @@ class AcpAuthorizer(Generic[H, E]):
         ask_again: bool = False,
         connection: Mapping[str, str] | None = None,
         account: str | None = None,
+        resolve: Callable[[str, Sequence[str] | None], tuple[str, Sequence[str] | None]] | None = None,
     ) -> AuthorizationOutcome:
-        """Settle the request from stored grants, else ask the client (URL mode only) and wait for the browser."""
+        """Settle the request from stored grants, else ask the client (URL mode only) and wait for the browser.
+
+        `resolve(provider, scopes)` gives what to ask for (the face's catalog name and default scopes)."""
+        if resolve is not None:
+            provider, scopes = resolve(provider, scopes)
         ask = AuthorizationAsk(user, provider, scopes, scope, message, ask_again, connection, account)
         settled = await self.lifecycle.settled(ask)
         if settled is not None:
@@ -143,7 +148,9 @@ class AcpAuthorizer(Generic[H, E]):
                 outcome = await self.lifecycle.answered(handle, answer)
                 if outcome is None:
                     # Accepted. Now the browser: wait for the end, or for the connection to end; nothing polls here.
-                    # (Inline, not a helper coroutine: thousands may wait at once, each frame costs memory.)
+                    # (Inline, not a helper coroutine: thousands may wait at once, each frame costs memory; for the
+                    # same reason the question and the answer are not kept while the user takes their time.)
+                    del ask, answer
                     if not ended.done():
                         link.wake_on_close(ended)
                         try:

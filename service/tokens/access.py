@@ -23,6 +23,7 @@ from service.metrics import Metrics, RefreshResult
 from service.oauth import ProviderGateway, ResolvedProvider
 from service.oauth.dpop import Dpop
 from service.store import Store
+from service.util.bounded import Bounded
 from service.util.locks import KeyedLocks
 from service.vault import Vault
 
@@ -37,6 +38,9 @@ REFRESH_AHEAD_SHARE = 0.1
 REFRESH_AHEAD_MAX_SECONDS = 60.0
 GRANT_LOOKUPS_KEPT = 10_000
 _Lookup = tuple[frozenset[str], frozenset[str], str | None]  # scopes asked, tenants seen, the account named
+# Decrypted token sets, DPoP keys and uses kept per grant: the most recent this many grants (a grant that falls out
+# is read and decrypted again at its next use, or not refreshed ahead by this replica).
+GRANTS_KEPT = 10_000
 
 
 def refresh_margin(tokens: TokenSet) -> float:
@@ -68,16 +72,31 @@ class TokenAccess:
         # Decrypted token sets by grant id, so a request does not cost a database read and a decryption.
         # A set is used from here only while it is not due for refresh; a refresh (due, or a 401 on the cached
         # token) reads the database again under the grant's lock, where another process may have stored one.
-        self._tokens: dict[str, TokenSet] = {}
+        self._tokens: Bounded[str, TokenSet] = Bounded(GRANTS_KEPT)
         # DPoP-bound grants: grant id -> (the private JWK of the set held, its parsed key and the nonces).
-        self._dpop: dict[str, tuple[Mapping[str, str], Dpop | None]] = {}
+        self._dpop: Bounded[str, tuple[Mapping[str, str], Dpop | None]] = Bounded(GRANTS_KEPT)
         # Grant lookups: (issuer, subject, provider) -> {(scopes asked, tenants seen, account): grant}, newest use
         # last.
         self._grants: OrderedDict[tuple[str, str, str], dict[_Lookup, GrantRecord]] = OrderedDict()
-        self._generations: dict[tuple[str, str, str], int] = {}
+        # Lookups being read now: pair -> [readers, changes heard meanwhile]. A read's result is cached only if no
+        # change to that user's grants at that provider was heard while it read; the entry goes with its last reader
+        # (a count per pair kept for good would grow by one for every user whose grant ever changed).
+        self._reading: dict[tuple[str, str, str], list[int]] = {}
         # Grants this process used: grant id -> (when, provider), for refreshing ahead (`used_since`).
-        self._used: dict[str, tuple[float, str]] = {}
+        self._used: Bounded[str, tuple[float, str]] = Bounded(GRANTS_KEPT)
         events.add_listener(self._on_event)
+
+    def tables(self) -> dict[str, int]:
+        """How many entries each per-user and per-grant table holds (each bounded; `reading` and `locks` are 0
+        whenever no lookup or refresh runs)."""
+        return {
+            "grant_lookups": len(self._grants),
+            "reading": len(self._reading),
+            "token_sets": len(self._tokens),
+            "dpop_keys": len(self._dpop),
+            "grants_used": len(self._used),
+            "locks": len(self._locks),
+        }
 
     # -- finding a grant -----------------------------------------------------------------------------------
     async def grant_for(
@@ -100,12 +119,19 @@ class TokenAccess:
         if known is not None and wanted in known:
             self._grants.move_to_end(pair)
             return known[wanted]
-        generation = self._generations.get(pair, 0)
-        grant = await find_grant(
-            self.store.grants, user, provider, scopes, tenants, account=account, display_name=display_name
-        )
+        reading = self._reading.setdefault(pair, [0, 0])
+        reading[0] += 1
+        generation = reading[1]
+        try:
+            grant = await find_grant(
+                self.store.grants, user, provider, scopes, tenants, account=account, display_name=display_name
+            )
+        finally:
+            reading[0] -= 1
+            if not reading[0]:
+                del self._reading[pair]
         # Kept only if no change to this user's grants at this provider was announced while we read.
-        if grant is not None and self._generations.get(pair, 0) == generation:
+        if grant is not None and reading[1] == generation:
             self._grants.setdefault(pair, {})[wanted] = grant
             self._grants.move_to_end(pair)
             while len(self._grants) > GRANT_LOOKUPS_KEPT:
@@ -115,7 +141,8 @@ class TokenAccess:
     def _on_event(self, event: Event) -> None:
         if isinstance(event, GrantChanged):
             pair = (event.identity.issuer, event.identity.subject, event.provider)
-            self._generations[pair] = self._generations.get(pair, 0) + 1
+            if (reading := self._reading.get(pair)) is not None:
+                reading[1] += 1
             self._grants.pop(pair, None)
             self._tokens.pop(event.grant_id, None)
             self._dpop.pop(event.grant_id, None)
@@ -171,6 +198,7 @@ class TokenAccess:
     async def access_token(self, grant_id: str, provider: ResolvedProvider, *, stale: str | None = None) -> str:
         """A usable access token; refreshes when due, or when the caller saw `stale` rejected."""
         self._used[grant_id] = (self.now().timestamp(), provider.name)
+        self._used.move_to_end(grant_id)  # the least recently used go first
         return await self._token(grant_id, provider, stale, 0.0)
 
     def used_since(self, moment: datetime) -> dict[str, str]:

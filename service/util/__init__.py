@@ -1,5 +1,6 @@
 """Small helpers that are not the domain: the standard library only, and nothing of the connector.
 
+- `bounded`: a dict that keeps at most so many keys (the oldest set go first)
 - `clock`: the time a connector reads, movable by tests
 - `cookies`: a cookie jar that keeps nothing, for shared outbound HTTP clients
 - `hosts`: whether a host name could mislead a person (IDN, mixed scripts)
