@@ -24,6 +24,7 @@ BENCHES = [
     ("Two replicas on PostgreSQL: completion across replicas, one refresh for both", "bench.replicas"),
     ("The token proxy against calling the API directly: sidecar CPU, added latency, throughput", "bench.proxy"),
     ("A proxied call with a DPoP-bound grant beside a Bearer one", "bench.dpop"),
+    ("A soak at a steady flow rate: RSS kept per completed flow, and what stays", "bench.soak"),
 ]
 SCALE = ("At scale on PostgreSQL: 1,000,000 grants, 10,000,000 audit and event rows", "bench.scale")
 RESULTS = REPO / "bench" / "RESULTS.md"
