@@ -94,3 +94,38 @@ async def test_after_the_provider_a_clean_address_names_the_account_once_and_onl
         again = await browser.get(f"{deployment.base_url}{location}")  # a reload: told once
         assert again.status_code == 200 and "octocat" not in again.text
         assert (await pending.outcome()).ok
+
+
+async def test_a_refused_callback_answers_at_a_clean_address_with_its_status_once(deploy_with: Deploy) -> None:
+    async with deploy_with() as deployment, asking(deployment) as ask, ScriptedBrowser() as browser:
+        pending = await ask()
+        callback = await browser.submit(await browser.get(pending.url), "continue")
+        while "/callback/github?" not in str(callback.url):
+            callback = await browser.get(urljoin(str(callback.url), callback.headers["location"]))
+        await browser.follow(callback)  # connected
+        replayed = await browser.get(str(callback.url))  # the provider's redirect again: its code is spent
+        assert replayed.status_code == 303
+        location = replayed.headers["location"]
+        assert location == "/callback/github/failed"  # nothing of the redirect's query
+        request_id = replayed.headers["x-request-id"]
+        (cookie,) = [c for c in browser.client.cookies.jar if c.name == "connector-failure"]
+        assert cookie.path == location
+
+        async with ScriptedBrowser() as other:  # the same cookie in a browser without this one's binding
+            other.client.cookies.set("connector-failure", cookie.value or "", path=location)
+            stolen = await other.get(f"{deployment.base_url}{location}")
+        assert stolen.status_code == 200 and "x-connector-error" not in stolen.headers
+
+        failed = await browser.follow(replayed)
+        assert str(failed.url) == f"{deployment.base_url}{location}"
+        assert failed.status_code == 400 and failed.headers["x-connector-error"] == "state_used"
+        assert f"state_used · {request_id}" in text_of(failed)  # the reference names the callback's request
+        again = await browser.get(f"{deployment.base_url}{location}")  # a reload: told once
+        assert again.status_code == 200 and "x-connector-error" not in again.headers
+
+        # A callback this deployment never started, from a browser it never saw: the same clean address.
+        async with ScriptedBrowser() as stranger:
+            unknown = await stranger.get(f"{deployment.base_url}/callback/github?state=nosuchstate&code=abc")
+            assert unknown.status_code == 303 and unknown.headers["location"] == "/callback/github/failed"
+            page = await stranger.follow(unknown)
+        assert page.status_code == 400 and page.headers["x-connector-error"] == "unknown_state"

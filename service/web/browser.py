@@ -15,13 +15,15 @@ from ..core.identity import Identity
 from ..core.states import ElicitationStatus
 from ..core.urls import host_of, origin
 from ..core.verification import IdentityStep
+from ..providers.entry import NAME_RE as PROVIDER_NAME_RE
 from ..util.hosts import HostAssessment, assess_host
 from ..vault import Vault
+from .errors import describe
 from .inputs import read_form
 from .kit import browser_facts
 from .label_cookie import LabelCookie
 from .pages import Pages
-from .result import Result, ResultCookie, done_path
+from .result import Failure, FailureCookie, Result, ResultCookie, done_path, failed_path
 from .security import BrowserBinding, csp_with_form_target, csrf_token, csrf_valid
 
 
@@ -44,6 +46,7 @@ class BrowserRoutes:
         self.vault = vault
         self.result = ResultCookie(vault, secure=binding.secure)
         self.labels = LabelCookie(vault, secure=binding.secure)
+        self.failure = FailureCookie(vault, secure=binding.secure)
         self.public_host = public_host
         self.trusted_proxies = tuple(trusted_proxies)
 
@@ -120,9 +123,12 @@ class BrowserRoutes:
         provider = request.path_params["provider"]
         params = {k: v for k, v in request.query_params.items()}
         binding = self.binding.read(request)
-        connected = await self.flow.callback(
-            provider, params, binding, lambda elicitation_id: self.labels.read(request, elicitation_id, binding)
-        )
+        try:
+            connected = await self.flow.callback(
+                provider, params, binding, lambda elicitation_id: self.labels.read(request, elicitation_id, binding)
+            )
+        except FlowRefused as exc:
+            return self._refused_callback(request, provider, binding, exc)
         assert binding is not None  # the flow refuses a callback from a browser without its binding
         elicitation_id = connected.elicitation.id
         # Off the provider's redirect (its code and state) to an address with nothing in it; the cookie says the rest.
@@ -133,6 +139,37 @@ class BrowserRoutes:
             response, elicitation_id, binding, Result(connected.display_name, connected.account_label, cancelled)
         )
         return response
+
+    def _refused_callback(self, request: Request, provider: str, binding: str | None, exc: FlowRefused) -> Response:
+        """The refusal's page, but at a clean address: the provider's code and state leave the address bar too."""
+        refusal, text = describe(exc)
+        if not PROVIDER_NAME_RE.match(provider):
+            return self.pages.error(request, exc)  # no provider's callback: no page of its own to send the browser to
+        response = RedirectResponse(failed_path(provider), status_code=303)
+        request_id = request.scope.get("state", {}).get("request_id")
+        failure = Failure(refusal.status, refusal.title, text, exc.code, refusal.outcome, request_id)
+        self.failure.set(response, provider, binding, failure)
+        return response
+
+    async def failed_page(self, request: Request) -> Response:
+        """Where a refused callback sends the browser: the refusal, with its status, told once."""
+        provider = request.path_params["provider"]
+        failure = self.failure.read(request, provider, self.binding.read(request))
+        if failure is None:
+            return self.pages.message(
+                request, 200, "Nothing to do here", "There is nothing more to do here. You can close this tab."
+            )
+        page = self.pages.message(
+            request,
+            failure.status,
+            failure.title,
+            failure.text,
+            failure.code,
+            outcome=failure.outcome,
+            request_id=failure.request_id,
+        )
+        self.failure.clear(page, provider)
+        return page
 
     async def done_page(self, request: Request) -> Response:
         """Where the callback sends the browser: what happened, told once (the cookie is taken)."""

@@ -8,17 +8,13 @@ another browser, or another elicitation, reads nothing, so whoever else holds th
 
 from __future__ import annotations
 
-import base64
-import binascii
-
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ..core.errors import VaultError
 from ..vault import Vault
+from .result import SealedCookie
 
-LABEL_COOKIE_SECURE = "__Secure-connector-label-"
-LABEL_COOKIE_DEV = "connector-label-"
+LABEL_COOKIE = "connector-label-"
 LABEL_MAX_AGE = 900  # the elicitation's flow lasts at most 10 minutes at the provider (core.browser.FLOW_TTL)
 LABEL_PATH = "/callback/"
 
@@ -31,40 +27,24 @@ class LabelCookie:
     def __init__(self, vault: Vault, *, secure: bool) -> None:
         self.vault = vault
         self.secure = secure
-        self.prefix = LABEL_COOKIE_SECURE if secure else LABEL_COOKIE_DEV
 
-    def _name(self, elicitation_id: str) -> str:
-        return self.prefix + elicitation_id[:16]  # one per elicitation: two consent pages open in one browser
+    def _cookie(self, elicitation_id: str) -> SealedCookie:
+        # One per elicitation: two consent pages open in one browser.
+        name = LABEL_COOKIE + elicitation_id[:16]
+        return SealedCookie(self.vault, name=name, secure=self.secure, max_age=LABEL_MAX_AGE)
 
     def set(self, response: Response, elicitation_id: str, binding: str, label: str | None) -> None:
         """Keep `label` for the provider's callback (None: forget a label given before)."""
         if label is None:
             self.clear(response, elicitation_id)
             return
-        key_id, blob = self.vault.encrypt_json({"label": label}, aad=_aad(elicitation_id, binding))
-        value = f"{key_id}.{base64.urlsafe_b64encode(blob).decode().rstrip('=')}"
-        response.set_cookie(
-            self._name(elicitation_id),
-            value,
-            max_age=LABEL_MAX_AGE,
-            path=LABEL_PATH,
-            secure=self.secure,
-            httponly=True,
-            samesite="lax",  # the provider's redirect back is a top-level navigation
-        )
+        self._cookie(elicitation_id).set(response, LABEL_PATH, _aad(elicitation_id, binding), {"label": label})
 
     def read(self, request: Request, elicitation_id: str, binding: str | None) -> str | None:
         """The label this browser gave for this elicitation, or None (none, another browser's, another one's)."""
-        key_id, _, encoded = request.cookies.get(self._name(elicitation_id), "").partition(".")
-        if binding is None or not key_id or not encoded:
-            return None
-        try:
-            blob = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4))
-            body = self.vault.decrypt_json(key_id, blob, aad=_aad(elicitation_id, binding))
-        except (binascii.Error, ValueError, VaultError):
-            return None
-        label = body.get("label") if isinstance(body, dict) else None
+        body = None if binding is None else self._cookie(elicitation_id).read(request, _aad(elicitation_id, binding))
+        label = body.get("label") if body is not None else None
         return label if isinstance(label, str) else None
 
     def clear(self, response: Response, elicitation_id: str) -> None:
-        response.delete_cookie(self._name(elicitation_id), path=LABEL_PATH, secure=self.secure, httponly=True)
+        self._cookie(elicitation_id).clear(response, LABEL_PATH)

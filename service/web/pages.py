@@ -35,12 +35,13 @@ class Pages:
         code: str | None = None,
         *,
         outcome: bool = False,
+        request_id: str | None = None,
     ) -> HTMLResponse:
         """A page with one sentence. For a problem (`code`, not an `outcome`) it shows a reference to quote: the
-        code and the request id the log lines carry."""
+        code and the request id the log lines carry (this request's, unless `request_id` names the one that failed)."""
         reference = None
         if code is not None and not outcome:
-            request_id = request.scope.get("state", {}).get("request_id")
+            request_id = request_id or request.scope.get("state", {}).get("request_id")
             reference = f"{code} · {request_id}" if request_id else code
         response = self.render(
             request, "message.html", {"title": title, "text": text, "reference": reference}, status_code

@@ -1,9 +1,11 @@
 """The page after the provider's redirect, at a clean address.
 
-The provider's redirect carries `code` and `state` in its query string. The callback answers it with a redirect to
-`/connect/<id>/done`, so neither stays in the address bar or the history; what that page says (connected, and to
-which account) travels in a cookie that lives for a few minutes, only on that path, encrypted by the vault and bound
-to the elicitation and to the browser's binding: another browser, or another elicitation's page, reads nothing.
+The provider's redirect carries `code` and `state` in its query string. The callback answers it with a redirect
+(303), so neither stays in the address bar or the history: to `/connect/<id>/done` when the authorization went
+through, to `/callback/<provider>/failed` when the callback was refused. What that page says travels in a cookie
+that lives for a few minutes, only on that path, encrypted by the vault and bound to the browser's binding (and,
+for the done page, to the elicitation): another browser, or another elicitation's page, reads nothing. The page
+is told once: it takes the cookie.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import base64
 import binascii
 from dataclasses import dataclass
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -18,13 +21,16 @@ from starlette.responses import Response
 from ..core.errors import VaultError
 from ..vault import Vault
 
-RESULT_COOKIE_SECURE = "__Secure-connector-result"
-RESULT_COOKIE_DEV = "connector-result"
 RESULT_MAX_AGE = 300
+TEXT_LIMIT = 1000  # a refusal's sentence may quote the provider's error description: keep the cookie small
 
 
 def done_path(elicitation_id: str) -> str:
     return f"/connect/{elicitation_id}/done"
+
+
+def failed_path(provider: str) -> str:
+    return f"/callback/{provider}/failed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,47 +43,110 @@ class Result:
     agent_cancelled: bool
 
 
-class ResultCookie:
-    def __init__(self, vault: Vault, *, secure: bool) -> None:
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """What the failed page tells: the refusal's page as the callback would have answered it, and the callback's
+    request id (the one its log lines carry)."""
+
+    status: int
+    title: str
+    text: str
+    code: str
+    outcome: bool
+    request_id: str | None
+
+
+class SealedCookie:
+    """A small JSON value in an HttpOnly cookie on one path, encrypted by the vault under associated data."""
+
+    def __init__(self, vault: Vault, *, name: str, secure: bool, max_age: int = RESULT_MAX_AGE) -> None:
         self.vault = vault
         self.secure = secure
-        self.name = RESULT_COOKIE_SECURE if secure else RESULT_COOKIE_DEV
+        self.name = f"__Secure-{name}" if secure else name
+        self.max_age = max_age
 
-    def set(self, response: Response, elicitation_id: str, binding: str, result: Result) -> None:
-        key_id, blob = self.vault.encrypt_json(
-            {"provider": result.display_name, "account": result.account_label, "cancelled": result.agent_cancelled},
-            aad=_aad(elicitation_id, binding),
-        )
-        value = f"{key_id}.{base64.urlsafe_b64encode(blob).decode().rstrip('=')}"
+    def set(self, response: Response, path: str, aad: bytes, value: dict[str, Any]) -> None:
+        key_id, blob = self.vault.encrypt_json(value, aad=aad)
+        sealed = f"{key_id}.{base64.urlsafe_b64encode(blob).decode().rstrip('=')}"
+        # lax: the provider's redirect back, and our 303s after it, are top-level navigations
         response.set_cookie(
-            self.name,
-            value,
-            max_age=RESULT_MAX_AGE,
-            path=done_path(elicitation_id),
-            secure=self.secure,
-            httponly=True,
-            samesite="lax",
+            self.name, sealed, max_age=self.max_age, path=path, secure=self.secure, httponly=True, samesite="lax"
         )
 
-    def read(self, request: Request, elicitation_id: str, binding: str | None) -> Result | None:
-        """The result this browser was sent here with, or None (none, another browser's, another page's)."""
+    def read(self, request: Request, aad: bytes) -> dict[str, Any] | None:
         key_id, _, encoded = request.cookies.get(self.name, "").partition(".")
-        if binding is None or not key_id or not encoded:
+        if not key_id or not encoded:
             return None
         try:
             blob = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4))
-            body = self.vault.decrypt_json(key_id, blob, aad=_aad(elicitation_id, binding))
+            body = self.vault.decrypt_json(key_id, blob, aad=aad)
         except (binascii.Error, ValueError, VaultError):
             return None
-        if not isinstance(body, dict) or not isinstance(body.get("provider"), str):
+        return body if isinstance(body, dict) else None
+
+    def clear(self, response: Response, path: str) -> None:
+        response.delete_cookie(self.name, path=path, secure=self.secure, httponly=True)
+
+
+class ResultCookie:
+    def __init__(self, vault: Vault, *, secure: bool) -> None:
+        self.cookie = SealedCookie(vault, name="connector-result", secure=secure)
+
+    def set(self, response: Response, elicitation_id: str, binding: str, result: Result) -> None:
+        value = {"provider": result.display_name, "account": result.account_label, "cancelled": result.agent_cancelled}
+        self.cookie.set(response, done_path(elicitation_id), _result_aad(elicitation_id, binding), value)
+
+    def read(self, request: Request, elicitation_id: str, binding: str | None) -> Result | None:
+        """The result this browser was sent here with, or None (none, another browser's, another page's)."""
+        body = None if binding is None else self.cookie.read(request, _result_aad(elicitation_id, binding))
+        if body is None or not isinstance(body.get("provider"), str):
             return None
         account = body.get("account")
         return Result(body["provider"], account if isinstance(account, str) else None, body.get("cancelled") is True)
 
     def clear(self, response: Response, elicitation_id: str) -> None:
         """Told once: a reload says nothing more."""
-        response.delete_cookie(self.name, path=done_path(elicitation_id), secure=self.secure, httponly=True)
+        self.cookie.clear(response, done_path(elicitation_id))
 
 
-def _aad(elicitation_id: str, binding: str) -> bytes:
+class FailureCookie:
+    """The refused callback's page, for `/callback/<provider>/failed`. Bound to the browser's binding when it has
+    one (a callback is refused too when the browser has none: that page is then readable by this browser alone
+    anyway, since the cookie was only ever sent to it)."""
+
+    def __init__(self, vault: Vault, *, secure: bool) -> None:
+        self.cookie = SealedCookie(vault, name="connector-failure", secure=secure)
+
+    def set(self, response: Response, provider: str, binding: str | None, failure: Failure) -> None:
+        value = {
+            "status": failure.status,
+            "title": failure.title,
+            "text": failure.text[:TEXT_LIMIT],
+            "code": failure.code,
+            "outcome": failure.outcome,
+            "request_id": failure.request_id,
+        }
+        self.cookie.set(response, failed_path(provider), _failure_aad(provider, binding), value)
+
+    def read(self, request: Request, provider: str, binding: str | None) -> Failure | None:
+        body = self.cookie.read(request, _failure_aad(provider, binding))
+        if body is None:
+            return None
+        status, title, text, code = body.get("status"), body.get("title"), body.get("text"), body.get("code")
+        if not (isinstance(status, int) and isinstance(title, str) and isinstance(text, str) and isinstance(code, str)):
+            return None
+        request_id = body.get("request_id")
+        return Failure(
+            status, title, text, code, body.get("outcome") is True, request_id if isinstance(request_id, str) else None
+        )
+
+    def clear(self, response: Response, provider: str) -> None:
+        self.cookie.clear(response, failed_path(provider))
+
+
+def _result_aad(elicitation_id: str, binding: str) -> bytes:
     return f"result\x00{elicitation_id}\x00{binding}".encode()
+
+
+def _failure_aad(provider: str, binding: str | None) -> bytes:
+    return f"failure\x00{provider}\x00{binding or ''}".encode()
