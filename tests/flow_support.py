@@ -94,6 +94,19 @@ async def to_callback(browser: ScriptedBrowser, connect_url: str) -> str:
     return urljoin(str(at_provider.url), at_provider.headers["location"])
 
 
+async def answer_to(browser: ScriptedBrowser, callback_url: str) -> httpx.Response:
+    """The provider's redirect to our callback, as the browser ends up seeing it. A refusal answers with a 303 to
+    its clean page (`/callback/<provider>/failed`, no code or state in the address), followed here: the page with
+    the refusal's status and `X-Connector-Error` is returned. A success's 303 (to the done page) is not followed."""
+    answer = await browser.get(callback_url)
+    location = answer.headers.get("location", "")
+    if answer.status_code == 303 and location.endswith("/failed"):
+        assert location == urlsplit(callback_url).path + "/failed", location
+        answer = await browser.follow(answer)
+        assert not answer.url.query, answer.url
+    return answer
+
+
 def query_of(url: str) -> dict[str, str]:
     return {k: v[0] for k, v in parse_qs(urlsplit(url).query).items()}
 

@@ -88,12 +88,13 @@ async def test_every_answer_carries_the_security_headers(deployment: Deployment)
         answers = [page, sent]
         answers.append(await browser.get(await to_callback(browser, pending.url)))
         answers.append(await browser.get(f"{deployment.base_url}/connect/unknown-id"))
-        answers.append(await browser.get(f"{deployment.base_url}/callback/github?state=forged"))
+        refused = await browser.get(f"{deployment.base_url}/callback/github?state=forged")
+        answers += [refused, await browser.follow(refused)]  # the refusal, at its clean address
         answers.append(await browser.get(f"{deployment.base_url}/static/style.css"))
         answers.append(await browser.get(f"{deployment.base_url}/healthz"))
         answers.append(await browser.get(f"{deployment.base_url}/no/such/page"))
         answers.append(await browser.client.delete(pending.url))
-    assert [a.status_code for a in answers] == [200, 303, 303, 404, 400, 200, 200, 404, 405]
+    assert [a.status_code for a in answers] == [200, 303, 303, 404, 303, 400, 200, 200, 404, 405]
     for answer in answers:
         assert_page_headers(answer)
     for answer in answers[1:]:

@@ -29,6 +29,7 @@ from service.testing.mock_oidc import MockOIDCProvider
 
 from .conftest import Deployment, write_catalog
 from .flow_support import (
+    answer_to,
     asking,
     assert_nothing_stored,
     events,
@@ -258,7 +259,7 @@ async def test_iss_parameter_is_checked_before_the_code_is_used(
     async with asking(deployment) as ask, ScriptedBrowser() as browser:
         pending = await ask(provider=name, scopes=["email"])
         callback = await to_callback(browser, pending.url)
-        answer = await browser.get(with_query(callback, iss=oidc_provider.issuer if iss == "ISSUER" else iss))
+        answer = await answer_to(browser, with_query(callback, iss=oidc_provider.issuer if iss == "ISSUER" else iss))
         if not refused:
             assert answer.status_code == 303, answer.text
             return
@@ -285,7 +286,7 @@ async def test_discovery_advertising_iss_support_makes_iss_required(
         pending = await ask(provider="oidcdisco", scopes=["email"])
         callback = await to_callback(browser, pending.url)
         assert query_of(callback)["iss"] == oidc_provider.issuer
-        stripped = await browser.get(with_query(callback, iss=None))
+        stripped = await answer_to(browser, with_query(callback, iss=None))
         assert stripped.status_code == 400 and stripped.headers["x-connector-error"] == "issuer_mismatch"
         await assert_nothing_stored(deployment, pending)
 

@@ -28,6 +28,7 @@ from service.testing import ScriptedBrowser
 
 from .conftest import Deployment
 from .flow_support import (
+    answer_to,
     asking,
     assert_nothing_stored,
     events,
@@ -92,7 +93,7 @@ async def test_state_replay_is_refused_and_recorded(deployment: Deployment) -> N
         callback = await to_callback(browser, pending.url)
         first = await browser.get(callback)
         assert first.status_code == 303, first.text
-        replay = await browser.get(callback)
+        replay = await answer_to(browser, callback)
         assert replay.status_code == 400
         assert replay.headers["x-connector-error"] == "state_used"
     assert len(deployment.provider.token_requests) == 1  # the code went to the token endpoint once
@@ -104,7 +105,7 @@ async def test_two_callbacks_at_once_use_the_state_once(deployment: Deployment) 
     async with asking(deployment) as ask, ScriptedBrowser() as browser:
         pending = await ask()
         callback = await to_callback(browser, pending.url)
-        answers = await asyncio.gather(*(browser.client.get(callback) for _ in range(4)))
+        answers = await asyncio.gather(*(answer_to(browser, callback) for _ in range(4)))
         assert sorted(a.status_code for a in answers) == [303, 400, 400, 400]
         assert {a.headers.get("x-connector-error") for a in answers if a.status_code == 400} == {"state_used"}
     assert len(deployment.provider.token_requests) == 1
@@ -120,7 +121,7 @@ async def test_callback_in_another_browser_is_refused_and_the_rightful_one_still
         callback = await to_callback(alice, pending.url)
         if other_has_cookie:
             assert (await mallory.get(pending.url)).status_code == 200  # mallory gets a binding of her own
-        stolen = await mallory.get(callback)
+        stolen = await answer_to(mallory, callback)
         assert stolen.status_code == 403
         assert stolen.headers["x-connector-error"] == "browser_mismatch"
         assert deployment.provider.token_requests == []  # the code was not used
@@ -143,7 +144,7 @@ async def test_unknown_forged_and_missing_states_are_refused(deployment: Deploym
             "tampered": state[:-1] + ("A" if state[-1] != "A" else "B"),
             "missing": None,
         }[variant]
-        answer = await browser.get(with_query(callback, state=forged))
+        answer = await answer_to(browser, with_query(callback, state=forged))
         assert answer.status_code == 400
         assert answer.headers["x-connector-error"] == ("missing_state" if forged is None else "unknown_state")
         assert deployment.provider.token_requests == []
@@ -161,7 +162,7 @@ async def test_expired_state_is_refused_but_the_elicitation_stays_open(
         pending = await ask()
         callback = await to_callback(browser, pending.url)
         shift_clock(deployment, timedelta(seconds=31))
-        late = await browser.get(callback)
+        late = await answer_to(browser, callback)
         assert late.status_code == 400
         assert late.headers["x-connector-error"] == "state_expired"
         assert deployment.provider.token_requests == []
@@ -181,7 +182,7 @@ async def test_expired_elicitation_refuses_the_page_and_the_callback(
         shift_clock(deployment, timedelta(seconds=deployment.connector.settings.elicitation.ttl_seconds + 1))
         page = await browser.get(pending.url)
         assert page.status_code == 410 and page.headers["x-connector-error"] == "expired"
-        late = await browser.get(callback)
+        late = await answer_to(browser, callback)
         assert late.status_code == 410 and late.headers["x-connector-error"] == "expired"
         assert deployment.provider.token_requests == []
         await assert_nothing_stored(deployment, pending)
@@ -235,7 +236,7 @@ async def test_provider_error_is_shown_recorded_and_fails_the_elicitation(
     async with asking(deployment) as ask, ScriptedBrowser() as browser:
         pending = await ask()
         callback = await to_callback(browser, pending.url)
-        answer = await browser.get(with_query(callback, code=None, error=error))
+        answer = await answer_to(browser, with_query(callback, code=None, error=error))
         assert answer.status_code == 400
         assert answer.headers["x-connector-error"] == "provider_error"
         expected = shown or "unrecognised_error"
@@ -256,7 +257,7 @@ async def test_answer_at_another_providers_callback_is_refused(deployment: Deplo
         pending = await ask()
         callback = await to_callback(browser, pending.url)
         mixed_up = callback.replace("/callback/github", "/callback/google")
-        answer = await browser.get(mixed_up)
+        answer = await answer_to(browser, mixed_up)
         assert answer.status_code == 400 and answer.headers["x-connector-error"] == "provider_mismatch"
         assert deployment.provider.token_requests == []
         await assert_nothing_stored(deployment, pending)
@@ -267,7 +268,7 @@ async def test_code_exchange_failure_is_a_recorded_provider_error(deployment: De
     async with asking(deployment) as ask, ScriptedBrowser() as browser:
         pending = await ask()
         callback = await to_callback(browser, pending.url)
-        answer = await browser.get(with_query(callback, code="mock_code_forged"))
+        answer = await answer_to(browser, with_query(callback, code="mock_code_forged"))
         assert answer.status_code == 502 and answer.headers["x-connector-error"] == "provider_token_error"
         outcome = await pending.outcome()
     assert outcome.status.value == "failed"
