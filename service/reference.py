@@ -19,7 +19,14 @@ from pydantic_core import PydanticUndefined
 
 from .cli import build_parser
 from .cli.framework import iter_commands
-from .config import CONFIG_ENV_VAR, setting_env_var, setting_field, setting_paths
+from .config import (
+    CONFIG_ENV_VAR,
+    field_description,
+    setting_description,
+    setting_env_var,
+    setting_field,
+    setting_paths,
+)
 from .core.audit_events import AUDIT_EVENTS
 from .identity import registry as verifiers
 from .providers import PROVIDER_ENV_SUFFIXES
@@ -97,7 +104,7 @@ def _settings() -> str:
             f"`{setting_env_var(path)}`",
             _type_name(field.annotation),
             _default(field),
-            field.description or "",
+            setting_description(path),
         )
         for path in setting_paths()
         for field in (setting_field(path),)
@@ -115,7 +122,7 @@ def _verifier_settings() -> str:
                 f"`{setting_env_var(('identity', name, key))}`",
                 _type_name(field.annotation),
                 _default(field),
-                field.description or "",
+                field_description(model, key),
             )
             for key, field in model.model_fields.items()
         ]

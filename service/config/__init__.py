@@ -41,7 +41,7 @@ from .sections import (
     VaultSettings,
     WebhookSettings,
 )
-from .settings import Settings, setting_field, setting_paths
+from .settings import Settings, field_description, setting_description, setting_field, setting_paths
 from .values import optional_secret, optional_str, split_list
 
 __all__ = [
@@ -70,10 +70,12 @@ __all__ = [
     "VaultSettings",
     "WebhookSettings",
     "config_error_at",
+    "field_description",
     "load_settings",
     "nearest",
     "optional_secret",
     "optional_str",
+    "setting_description",
     "setting_env_var",
     "setting_field",
     "setting_paths",

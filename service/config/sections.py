@@ -46,8 +46,8 @@ __all__ = [
 
 
 class _Section(BaseModel):
-    # Each field's docstring is its description (docs/reference.md is generated from them).
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    # Each field's docstring is its description (docs/reference.md is generated from them: util/docstrings.py).
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class ServerSettings(_Section):
@@ -180,7 +180,7 @@ class IdentitySettings(BaseModel):
     """`[identity]`: which verifier learns who is in the browser. Each verifier's own settings are in
     `[identity.<name>]` (e.g. `[identity.oidc]`), validated by that verifier (`service.identity`)."""
 
-    model_config = ConfigDict(extra="allow", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="allow", frozen=True)
 
     verifier: str = Field(default="local", min_length=1)
     """How the service proves that the person in the browser is the user the agent bound the link to: local
@@ -246,7 +246,7 @@ class ProvidersSettings(BaseModel):
     of them (read by `service.providers.load_catalog`), so this section tolerates those tables from the environment.
     """
 
-    model_config = ConfigDict(extra="allow", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="allow", frozen=True)
 
     catalog: Path = Path("providers.toml")
     """The provider catalog file (endpoints, scopes and options per OAuth provider); relative to the config file."""

@@ -30,6 +30,7 @@ from pydantic_settings import (
 from service.core.errors import ConfigError
 from service.core.settings import FlowSettings
 from service.core.urls import is_loopback_host, url_problem
+from service.util.docstrings import attribute_docstrings
 
 from .origins import (
     ENV_NESTED_DELIMITER,
@@ -84,7 +85,6 @@ class Settings(BaseSettings):
         case_sensitive=False,
         extra="forbid",
         frozen=True,
-        use_attribute_docstrings=True,
     )
 
     public_base_url: str = "http://127.0.0.1:8700"
@@ -288,14 +288,27 @@ def setting_paths(model: type[BaseModel] | None = None, prefix: tuple[str, ...] 
     return paths
 
 
-def setting_field(path: Sequence[str]) -> FieldInfo:
-    """The pydantic field of a setting path (for its type, default and description)."""
+def _section_of(path: Sequence[str]) -> type[BaseModel]:
     model: type[BaseModel] = Settings
     for part in path[:-1]:
         annotation = model.model_fields[part].annotation
         assert isinstance(annotation, type) and issubclass(annotation, BaseModel)
         model = annotation
-    return model.model_fields[path[-1]]
+    return model
+
+
+def setting_field(path: Sequence[str]) -> FieldInfo:
+    """The pydantic field of a setting path (for its type and default)."""
+    return _section_of(path).model_fields[path[-1]]
+
+
+def setting_description(path: Sequence[str]) -> str:
+    """What a setting means: its field's docstring in the source."""
+    return field_description(_section_of(path), path[-1])
+
+
+def field_description(model: type[BaseModel], name: str) -> str:
+    return model.model_fields[name].description or attribute_docstrings(model).get(name, "")
 
 
 def keys_at(loc: Sequence[str | int]) -> list[str]:

@@ -49,7 +49,7 @@ class VerifierSettings(BaseModel):
     """Base of a verifier's settings model: unknown keys are refused, each field's docstring is its description
     (docs/reference.md)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 def _checked_url(value: str | None) -> str | None:

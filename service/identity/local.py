@@ -24,7 +24,7 @@ log = logging.getLogger("service.identity.local")
 class LocalSettings(BaseModel):
     """`[identity.local]`: the one user this connector serves."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     issuer: str = Field(default="local", min_length=1)
     """The issuer of the one user this connector serves (what the agent reports as Identity.issuer)."""
