@@ -156,9 +156,7 @@ class BrowserRoutes:
         provider = request.path_params["provider"]
         failure = self.failure.read(request, provider, self.binding.read(request))
         if failure is None:
-            return self.pages.message(
-                request, 200, "Nothing to do here", "There is nothing more to do here. You can close this tab."
-            )
+            return self._nothing_here(request)
         page = self.pages.message(
             request,
             failure.status,
@@ -171,14 +169,18 @@ class BrowserRoutes:
         self.failure.clear(page, provider)
         return page
 
+    def _nothing_here(self, request: Request) -> Response:
+        """A page told once, asked again (a reload), or reached without the cookie."""
+        return self.pages.message(
+            request, 200, "Nothing to do here", "There is nothing more to do here. You can close this tab."
+        )
+
     async def done_page(self, request: Request) -> Response:
         """Where the callback sends the browser: what happened, told once (the cookie is taken)."""
         elicitation_id = request.path_params["elicitation_id"]
         result = self.result.read(request, elicitation_id, self.binding.read(request))
         if result is None:
-            return self.pages.message(
-                request, 200, "Nothing to do here", "There is nothing more to do here. You can close this tab."
-            )
+            return self._nothing_here(request)
         page = self.pages.message(request, 200, "Connected", connected_sentence(result))
         self.result.clear(page, elicitation_id)
         return page
