@@ -33,11 +33,10 @@ WORK = {"id": 4242, "login": "octocat", "name": "Mona"}
 PERSONAL = {"id": 777, "login": "mona-at-home", "name": "Mona"}
 
 
-async def ask(
-    deployment: Deployment, scopes: list[str], *, account: str | None = None, label: str | None = None
-) -> tuple[Any, list[str]]:
-    """Ask over a real ACP connection for `account`; walk the browser (typing `label`) if an elicitation comes."""
-    client = RecordingClient(answer="accept")
+async def requesting(
+    deployment: Deployment, client: RecordingClient, scopes: list[str], account: str | None
+) -> tuple[Any, asyncio.Task[Any]]:
+    """The client's connection, and `request_authorization` for `account` running on it."""
     wire = await connect(deployment.connector, deployment.local_user, client)
     assert wire.agent.conn is not None
     request = asyncio.create_task(
@@ -50,6 +49,15 @@ async def ask(
             account=account,
         )
     )
+    return wire, request
+
+
+async def ask(
+    deployment: Deployment, scopes: list[str], *, account: str | None = None, label: str | None = None
+) -> tuple[Any, list[str]]:
+    """Ask over a real ACP connection for `account`; walk the browser (typing `label`) if an elicitation comes."""
+    client = RecordingClient(answer="accept")
+    wire, request = await requesting(deployment, client, scopes, account)
     link = asyncio.ensure_future(client.urls.get())
     try:
         await asyncio.wait({request, link}, return_when="FIRST_COMPLETED")
@@ -183,18 +191,7 @@ async def test_the_consent_page_names_the_accounts_held_and_offers_the_new_ones_
     provider.account = WORK
     await ask(deployment, ["repo"], label="work & co")
     client = RecordingClient(answer="accept")
-    wire = await connect(deployment.connector, deployment.local_user, client)
-    assert wire.agent.conn is not None
-    request = asyncio.create_task(
-        deployment.connector.request_authorization(
-            wire.agent.conn,
-            user=deployment.local_user,
-            provider="github",
-            scopes=["repo"],
-            scope=SessionScope("s"),
-            account="home",
-        )
-    )
+    wire, request = await requesting(deployment, client, ["repo"], "home")
     async with ScriptedBrowser() as browser:
         page = await browser.get(await client.next_url())
     request.cancel()
