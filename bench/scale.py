@@ -253,6 +253,7 @@ class TimedRetention:
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.batches: list[float] = []
+        self.sizes: list[int] = []  # each batch's limit, as retention's batch sizer chose it
 
     async def count(self, kind: PurgeKind, before: datetime) -> int:
         return int(await self.inner.count(kind, before))
@@ -261,6 +262,7 @@ class TimedRetention:
         started = time.perf_counter()
         removed = int(await self.inner.purge(kind, before, limit=limit))
         self.batches.append((time.perf_counter() - started) * 1000)
+        self.sizes.append(limit)
         return removed
 
 
@@ -316,7 +318,14 @@ async def purge_here(url: str) -> dict[str, Any]:
         idle_ms = (time.perf_counter() - started) * 1000
     finally:
         await store.close()
-    return {"deleted": dict(deleted), "batches": timed.batches, "took": took, "idle": idle.batches, "idle_ms": idle_ms}
+    return {
+        "deleted": dict(deleted),
+        "batches": timed.batches,
+        "sizes": timed.sizes,
+        "took": took,
+        "idle": idle.batches,
+        "idle_ms": idle_ms,
+    }
 
 
 async def purge_in_child(url: str) -> dict[str, Any]:
@@ -342,6 +351,7 @@ async def retention_beside_flows(url: str, side: Sidecars, quiet: float) -> tupl
     during = await flows_while(base, side.api_key, purge())
     after = await flows_while(base, side.api_key, asyncio.sleep(quiet))
     batches: list[float] = done["batches"]
+    sizes: list[int] = done["sizes"]
     quiet_p99 = percentile(before + after, 99)
     ratio = percentile(during, 99) / quiet_p99
     over = sum(1 for ms in batches if ms > 100)
@@ -352,6 +362,9 @@ async def retention_beside_flows(url: str, side: Sidecars, quiet: float) -> tupl
         f"- batch (one transaction, timed by the purging process) ms: p50 {percentile(batches, 50):.1f}, p99 "
         f"{percentile(batches, 99):.1f}, longest {max(batches):.1f}; {over} over 100 ms (goal: none): "
         f"{verdict(over == 0)}",
+        f"- batch size (rows, chosen from the last batch's time, target "
+        f"{RetentionPolicy().batch_target_seconds * 1000:.0f} ms, at most {RetentionPolicy().batch_size}): p50 "
+        f"{percentile(sizes, 50):.0f}, min {min(sizes)}, max {max(sizes)}",
         f"- flow (create + cancel over `/v1`) p99: quiet {quiet_p99:.1f} ms ({len(before) + len(after)} flows), "
         f"during the purge {percentile(during, 99):.1f} ms ({len(during)} flows): {ratio:.2f}x (goal <= 1.5x): "
         f"{verdict(ratio <= 1.5)}",
@@ -364,6 +377,7 @@ async def retention_beside_flows(url: str, side: Sidecars, quiet: float) -> tupl
 async def run(admin_url: str, name: str, sizes: Sizes, *, reuse: bool, calls: int, quiet: float) -> list[str]:
     from service.store import migrate
 
+    began = time.perf_counter()
     admin = create_async_engine(admin_url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
     url = make_url(admin_url).set(database=name).render_as_string(hide_password=False)
     empty_url = make_url(admin_url).set(database=f"{name}_empty").render_as_string(hide_password=False)
@@ -420,6 +434,12 @@ async def run(admin_url: str, name: str, sizes: Sizes, *, reuse: bool, calls: in
         await admin.dispose()
     kept = f"kept (`--reuse`): database `{name}`" if reuse else f"dropped: database `{name}`"
     out.append(f"- {kept}; `{name}_empty` dropped")
+    minutes = (time.perf_counter() - began) / 60
+    load_average = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    out.append(
+        f"- the whole bench: {minutes:.1f} minutes (goal < 15 on the 2-core machine): {verdict(minutes < 15)}; "
+        f"load average at the end {load_average}"
+    )
     return out
 
 

@@ -2,7 +2,8 @@
 
 Loading: `migrate` builds the schema (every Alembic migration), then the secondary indexes of the four big tables are
 dropped, the rows are made by the server (`INSERT ... SELECT ... FROM generate_series`, no row crosses the socket),
-and the same indexes are built again from the definitions PostgreSQL gave before (`pg_indexes.indexdef`), then
+and the same indexes are built again from the definitions PostgreSQL gave before (`pg_indexes.indexdef`, two builds
+at a time on two connections), then
 `VACUUM ANALYZE`. The database's comment records the sizes, so `--reuse` finds it loaded. Times are relative to the
 load's `now()`, so a database kept for a while only grows older (retention finds more to do, never less).
 
@@ -19,6 +20,7 @@ prepared statement gets after its fifth run, and says how each big table was rea
 # ruff: noqa: S608  (the SQL here is built from integers and constants of this module, never from input)
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import time
@@ -126,19 +128,44 @@ async def load(engine: AsyncEngine, sizes: Sizes) -> list[tuple[str, float]]:
         indexes: list[tuple[str, str]] = [(str(row[0]), str(row[1])) for row in rows]
         for name, _ in indexes:
             await conn.exec_driver_sql(f"DROP INDEX {name}")
-        for step, sql in inserts(sizes):
-            started = time.perf_counter()
-            await conn.exec_driver_sql(sql)
-            steps.append((f"insert {step}", time.perf_counter() - started))
-        started = time.perf_counter()
-        for _, definition in indexes:
-            await conn.exec_driver_sql(definition)
-        steps.append((f"build the big tables' {len(indexes)} secondary indexes", time.perf_counter() - started))
+
+    async def insert(work: list[tuple[str, str]]) -> None:
+        async with engine.connect() as conn:
+            for step, sql in work:
+                started = time.perf_counter()
+                await conn.exec_driver_sql(sql)
+                steps.append((f"insert {step} (beside the other inserts)", time.perf_counter() - started))
+
+    # The audit rows on one connection, the rest on another: two tables filled at once, one a core.
+    work = inserts(sizes)
+    await asyncio.gather(insert([w for w in work if "audit" in w[0]]), insert([w for w in work if "audit" not in w[0]]))
+    started = time.perf_counter()
+    await build_indexes(engine, [definition for _, definition in indexes])
+    steps.append((f"build the big tables' {len(indexes)} secondary indexes", time.perf_counter() - started))
+    async with engine.connect() as conn:
         started = time.perf_counter()
         await conn.exec_driver_sql("VACUUM ANALYZE")
         steps.append(("VACUUM ANALYZE", time.perf_counter() - started))
         await conn.exec_driver_sql(f"COMMENT ON DATABASE {conn.engine.url.database} IS '{sizes.label()}'")
     return steps
+
+
+INDEX_BUILDERS = 2  # connections building indexes at once: one a core of the 2-core development machine
+
+
+async def build_indexes(engine: AsyncEngine, definitions: list[str]) -> None:
+    """`CREATE INDEX` each definition, `INDEX_BUILDERS` at a time (each build is one backend's sort, mostly CPU); the
+    biggest tables' first, so that the builders finish together."""
+    order = {table: n for n, table in enumerate(("audit_events", "elicitation_events", "grants", "elicitations"))}
+    queue = sorted(definitions, key=lambda d: min((n for t, n in order.items() if f"{t} USING" in d), default=9))
+
+    async def builder() -> None:
+        async with engine.connect() as conn:
+            await conn.exec_driver_sql("SET maintenance_work_mem = '256MB'")
+            while queue:
+                await conn.exec_driver_sql(queue.pop(0))
+
+    await asyncio.gather(*(builder() for _ in range(INDEX_BUILDERS)))
 
 
 async def top_up_old_audit(engine: AsyncEngine, old: int) -> tuple[int, float]:

@@ -241,3 +241,55 @@ def test_purge_command_counts_with_dry_run_then_deletes(tmp_path: Path) -> None:
     assert done.code == 0, done.err
     assert "audit_events: deleted 1 audit events" in done.out
     assert asyncio.run(audit_events_left()) == ["recent"]
+
+
+class _TimedRepo:
+    """A retention repository whose batches take `per_row` seconds a row on a fake clock, until `slow_after` batches
+    then `slow_per_row` (a machine getting busy), with `rows` old audit rows."""
+
+    def __init__(self, rows: int, per_row: float, *, slow_after: int = 10**9, slow_per_row: float = 0.0) -> None:
+        self.rows, self.per_row, self.slow_after, self.slow_per_row = rows, per_row, slow_after, slow_per_row
+        self.now = 0.0
+        self.batches: list[tuple[int, float]] = []  # (limit, seconds)
+
+    def clock(self) -> float:
+        return self.now
+
+    async def count(self, kind: PurgeKind, before: datetime) -> int:
+        return self.rows if kind is PurgeKind.AUDIT else 0
+
+    async def purge(self, kind: PurgeKind, before: datetime, *, limit: int) -> int:
+        if kind is not PurgeKind.AUDIT:
+            return 0
+        removed = min(limit, self.rows)
+        self.rows -= removed
+        per_row = self.per_row if len(self.batches) < self.slow_after else self.slow_per_row
+        self.batches.append((limit, per_row * limit))
+        self.now += per_row * limit
+        return removed
+
+
+async def test_purge_batches_follow_their_measured_time() -> None:
+    policy = RetentionPolicy(batch_size=500, batch_target_seconds=0.03)
+    # 1 ms a row: the first batch (500 rows, 0.5 s) is too slow; the next ones are cut to the target and stay there.
+    slow = _TimedRepo(5_000, 0.001)
+    deleted = await purge_due(slow, policy, NOW, clock=slow.clock)
+    assert deleted[PurgeKind.AUDIT] == 5_000
+    assert slow.batches[0] == (500, 0.5)
+    assert all(limit <= 30 and seconds <= 0.03 for limit, seconds in slow.batches[1:])
+
+    # Fast rows: every batch at the most the policy allows. Then the machine gets busy, and batches shrink to fit.
+    busy = _TimedRepo(20_000, 0.00001, slow_after=5, slow_per_row=0.0003)
+    deleted = await purge_due(busy, policy, NOW, clock=busy.clock)
+    assert deleted[PurgeKind.AUDIT] == 20_000
+    assert [limit for limit, _ in busy.batches[:6]] == [500] * 6
+    assert all(seconds <= 0.03 for _, seconds in busy.batches[7:])
+    assert max(limit for limit, _ in busy.batches) <= 500
+
+
+async def test_purge_batches_grow_back_when_fast_again() -> None:
+    policy = RetentionPolicy(batch_size=500, batch_target_seconds=0.03)
+    repo = _TimedRepo(20_000, 0.001, slow_after=3, slow_per_row=0.00001)  # slow, then fast
+    await purge_due(repo, policy, NOW, clock=repo.clock)
+    limits = [limit for limit, _ in repo.batches]
+    assert limits[1] == 30 and limits[-2] == 500  # cut, then back up to the policy's most

@@ -3,10 +3,17 @@ are kept.
 
 The sweeper applies the policy in small batches; `acp-connector purge` applies it (or, with `--dry-run`, counts
 what it would delete) on demand. Grants are not covered: a grant lives until it is disconnected.
+
+A batch is one transaction, and it holds row locks and a connection while it runs, so its size follows its measured
+time (`BatchSizer`): a batch slower than the target shrinks the next one in proportion, one well under it grows the
+next (up to `batch_size`). What a row costs to delete varies by kind (an elicitation's OAuth flows and verifications
+go with it by cascade), by the table's indexes and by the machine's load; the target does not.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -23,7 +30,7 @@ class PurgeKind(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class RetentionPolicy:
-    """Days to keep each kind (0: keep forever), and the size of one delete batch."""
+    """Days to keep each kind (0: keep forever), the most rows one delete batch takes, and the time a batch aims at."""
 
     elicitation_days: int = 30
     verification_days: int = 7
@@ -31,6 +38,7 @@ class RetentionPolicy:
     event_days: int = 7
     webhook_delivery_days: int = 7
     batch_size: int = 500
+    batch_target_seconds: float = 0.03
 
     def windows(self) -> dict[PurgeKind, timedelta]:
         """The kinds this policy purges, each with how long its rows are kept."""
@@ -49,18 +57,48 @@ class RetentionRepo(Protocol):
     async def purge(self, kind: PurgeKind, before: datetime, *, limit: int) -> int: ...
 
 
+MIN_BATCH = 10
+
+
+class BatchSizer:
+    """The next batch's size from the last one's time: shrunk in proportion when over `target` seconds, grown by half
+    when under half of it; between `MIN_BATCH` (or `most`, if smaller) and `most`."""
+
+    def __init__(self, most: int, target: float) -> None:
+        self.most = most
+        self.least = min(MIN_BATCH, most)
+        self.target = target
+        self.size = most
+
+    def took(self, seconds: float) -> None:
+        if seconds > self.target:
+            self.size = max(self.least, int(self.size * self.target / seconds))
+        elif seconds < self.target / 2:
+            self.size = min(self.most, max(self.size + 1, self.size * 3 // 2))
+
+
 async def purge_due(
-    repo: RetentionRepo, policy: RetentionPolicy, now: datetime, *, max_batches: int | None = None
+    repo: RetentionRepo,
+    policy: RetentionPolicy,
+    now: datetime,
+    *,
+    max_batches: int | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> dict[PurgeKind, int]:
-    """Delete what is past its window, batch by batch (at most `max_batches` per kind); how many per kind."""
+    """Delete what is past its window, batch by batch (at most `max_batches` per kind), each batch sized by the last
+    one's time (`BatchSizer`); how many per kind."""
     deleted: dict[PurgeKind, int] = {}
     for kind, window in policy.windows().items():
+        sizer = BatchSizer(policy.batch_size, policy.batch_target_seconds)
         total, batches = 0, 0
         while max_batches is None or batches < max_batches:
-            removed = await repo.purge(kind, now - window, limit=policy.batch_size)
+            limit = sizer.size
+            started = clock()
+            removed = await repo.purge(kind, now - window, limit=limit)
+            sizer.took(clock() - started)
             total += removed
             batches += 1
-            if removed < policy.batch_size:
+            if removed < limit:
                 break
         deleted[kind] = total
     return deleted

@@ -149,6 +149,17 @@ class Database:
         async with self.writer.begin() as own:
             yield own
 
+    @asynccontextmanager
+    async def write_alone(self) -> AsyncIterator[AsyncConnection]:
+        """For one write statement that is its own transaction. PostgreSQL: in AUTOCOMMIT (the statement is atomic;
+        no BEGIN and COMMIT round trips around it). SQLite: the writer's `BEGIN IMMEDIATE` transaction as always."""
+        if self.dialect == "sqlite":
+            async with self.writer.begin() as own:
+                yield own
+            return
+        async with self.reader.connect() as own:
+            yield own
+
     async def dispose(self) -> None:
         if self.reader is not self.writer:
             await self.reader.dispose()

@@ -10,7 +10,9 @@ transaction (`DELETE ... WHERE id IN (oldest `limit` ids)`), so purging never ho
 Each batch is chosen in the order of an index whose leading column is the one the window is on (audit rows by
 `(at, id)`, the event log by `at`, elicitations by `updated_at`, verifications by `expires_at`, deliveries by
 `last_attempt_at`; migrations 0017 and 0018): the scan starts at the oldest row and stops after `limit`
-of them, or at once at the cutoff, so a pass costs what it deletes, not what the table holds. Ordering by the primary
+of them, or at once at the cutoff, so a pass costs what it deletes, not what the table holds. On PostgreSQL a batch
+is its one `DELETE` in autocommit: the transaction is the statement, with no BEGIN and COMMIT round trips (each a
+wait for a CPU on a loaded machine) inside it. Ordering by the primary
 key instead lets PostgreSQL walk the whole primary key (its generic plan for a prepared statement guesses a third
 of the rows are old): on 10,000,000 audit rows with none old, 1.4-1.8 s in one transaction, every pass.
 """
@@ -59,7 +61,7 @@ class RetentionRepository:
 
     async def purge(self, kind: PurgeKind, before: datetime, *, limit: int) -> int:
         """Delete up to `limit` rows of `kind` past the window, oldest first, in one transaction; how many."""
-        async with self._db.write() as c:
+        async with self._db.write_alone() as c:
             result = await c.execute(purge_batch(kind, before, limit=limit, dialect=c.dialect.name))
         return result.rowcount
 
