@@ -4,12 +4,15 @@
              redirect to `/callback/...` to the ACP client receiving `elicitation/complete`. Single process: the
              agent process (the GitHub example agent, the official SDK client over stdio) also serves the browser.
              Two replicas: the browser uses replica B (`acp-connector serve`) and the completion crosses to the
-             agent's process A over LISTEN/NOTIFY. Goal: p99 < 50 ms across replicas.
+             agent's process A over LISTEN/NOTIFY. Goal: p99 < 50 ms across replicas. Both processes run under
+             `bench/trace.py`, which timestamps each flow's points on the way (callback at B, the provider's token
+             call, the commit, the NOTIFY, the wake-up at A, A's read of the event log, the claim, the push on the
+             ACP wire): the table of segments and the slowest ten flows, each with the segment that made it slow.
   refresh    1,000 concurrent uses of an expired grant, 500 in each of two replica processes
              (`tests/replica_worker.py`), against the mock provider rotating refresh tokens: refreshes per round
              (goal exactly 1), failures (goal 0), API calls (1,000: no request was sent with a dead token).
 
-    .venv/bin/python -m bench.replicas [--flows 200] [--rounds 5] [--quick]
+    .venv/bin/python -m bench.replicas [--flows 300] [--rounds 5] [--quick]
 
 Needs a PostgreSQL server: BENCH_POSTGRES_URL or CONNECTOR_TEST_POSTGRES_URL (a scratch database is created and
 dropped). Prints markdown tables.
@@ -30,6 +33,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -94,8 +98,8 @@ class TimedClient(ScriptedClient):
 
 
 @asynccontextmanager
-async def replica_b(env: dict[str, str]) -> AsyncIterator[str]:
-    """`acp-connector serve` on its own port; its URL once ready."""
+async def replica_b(env: dict[str, str]) -> AsyncIterator[tuple[str, int]]:
+    """`acp-connector serve` on its own port (traced); its URL and process id once ready."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     process_env = {
@@ -106,7 +110,15 @@ async def replica_b(env: dict[str, str]) -> AsyncIterator[str]:
         "PYTHONPATH": str(REPO),
     }
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "service.cli", "serve", cwd=REPO, env=process_env, stderr=asyncio.subprocess.DEVNULL
+        sys.executable,
+        "-m",
+        "bench.trace",
+        "-m",
+        "service.cli",
+        "serve",
+        cwd=REPO,
+        env=process_env,
+        stderr=asyncio.subprocess.DEVNULL,
     )
     try:
         async with httpx.AsyncClient() as http:
@@ -117,7 +129,7 @@ async def replica_b(env: dict[str, str]) -> AsyncIterator[str]:
                 await asyncio.sleep(0.05)
             else:
                 raise SystemExit("replica B did not become ready")
-        yield url
+        yield url, proc.pid
     finally:
         proc.terminate()
         await proc.wait()
@@ -126,7 +138,20 @@ async def replica_b(env: dict[str, str]) -> AsyncIterator[str]:
 Timing = tuple[float, float]  # seconds: from the callback sent, and from the completion stored, to complete received
 
 
-async def latencies(env: dict[str, str], database_url: str, public_url: str | None, flows: int) -> list[Timing]:
+@dataclass
+class Flow:
+    timing: Timing
+    sent: float  # wall clock: the browser sent the callback
+    received: float  # wall clock: the client received `elicitation/complete`
+
+
+@dataclass
+class Run:
+    flows: list[Flow]
+    agent_pid: int
+
+
+async def latencies(env: dict[str, str], database_url: str, public_url: str | None, flows: int) -> Run:
     """`flows` connect flows through the GitHub example agent, timed.
 
     `public_url` None: the agent's own process serves the browser; else the browser uses that replica."""
@@ -139,9 +164,11 @@ async def latencies(env: dict[str, str], database_url: str, public_url: str | No
         "PYTHONUNBUFFERED": "1",
     }
     engine = create_async_engine(database_url, poolclass=NullPool)
-    results: list[Timing] = []
+    results: list[Flow] = []
+    program = ("-m", "bench.trace", "-m", "examples.github_agent")
     try:
-        async with spawn_agent(client, sys.executable, "-m", "examples.github_agent", env=agent_env, cwd=REPO) as a:
+        async with spawn_agent(client, sys.executable, *program, env=agent_env, cwd=REPO) as a:
+            pid = a.process.pid
             await asyncio.wait_for(client.initialize(a.conn), 60)
             for _ in range(flows):
                 results.append(await one_flow(client, a, engine))
@@ -150,20 +177,20 @@ async def latencies(env: dict[str, str], database_url: str, public_url: str | No
                 print(f"agent warnings ({len(warnings)}):", *warnings[:10], sep="\n", file=sys.stderr)
     finally:
         await engine.dispose()
-    return results
+    return Run(results, pid)
 
 
-async def one_flow(client: TimedClient, agent: SpawnedAgent, engine: Any) -> Timing:
+async def one_flow(client: TimedClient, agent: SpawnedAgent, engine: Any) -> Flow:
     async with engine.begin() as conn:  # a new elicitation each time (the last flow's grant stays for later)
         await conn.execute(text("DELETE FROM grants"))
     session_id = (await agent.conn.new_session(cwd=str(REPO))).session_id
     prompt = asyncio.create_task(agent.conn.prompt(session_id=session_id, prompt=[text_block("list my repos")]))
     elicitation = await client.next_consented(within=30)
-    sent_callback: list[float] = []
+    sent_callback: list[tuple[float, float]] = []
 
     async def note_callback(request: httpx.Request) -> None:
         if request.url.path.startswith("/callback/"):
-            sent_callback.append(time.perf_counter())
+            sent_callback.append((time.perf_counter(), time.time()))
 
     async with ScriptedBrowser() as browser:
         browser.client.event_hooks["request"].append(note_callback)
@@ -178,7 +205,8 @@ async def one_flow(client: TimedClient, agent: SpawnedAgent, engine: Any) -> Tim
         stored = await conn.scalar(
             text("SELECT updated_at FROM elicitations WHERE id = :id"), {"id": elicitation.elicitation_id}
         )
-    return received - sent_callback[0], received_wall - stored.timestamp()
+    timing = (received - sent_callback[0][0], received_wall - stored.timestamp())
+    return Flow(timing, sent_callback[0][1], received_wall)
 
 
 async def refresh_rounds(env: dict[str, str], provider: MockOAuthProvider, rounds: int) -> list[dict[str, int]]:
@@ -259,6 +287,84 @@ async def run_workers(env: dict[str, str], count: int, uses: int) -> list[dict[s
     return [json.loads(out.decode().strip().splitlines()[-1]) for out, _ in outputs]
 
 
+Mark = tuple[float, str, int]  # wall clock, point, process id (bench/trace.py)
+# The points a completion passes, in order: (point, "a" the agent's process / "b" the browser's replica).
+ONE_PROCESS = [("callback", "a"), ("token.start", "a"), ("token.end", "a"), ("commit", "a"), ("claim", "a")]
+ONE_PROCESS += [("push.start", "a"), ("push.end", "a")]
+ACROSS = [("callback", "b"), ("token.start", "b"), ("token.end", "b"), ("commit", "b"), ("notify.start", "b")]
+ACROSS += [("notify.end", "b"), ("wake", "a"), ("feed", "a"), ("claim", "a"), ("push.start", "a"), ("push.end", "a")]
+SEGMENTS = {  # the segment ending at a point, named for what happens in it
+    "callback": "browser -> handler (HTTP, ASGI)",
+    "token.start": "handler: state, flow claim",
+    "token.end": "provider token call",
+    "commit": "store grant, complete (commit)",
+    "notify.start": "commit -> NOTIFY sent",
+    "notify.end": "NOTIFY round trip",
+    "wake": "NOTIFY -> wake-up at A",
+    "feed": "read of the event log at A",
+    "claim": "-> telling claimed (update)",
+    "push.start": "claim -> push",
+    "push.end": "push on the ACP wire",
+    "received": "wire -> client received",
+}
+
+
+def read_trace(path: Path) -> list[Mark]:
+    marks = []
+    for line in path.read_text().splitlines():
+        at, point, pid = line.split()
+        marks.append((float(at), point, int(pid)))
+    return sorted(marks)
+
+
+def segments(flow: Flow, marks: list[Mark], chain: list[tuple[str, str]], pids: dict[str, int]) -> dict[str, float]:
+    """Milliseconds of each segment of one flow: from each point to the next one found after it."""
+    inside = [m for m in marks if flow.sent <= m[0] <= flow.received + 0.001]
+    out: dict[str, float] = {}
+    last = flow.sent
+    for point, where in chain:
+        found = next((at for at, p, pid in inside if p == point and pid == pids[where] and at >= last), None)
+        if found is None:
+            continue
+        out[point] = (found - last) * 1000
+        last = found
+    out["received"] = (flow.received - last) * 1000
+    return out
+
+
+def trace_tables(label: str, run: Run, marks: list[Mark], chain: list[tuple[str, str]], pids: dict[str, int]) -> None:
+    per_flow = [segments(f, marks, chain, pids) for f in run.flows]
+    print(f"Segments of callback -> `elicitation/complete`, {label} (ms, {len(per_flow)} flows):\n")
+    print("| segment | p50 | p90 | p99 | max | share of the total at p50 |\n|---|---:|---:|---:|---:|---:|")
+    total = sum(percentile([f.get(p, 0.0) for f in per_flow], 50) for p, _ in [*chain, ("received", "")])
+    for point, _ in [*chain, ("received", "")]:
+        values = [f.get(point, 0.0) for f in per_flow]
+        print(
+            f"| {SEGMENTS[point]} | {percentile(values, 50):.1f} | {percentile(values, 90):.1f} | "
+            f"{percentile(values, 99):.1f} | {max(values):.1f} | {percentile(values, 50) / total:.0%} |"
+        )
+    missing = sum(1 for f in per_flow if len(f) < len(chain) + 1)
+    if missing:
+        print(f"\n({missing} flows lacked a point: its time is in the next segment.)")
+    slowest = sorted(range(len(per_flow)), key=lambda i: -run.flows[i].timing[0])[:10]
+    print(f"\nThe slowest ten, {label}: total ms, and the segments over their p90 (ms):\n")
+    print("| flow | total | slowest segment | other segments over their p90 |\n|---|---:|---|---|")
+    p90 = {p: percentile([f.get(p, 0.0) for f in per_flow], 90) for p, _ in [*chain, ("received", "")]}
+    for i in slowest:
+        parts = per_flow[i]
+        worst = max(parts, key=lambda p: parts[p] - p90[p])
+        others = ", ".join(
+            f"{SEGMENTS[p]} {v:.0f}"
+            for p, v in sorted(parts.items(), key=lambda kv: -kv[1])
+            if p != worst and v > p90[p]
+        )
+        print(
+            f"| {i + 1} | {run.flows[i].timing[0] * 1000:.1f} | {SEGMENTS[worst]} {parts[worst]:.0f} "
+            f"(p90 {p90[worst]:.0f}) | {others or '-'} |"
+        )
+    print()
+
+
 def row(label: str, values: list[float]) -> str:
     ms = [v * 1000 for v in values]
     return (
@@ -293,9 +399,14 @@ async def main(flows: int, rounds: int) -> None:
                 "CONNECTOR_RATE_LIMIT__ENABLED": "false",
                 "CONNECTOR_LOG_FORMAT": "json",
             }
-            single = await latencies(env, database_url, None, flows)
-            async with replica_b(env) as b_url:
-                across = await latencies(env, database_url, b_url, flows)
+            trace = Path(tmp) / "trace.log"
+            env["BENCH_TRACE"] = str(trace)
+            single_run = await latencies(env, database_url, None, flows)
+            async with replica_b(env) as (b_url, b_pid):
+                across_run = await latencies(env, database_url, b_url, flows)
+            marks = read_trace(trace)
+            single = [f.timing for f in single_run.flows]
+            across = [f.timing for f in across_run.flows]
             # The refresh rounds use the grant the last flow stored.
             refreshed = await refresh_rounds(env, provider, rounds)
 
@@ -314,6 +425,12 @@ async def main(flows: int, rounds: int) -> None:
     print(row("the agent's own process (one process)", [t[1] for t in single]))
     print(row("replica B; the connection on replica A", [t[1] for t in across]))
     print()
+    trace_tables("one process", single_run, marks, ONE_PROCESS, {"a": single_run.agent_pid})
+    trace_tables("two replicas", across_run, marks, ACROSS, {"a": across_run.agent_pid, "b": b_pid})
+    load_average = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"Load average at the end: {load_average}\n")
+    if not refreshed:
+        return
     print(f"Refreshes per {2 * USES_PER_REPLICA} concurrent uses of an expired grant, two replicas:\n")
     print("| round | refreshes (goal 1) | failures (goal 0) | API calls (1,000: none with a dead token) |")
     print("|---|---|---|---|")
@@ -323,7 +440,7 @@ async def main(flows: int, rounds: int) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--flows", type=int, default=200, help="connect flows per configuration")
+    parser.add_argument("--flows", type=int, default=300, help="connect flows per configuration")
     parser.add_argument("--rounds", type=int, default=5, help="rounds of 1,000 concurrent expired uses")
     parser.add_argument("--quick", action="store_true", help="20 flows and 2 rounds (a smoke run)")
     options = parser.parse_args()

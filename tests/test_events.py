@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import random
+from dataclasses import replace
 from datetime import UTC, datetime
 
-from service.core.events import ElicitationEvent
+from service.core.events import ElicitationEvent, LoggedEvent
 from service.core.states import ElicitationStatus
 from service.events import LocalBus, OutboxFeed
+from service.events.codec import decode, encode
 from service.store import Store
 
 from .test_store import store  # noqa: F401 - the fixture
@@ -83,5 +85,55 @@ async def test_the_feed_brings_other_processes_events_to_waiters_here(store: Sto
             assert event is not None and event.elicitation_id == "theirs" and event.origin == "other-process"
         assert [e.elicitation_id for e in heard] == ["theirs"]  # our own event is not published twice
         assert await feed.catch_up() == 0
+    finally:
+        await feed.close()
+
+
+class _CountedLog:
+    """The store's event log, counting its reads."""
+
+    def __init__(self, on: Store) -> None:
+        self.inner = on.outbox
+        self.origin = on.outbox.origin
+        self.reads = 0
+
+    async def after(self, last_id: int, *, limit: int = 500) -> list[LoggedEvent]:
+        self.reads += 1
+        return await self.inner.after(last_id, limit=limit)
+
+    async def last_id(self) -> int:
+        return await self.inner.last_id()
+
+
+async def test_an_event_heard_whole_and_next_in_the_log_is_taken_without_reading_the_log(store: Store) -> None:  # noqa: F811
+    other = Store(store.db, origin="other-process")
+    bus = LocalBus()
+    heard: list[ElicitationEvent] = []
+    bus.add_listener(lambda e: heard.append(e) if isinstance(e, ElicitationEvent) else None)
+    log = _CountedLog(store)
+    feed = OutboxFeed(log, bus, interval=60)
+    await feed.start()
+    try:
+        async with other.transaction() as tx:
+            first, second = await other.outbox.append(
+                [completed("one"), completed("two")], at=datetime.now(UTC), conn=tx
+            )
+        as_logged = await store.outbox.after(first.id - 1)  # type: ignore[operator]
+        # What a replica's NOTIFY carries (the sender publishes the event it logged, with its replica id).
+        notified = [decode(encode(replace(e, replica_id="r1"), "other-process")).logged for e in (first, second)]
+        assert notified == [replace(e, origin="other-process") for e in as_logged]  # the log's row, as read
+        assert notified[1] is not None and not bus.log_follower(notified[1])  # type: ignore[misc]  # a gap: read
+
+        with bus.waiter("one") as waiter:
+            assert notified[0] is not None and bus.log_follower(notified[0])  # type: ignore[misc]
+            assert waiter.result() == as_logged[0]
+        assert notified[1] is not None and bus.log_follower(notified[1])  # type: ignore[misc]
+        assert log.reads == 0 and [e.elicitation_id for e in heard] == ["one", "two"]
+        assert await feed.catch_up() == 0  # nothing published twice
+
+        async with store.transaction() as tx:  # this process's own event moves the cursor, published by nobody
+            (mine,) = await store.outbox.append([completed("mine")], at=datetime.now(UTC), conn=tx)
+        assert bus.log_follower(decode(encode(mine, store.origin)).logged)  # type: ignore[arg-type, misc]
+        assert feed.cursor == mine.id and len(heard) == 2
     finally:
         await feed.close()

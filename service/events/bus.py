@@ -33,6 +33,8 @@ class LocalBus:
         # What a bus across processes runs when it may have missed something (in one process nothing is missed):
         # the reader of the event log (news announced, or a reconnect), and the other catch-ups after a reconnect.
         self.log_reader: CatchUp | None = None
+        # Takes an event of the log heard whole, when it is the next one after the reader's cursor (else False).
+        self.log_follower: Callable[[ElicitationEvent], bool] | None = None
         self.reconnect_hooks: list[CatchUp] = []
 
     def add_listener(self, listener: Listener) -> None:
@@ -43,9 +45,11 @@ class LocalBus:
         if listener in self._listeners:
             self._listeners.remove(listener)
 
-    def read_log_with(self, reader: CatchUp) -> None:
-        """`reader` reads the event log when another process announces news in it, and after a reconnect."""
+    def read_log_with(self, reader: CatchUp, follower: Callable[[ElicitationEvent], bool] | None = None) -> None:
+        """`reader` reads the event log when another process announces news in it, and after a reconnect;
+        `follower` takes an announced event that is the next in the log without reading it (False: read)."""
         self.log_reader = reader
+        self.log_follower = follower
 
     def after_reconnect(self, hook: CatchUp) -> None:
         """`hook` runs after a reconnect, once the event log is read (e.g. the replica's untold completions)."""

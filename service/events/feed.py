@@ -17,7 +17,7 @@ import asyncio
 import logging
 from typing import Protocol
 
-from service.core.events import LoggedEvent
+from service.core.events import ElicitationEvent, LoggedEvent
 from service.util.periodic import Periodic
 
 from .bus import LocalBus
@@ -42,7 +42,7 @@ class OutboxFeed:
     def __init__(self, log_: EventLog, bus: LocalBus, *, interval: float) -> None:
         self._log = log_
         self._bus = bus
-        bus.read_log_with(self.catch_up)  # a bus across processes reads the log at once when told of news
+        bus.read_log_with(self.catch_up, self.follow)  # a bus across processes reads the log when told of news
         self.interval = interval
         self.cursor: int | None = None  # the last event id seen; None until the first successful read
         self._lock = asyncio.Lock()
@@ -65,6 +65,17 @@ class OutboxFeed:
 
     async def close(self) -> None:
         await self._loop.close()
+
+    def follow(self, event: ElicitationEvent) -> bool:
+        """Take `event`, announced whole by the process that logged it, if it is the next one after the cursor and
+        no read is under way: as reading the log would (published here unless this process wrote it, the cursor
+        moved on), without the read. False: read the log instead (a gap, or no cursor yet)."""
+        if self.cursor is None or self._lock.locked() or event.id != self.cursor + 1:
+            return False
+        self.cursor = event.id
+        if event.origin != self._log.origin:
+            self._bus.dispatch(event)
+        return True
 
     async def catch_up(self) -> int:
         """Publish every event logged by another process since the cursor; how many. Raises on database errors."""

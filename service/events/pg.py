@@ -4,7 +4,10 @@
 (`codec.py`: ids only, never a secret). Each replica holds one listening connection (`store.notify`). An elicitation
 event is announced by its id in the event log: a replica that hears it reads the log from its cursor
 (`OutboxFeed.catch_up`, the same read as the interval poll, which stays as a safety net) and hands what it finds to
-its waiters and listeners (an SSE stream among them). Reads triggered by a burst of notifications coalesce.
+its waiters and listeners (an SSE stream among them). Reads triggered by a burst of notifications coalesce. An
+elicitation event's notification carries its row of the log: when it is the next event after the replica's cursor it
+is handed on at once, without the read (`OutboxFeed.follow`; a read of the log was a quarter of the median
+cross-replica completion, bench/RESULTS.md); a gap (an event not heard, or heard out of order) falls back to the read.
 A grant change, which the log does not hold, travels whole, so every replica's caches drop the grant at once.
 
 The database stays the truth: a waiter is resolved by what the log says, and the telling of a completion is decided
@@ -105,14 +108,17 @@ class PgBus(LocalBus):
     # -- receiving -------------------------------------------------------------------------------------
     def _received(self, payload: str) -> None:
         try:
-            origin, grant_change = decode(payload)
+            heard = decode(payload)
         except ValueError as exc:
             log.warning("ignored a notification on %s: %s", CHANNEL, exc)
             return
-        if origin == self.origin:
+        follow = self.log_follower
+        if heard.logged is not None and follow is not None and follow(heard.logged):
+            return  # the next event of the log, heard whole (our own moves the cursor on): no read needed
+        if heard.origin == self.origin:
             return
-        if grant_change is not None:
-            self.dispatch(grant_change)
+        if heard.grant_change is not None:
+            self.dispatch(heard.grant_change)
         else:
             self._read_log()
 

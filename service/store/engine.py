@@ -150,9 +150,13 @@ class Database:
             yield own
 
     @asynccontextmanager
-    async def write_alone(self) -> AsyncIterator[AsyncConnection]:
-        """For one write statement that is its own transaction. PostgreSQL: in AUTOCOMMIT (the statement is atomic;
-        no BEGIN and COMMIT round trips around it). SQLite: the writer's `BEGIN IMMEDIATE` transaction as always."""
+    async def write_alone(self, conn: AsyncConnection | None = None) -> AsyncIterator[AsyncConnection]:
+        """For one write statement that is its own transaction (or joins the caller's `conn`). PostgreSQL: in
+        AUTOCOMMIT (the statement is atomic; no BEGIN and COMMIT round trips around it). SQLite: the writer's
+        `BEGIN IMMEDIATE` transaction as always."""
+        if conn is not None:
+            yield conn
+            return
         if self.dialect == "sqlite":
             async with self.writer.begin() as own:
                 yield own
