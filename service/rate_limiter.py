@@ -1,8 +1,9 @@
 """Counting requests against the rate limits, and the core's `AuditGate`: the budget of audit rows that requests
 carrying no credential may cause.
 
-`RateLimiter` counts in the storage of the `limits` library over a moving window: in memory (one process) or in
-Redis (`rate_limit.storage_url`, shared by every replica so that a limit holds across them). If the storage cannot
+`RateLimiter` counts over a moving window: in this process (`memory://`, `util.moving_window.LocalMovingWindow`,
+which drops a key once its window has passed) or in Redis through the `limits` library (`rate_limit.storage_url`,
+shared by every replica so that a limit holds across them). If the storage cannot
 be reached, requests are let through (and the failure is logged): a rate limit must not take the service down.
 
 `AuditBudget` bounds the audit rows that requests carrying no credential at all can cause (a forged CSRF token,
@@ -20,15 +21,16 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
+from typing import Literal, Protocol
 
-from limits import RateLimitItem, RateLimitItemPerSecond
+from limits import RateLimitItem, RateLimitItemPerSecond, WindowStats
 from limits.aio.storage import Storage
 from limits.aio.strategies import MovingWindowRateLimiter
 from limits.storage import storage_from_string
 
 from .config import RateLimitSettings
 from .core.ports import AuditRepo
+from .util.moving_window import LocalMovingWindow
 
 log = logging.getLogger("service.web")  # its lines are about requests refused or let through
 
@@ -49,6 +51,14 @@ class Refusal:
     retry_after: int  # whole seconds, at least 1
 
 
+class MovingWindow(Protocol):
+    """What the limiter asks of a moving window: limits' `MovingWindowRateLimiter`, or `LocalMovingWindow`."""
+
+    async def hit(self, item: RateLimitItem, *identifiers: str, cost: int = 1) -> bool: ...
+
+    async def get_window_stats(self, item: RateLimitItem, *identifiers: str) -> WindowStats: ...
+
+
 def storage_uri(url: str) -> str:
     """The `limits` asyncio storage for `rate_limit.storage_url` (memory://, redis://, rediss://, ...)."""
     return f"async+{url}"
@@ -59,10 +69,13 @@ class RateLimiter:
 
     def __init__(self, settings: RateLimitSettings, *, clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
-        storage = storage_from_string(storage_uri(settings.storage_url))
-        assert isinstance(storage, Storage)
-        self.storage = storage
-        self._strategy = MovingWindowRateLimiter(self.storage)
+        self._strategy: MovingWindow
+        if settings.storage_url.partition("://")[0].strip().lower() == "memory":
+            self._strategy = LocalMovingWindow(clock)
+        else:
+            storage = storage_from_string(storage_uri(settings.storage_url))
+            assert isinstance(storage, Storage)
+            self._strategy = MovingWindowRateLimiter(storage)
         self._clock = clock
         self._once = self.per_window(1)
         self._warned_at = -math.inf

@@ -16,11 +16,15 @@ from collections.abc import AsyncIterator, Iterator
 
 import httpx
 import pytest
+from limits import RateLimitItemPerSecond
+from limits.aio.storage import MemoryStorage
+from limits.aio.strategies import MovingWindowRateLimiter
 
 from service import ElicitationStatus
 from service.config import RateLimitSettings
 from service.rate_limiter import RateLimiter
 from service.testing import ScriptedBrowser
+from service.util.moving_window import LocalMovingWindow
 from service.web.ratelimit import route_group
 
 from .conftest import ALICE, Deploy, Deployment, deploy
@@ -179,6 +183,47 @@ async def test_first_in_window_is_true_once_per_key() -> None:
     limiter = RateLimiter(RateLimitSettings(window_seconds=60))
     assert [await limiter.first_in_window("rate_limited", "k1") for _ in range(3)] == [True, False, False]
     assert await limiter.first_in_window("rate_limited", "k2") is True
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_the_local_window_counts_as_the_limits_library_does() -> None:
+    """The same hits against limits' own moving window (its in-memory storage) and ours: the same answers."""
+    item = RateLimitItemPerSecond(3, 60, namespace="connector")
+    theirs = MovingWindowRateLimiter(MemoryStorage())
+    ours = LocalMovingWindow()
+    keys = [("connect", "elicitation", f"e{i % 4}") for i in range(40)]
+    assert [await ours.hit(item, *k) for k in keys] == [await theirs.hit(item, *k) for k in keys]
+    for key in set(keys):
+        mine, library = await ours.get_window_stats(item, *key), await theirs.get_window_stats(item, *key)
+        assert mine.remaining == library.remaining == 0
+        assert abs(mine.reset_time - library.reset_time) < 1.0
+    other = RateLimitItemPerSecond(5, 60, namespace="connector")  # another amount: a window of its own
+    assert await ours.hit(other, "connect", "elicitation", "e0") is True
+
+
+async def test_the_local_window_forgets_a_key_once_its_window_has_passed() -> None:
+    clock = FakeClock()
+    window = LocalMovingWindow(clock)
+    item = RateLimitItemPerSecond(2, 60)
+    assert [await window.hit(item, "k1") for _ in range(3)] == [True, True, False]
+    clock.now += 30
+    assert await window.hit(item, "k2") is True
+    assert (await window.get_window_stats(item, "k1")).reset_time == clock.now + 30  # the oldest hit's window
+    clock.now += 30  # k1's hits are out of the window (a hit exactly a window old still counts)
+    assert await window.hit(item, "k1") is False and len(window) == 2
+    clock.now += 0.001
+    assert await window.hit(item, "k1") is True
+    clock.now += 60.001  # both windows passed: the next hit drops both keys before counting its own
+    assert await window.hit(item, "k3") is True and len(window) == 1
+    stats = await window.get_window_stats(item, "k1")
+    assert stats.remaining == 2 and stats.reset_time == clock.now + 60
 
 
 async def test_disabled_limits_never_refuse() -> None:
