@@ -113,6 +113,7 @@ class AcpAuthorizer(Generic[H, E]):
         `resolve(provider, scopes)` gives what to ask for (the face's catalog name and default scopes)."""
         if resolve is not None:
             provider, scopes = resolve(provider, scopes)
+        del resolve  # a bound method made for this call: not kept by the frame while the user takes their time
         ask = AuthorizationAsk(user, provider, scopes, scope, message, ask_again, connection, account)
         settled = await self.lifecycle.settled(ask)
         if settled is not None:

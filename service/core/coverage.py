@@ -86,6 +86,8 @@ def request_plan(
     the result updates the same grant and loses no held scope), and its message says what is added, or, for a grant
     that needs the user, why it is asked again. `message` (the agent's) is kept, with that reason after it."""
     wanted = tuple(dict.fromkeys(scopes))
+    if wanted == scopes:  # already a tuple without repeats: the same object, not a copy kept by every pending ask
+        wanted = tuple(scopes)
     held = next(iter(grants), None)
     if held is None:
         return RequestPlan(wanted, message or default_message(display_name, wanted))

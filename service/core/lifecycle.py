@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from types import MappingProxyType
 
 from .accounts import account_ask, choose
 from .answers import AnswerKind, ClientAnswer, ending_of
@@ -40,6 +41,8 @@ from .states import CompletionDelivery, ElicitationStatus
 from .tenants import EMBEDDED_TENANT, TenantSharing, tenant_of_key
 
 EXPIRED_REASON = "expired before completion"
+# Most providers take no per-connection values: one shared empty mapping, not a dict kept by every pending ask.
+NO_CONNECTION_VALUES: Mapping[str, str] = MappingProxyType({})
 CONNECTION_CLOSED = "connection_closed"  # why a completion is undeliverable: the connection is gone
 
 
@@ -265,7 +268,7 @@ class Elicitations:
             expires_at=now + self.settings.elicitation_ttl,
             updated_at=now,
             replica_id=replica_id,
-            connection_values=values,
+            connection_values=values or NO_CONNECTION_VALUES,
             account=account_ask(grants, held, account),
         )
         created = self.entry(record, "created", {"scopes": list(record.scopes), "scope_kind": record.scope_kind}, now)
