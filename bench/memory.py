@@ -2,7 +2,8 @@
 
 `MemoryProbe(directory).install()` in the measured process (bench/agent.py does it when BENCH_MEMORY_DIR is set):
 - SIGUSR2: settle (a full collection, then glibc's `malloc_trim`, so that RSS counts what is held, not what the
-  allocator kept of freed memory), then write `settled-<n>` with the RSS;
+  allocator kept of freed memory), then write `settled-<n>` with the RSS (and `parts-<n>`, JSON: anonymous and
+  file-backed RSS, what SQLite's allocator holds, Python's live blocks);
 - SIGUSR1, the first time: settle, count live objects by type, start `tracemalloc`; the second time: settle, and
   write `growers.json`: what was allocated since the first signal and is still alive, by traceback (the largest
   first), and the object types whose count grew.
@@ -15,9 +16,12 @@ import asyncio
 import contextlib
 import ctypes
 import gc
+import inspect
 import json
 import linecache
+import reprlib
 import signal
+import sys
 import tracemalloc
 from collections import Counter
 from pathlib import Path
@@ -38,6 +42,63 @@ def rss_kb(pid: int | str = "self") -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     raise RuntimeError(f"no VmRSS in /proc/{pid}/status")
+
+
+def sqlite_kb() -> int:
+    """What SQLite's own allocator holds in this process (page caches, schemas, prepared statements), in KB."""
+    try:
+        import _sqlite3
+
+        used = ctypes.CDLL(_sqlite3.__file__).sqlite3_memory_used
+        used.restype = ctypes.c_int64
+        return int(used()) // 1024
+    except (OSError, AttributeError, ImportError):
+        return -1
+
+
+def sqlite_connections() -> dict[str, int]:
+    """SQLite's memory by use, summed over this process's open connections (`sqlite3_db_status`; the handle is read
+    from the `sqlite3.Connection` object, the pointer that follows its object header): page caches, schemas,
+    prepared statements."""
+    import _sqlite3
+    import sqlite3
+
+    try:
+        status = ctypes.CDLL(_sqlite3.__file__).sqlite3_db_status
+    except (OSError, AttributeError):
+        return {}
+    counter = ctypes.POINTER(ctypes.c_int)
+    status.argtypes = [ctypes.c_void_p, ctypes.c_int, counter, counter, ctypes.c_int]
+    totals = {"sqlite_connections": 0, "sqlite_cache_kb": 0, "sqlite_schema_kb": 0, "sqlite_statements_kb": 0}
+    for conn in gc.get_objects():
+        if not isinstance(conn, sqlite3.Connection):
+            continue
+        handle = ctypes.c_void_p.from_address(id(conn) + 2 * ctypes.sizeof(ctypes.c_void_p)).value
+        if not handle:
+            continue
+        totals["sqlite_connections"] += 1
+        for op, name in ((1, "sqlite_cache_kb"), (2, "sqlite_schema_kb"), (3, "sqlite_statements_kb")):
+            current, highest = ctypes.c_int(), ctypes.c_int()
+            if status(handle, op, ctypes.byref(current), ctypes.byref(highest), 0) == 0:
+                totals[name] += current.value // 1024
+    return totals
+
+
+def parts() -> dict[str, int]:
+    """Where the RSS is: anonymous and file-backed pages, SQLite's allocator, Python's live blocks."""
+    status = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(("VmRSS:", "RssAnon:", "RssFile:")):
+            name, value = line.split()[:2]
+            status[name.rstrip(":")] = int(value)
+    return {
+        "rss_kb": status.get("VmRSS", -1),
+        "anon_kb": status.get("RssAnon", -1),
+        "file_kb": status.get("RssFile", -1),
+        "sqlite_kb": sqlite_kb(),
+        "python_blocks": sys.getallocatedblocks(),
+        **sqlite_connections(),
+    }
 
 
 def object_counts() -> Counter[str]:
@@ -77,11 +138,45 @@ def growers(snapshot: tracemalloc.Snapshot, top: int) -> list[dict[str, Any]]:
     return rows
 
 
+def _describe(o: object) -> str:
+    kind = f"{type(o).__module__}.{type(o).__qualname__}"
+    if isinstance(o, dict):
+        return f"{kind} of {len(o)} {sorted(map(str, o))[:4]}"
+    return f"{kind} {reprlib.repr(o)}"
+
+
+def holders(known: set[int], types: list[str], samples: int = 8) -> dict[str, list[list[str]]]:
+    """For the object types that grew most: a few of the objects created since tracing began, each with what holds
+    it (the referrers, and theirs: two levels), to name the container that keeps them."""
+    found: dict[str, list[list[str]]] = {}
+    for name in types:
+        new = [
+            o for o in gc.get_objects() if id(o) not in known and f"{type(o).__module__}.{type(o).__qualname__}" == name
+        ]
+        step = max(1, len(new) // samples)
+        rows = []
+        for o in new[::step][:samples]:
+            chain = [_describe(o)]
+            for holder in gc.get_referrers(o)[:3]:
+                if holder is new or inspect.isframe(holder):
+                    continue
+                chain.append("  <- " + _describe(holder))
+                for outer in gc.get_referrers(holder)[:2]:
+                    if outer is new or inspect.isframe(outer):
+                        continue
+                    chain.append("      <- " + _describe(outer))
+            rows.append(chain)
+        del new
+        found[name] = rows
+    return found
+
+
 class MemoryProbe:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self.settled = 0
         self.counts: Counter[str] | None = None
+        self.known: set[int] = set()
 
     def install(self) -> None:
         loop = asyncio.get_running_loop()
@@ -91,12 +186,14 @@ class MemoryProbe:
     def on_settle(self) -> None:
         settle()
         self.settled += 1
+        _write(self.directory / f"parts-{self.settled}", json.dumps(parts()))
         _write(self.directory / f"settled-{self.settled}", str(rss_kb()))
 
     def on_trace(self) -> None:
         settle()
         if self.counts is None:
             self.counts = object_counts()
+            self.known = {id(o) for o in gc.get_objects()}
             tracemalloc.start(FRAMES)
             return
         snapshot = tracemalloc.take_snapshot()
@@ -106,6 +203,7 @@ class MemoryProbe:
             "traced": sum(s.size for s in snapshot.statistics("filename")),
             "growers": growers(snapshot, 15),
             "objects": grown.most_common(15),
+            "holders": holders(self.known, [name for name, _ in grown.most_common(3)]),
         }
         _write(self.directory / "growers.json", json.dumps(report))
 

@@ -63,12 +63,15 @@ class Soak:
     result: Result = field(default_factory=Result)
     samples: list[Sample] = field(default_factory=list)
     settled: int = 0
+    parts: list[dict[str, int]] = field(default_factory=list)
 
     async def settle(self) -> int:
-        """The agent's RSS (KB) after a collection and malloc_trim in it."""
+        """The agent's RSS (KB) after a collection and malloc_trim in it (its parts kept in `self.parts`)."""
         self.settled += 1
         os.kill(self.pid, signal.SIGUSR2)
-        return int(await await_file(self.probe / f"settled-{self.settled}"))
+        rss = int(await await_file(self.probe / f"settled-{self.settled}"))
+        self.parts.append(json.loads(await await_file(self.probe / f"parts-{self.settled}")))
+        return rss
 
     async def steady(self, rate: float, seconds: float, sample_every: float | None = None) -> None:
         """Flows started at `rate` per second for `seconds`, each with a browser of its own (at most IN_FLIGHT)."""
@@ -145,6 +148,29 @@ def second_half_kb_per_flow(samples: list[Sample]) -> float:
     return cov / var
 
 
+def parts_rows(parts: list[dict[str, int]], flows: int) -> list[str]:
+    """The settled start and end by part: what grew, anonymous or file-backed, in SQLite's allocator or Python's."""
+    if len(parts) < 2:
+        return []
+    start, end = parts[0], parts[1]
+    names = {
+        "anon_kb": "anonymous RSS (KB)",
+        "file_kb": "file-backed RSS (KB)",
+        "sqlite_kb": "held by SQLite's allocator (KB)",
+        "sqlite_connections": "SQLite connections open",
+        "sqlite_cache_kb": "... their page caches (KB)",
+        "sqlite_schema_kb": "... their schemas (KB)",
+        "sqlite_statements_kb": "... their prepared statements (KB)",
+        "python_blocks": "Python's live blocks",
+    }
+    rows = ["| settled part | start | end | per flow |", "|---|---|---|---|"]
+    for key, name in names.items():
+        if key in start and key in end:
+            grown = (end[key] - start[key]) / max(flows, 1)
+            rows.append(f"| {name} | {start[key]:,} | {end[key]:,} | {grown:+.2f} |")
+    return rows
+
+
 def grower_rows(report: dict[str, Any]) -> list[str]:
     flows = max(report["flows"], 1)
     rows = [
@@ -187,7 +213,13 @@ async def main(minutes: float, rate: float, warmup: int, sample: float, trace_fl
                 flows, errors = soak.result.flows, soak.result.errors
                 report = await soak.growers(rate, trace_flows)
     if keep := os.environ.get("BENCH_SOAK_JSON"):  # the whole record: samples, growers with their stacks
-        record = {"samples": [vars(s) for s in soak.samples], "start_kb": start_kb, "end_kb": end_kb, **report}
+        record = {
+            "samples": [vars(s) for s in soak.samples],
+            "start_kb": start_kb,
+            "end_kb": end_kb,
+            "parts": soak.parts,
+            **report,
+        }
         Path(keep).write_text(json.dumps(record, indent=1))  # noqa: ASYNC240 - once, at the end
     per_flow = (end_kb - start_kb) / max(flows, 1)
     slope = second_half_kb_per_flow(soak.samples)
@@ -204,6 +236,8 @@ async def main(minutes: float, rate: float, warmup: int, sample: float, trace_fl
         f"{'met' if per_flow <= GOAL_KB else 'NOT met'} |",
         f"| RSS growth over the soak's second half (samples as they are, least squares) | {slope:.2f} KB per flow "
         f"| flat (<= {GOAL_KB} KB per flow) | {'met' if slope <= GOAL_KB else 'NOT met'} |",
+        "",
+        *parts_rows(soak.parts, flows),
         "",
         "| time | completed | agent RSS | agent CPU |",
         "|---|---|---|---|",
