@@ -10,6 +10,7 @@ built). `CONNECTOR_TEST_*` is left to test suites.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
 
 from .config import (
     CONFIG_ENV_VAR,
@@ -22,8 +23,6 @@ from .config import (
     unknown_key_problem,
 )
 from .core.errors import ConnectorError
-from .identity import VerifierPlugin
-from .identity import registry as verifiers
 from .providers import (
     PROVIDER_ENV_SUFFIXES,
     ProviderCatalog,
@@ -31,6 +30,9 @@ from .providers import (
     provider_env_var,
     provider_setting_env_vars,
 )
+
+if TYPE_CHECKING:
+    from .identity import VerifierPlugin
 
 __all__ = ["TEST_ENV_PREFIX", "configuration_warnings", "report_configuration_warnings"]
 
@@ -42,19 +44,26 @@ Warning = tuple[str, str]  # (key, sentence)
 
 def configuration_warnings(settings: Settings, catalog: ProviderCatalog | None = None) -> list[Warning]:
     """(key, sentence) for each thing in the configuration that nothing reads. Without `catalog`, reads it if it
-    can (else provider variables are not checked)."""
-    if catalog is None:
+    can (else provider variables are not checked).
+
+    The catalog and the verifier plugins are read only when a variable or an `[identity.<name>]` table needs them:
+    a command whose CONNECTOR_* variables are all settings imports no verifier and parses no catalog."""
+    loose = _loose_variables(settings)
+    identity_tables = {
+        name: table for name, table in (settings.identity.model_extra or {}).items() if isinstance(table, dict)
+    }
+    if loose and catalog is None:
         try:
             catalog = load_catalog(settings.providers.catalog, env=settings.environment())
         except ConnectorError:
             catalog = None
-    plugins = verifiers.plugins()
+    plugins = _verifier_plugins() if loose or identity_tables else {}
     disagreement = settings.public_url_disagreement()
     return [
         *([("public_base_url", disagreement)] if disagreement else []),
-        *_environment_only_providers(catalog),
-        *_unread_variables(settings, _known_variables(plugins, catalog), catalog),
-        *_unread_identity_tables(settings, plugins),
+        *(_environment_only_providers(catalog) if loose else ()),
+        *_unread_variables(loose, _known_variables(plugins, catalog) if loose else set(), catalog),
+        *_unread_identity_tables(settings, identity_tables, plugins),
     ]
 
 
@@ -64,11 +73,36 @@ def report_configuration_warnings(settings: Settings, catalog: ProviderCatalog |
         settings.warn(key, message)
 
 
-def _known_variables(plugins: Mapping[str, VerifierPlugin], catalog: ProviderCatalog | None) -> set[str]:
-    """Every CONNECTOR_* variable something reads: settings and sections, verifiers' keys, providers' keys."""
+def _verifier_plugins() -> dict[str, VerifierPlugin]:
+    from .identity import registry  # every built-in verifier, and the installed ones: only when needed
+
+    return registry.plugins()
+
+
+def _setting_variables() -> set[str]:
+    """The CONNECTOR_* variables of the settings and their sections (verifiers and providers have their own)."""
     known = {CONFIG_ENV_VAR}
     for path in setting_paths():
         known.update(setting_env_var(path[:depth]) for depth in range(1, len(path) + 1))
+    return known
+
+
+def _loose_variables(settings: Settings) -> list[str]:
+    """The CONNECTOR_* variables that are no setting, sorted: a provider's or a verifier's variable, or a typo.
+    Verifiers' variables are checked by table (`_unread_identity_tables`), test suites' are left to them."""
+    identity_prefix = setting_env_var(("identity",)) + ENV_NESTED_DELIMITER
+    settings_variables = _setting_variables()
+    return sorted(
+        variable
+        for variable in settings.environment()
+        if variable.upper() not in settings_variables
+        and not variable.upper().startswith((TEST_ENV_PREFIX, identity_prefix))
+    )
+
+
+def _known_variables(plugins: Mapping[str, VerifierPlugin], catalog: ProviderCatalog | None) -> set[str]:
+    """Every CONNECTOR_* variable something reads: settings and sections, verifiers' keys, providers' keys."""
+    known = _setting_variables()
     for name, plugin in plugins.items():
         known.add(setting_env_var(("identity", name)))
         known.update(setting_env_var(("identity", name, field)) for field in plugin.settings_model.model_fields)
@@ -94,14 +128,13 @@ def _environment_only_providers(catalog: ProviderCatalog | None) -> Iterator[War
             )
 
 
-def _unread_variables(settings: Settings, known: set[str], catalog: ProviderCatalog | None) -> Iterator[Warning]:
-    """CONNECTOR_* variables nothing reads (identity tables are checked by table, in `_unread_identity_tables`)."""
-    identity_prefix = setting_env_var(("identity",)) + ENV_NESTED_DELIMITER
+def _unread_variables(loose: list[str], known: set[str], catalog: ProviderCatalog | None) -> Iterator[Warning]:
+    """The loose CONNECTOR_* variables nothing reads."""
     # Compared without the common prefix, which would make every name look alike.
     candidates = [name.removeprefix(ENV_PREFIX) for name in known]
-    for variable in sorted(settings.environment()):
+    for variable in loose:
         name = variable.upper()
-        if name in known or name.startswith((TEST_ENV_PREFIX, identity_prefix)):
+        if name in known:
             continue
         if catalog is None and name.startswith(PROVIDER_ENV_PREFIX):
             continue  # without a catalog, provider names cannot be checked
@@ -110,11 +143,11 @@ def _unread_variables(settings: Settings, known: set[str], catalog: ProviderCata
         yield variable, f"environment variable {variable} is not a setting and is ignored{hint}"
 
 
-def _unread_identity_tables(settings: Settings, plugins: Mapping[str, VerifierPlugin]) -> Iterator[Warning]:
+def _unread_identity_tables(
+    settings: Settings, tables: Mapping[str, Mapping[str, object]], plugins: Mapping[str, VerifierPlugin]
+) -> Iterator[Warning]:
     """`[identity.<name>]` tables of no verifier, and unknown keys in those of a verifier that is not chosen."""
-    for name, table in (settings.identity.model_extra or {}).items():
-        if not isinstance(table, dict):
-            continue
+    for name, table in tables.items():
         plugin = plugins.get(name)
         if plugin is None:
             close = nearest(name, plugins)

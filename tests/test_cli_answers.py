@@ -219,6 +219,14 @@ def test_a_database_command_imports_the_store_not_the_web_or_the_oauth_client(da
     assert "alembic" not in imported_by("migrate", env=database)  # at the head already: nothing to run
 
 
+def test_a_command_that_logs_nothing_imports_no_log_renderer_and_no_web_stack(database: dict[str, str]) -> None:
+    # structlog renders the first line written; the verifiers checked against the [identity.*] tables bring
+    # no web framework with them.
+    assert set(imported_by("grants", "list", env=database)).isdisjoint({"structlog", "starlette"})
+    # A line written brings the renderer (in JSON mode a failed command's one line is a log record).
+    assert "structlog" in imported_by("--log-format", "json", "keys", "retire", "nosuchkey", env=database)
+
+
 def test_a_command_imports_what_it_uses_only() -> None:
     # `providers list` reads settings and the catalog: pydantic, yes; the database, the web stack, ACP, no.
     assert set(imported_by("providers", "list")).isdisjoint(

@@ -13,11 +13,10 @@ import hashlib
 import hmac
 import re
 import secrets
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from pydantic import Field, field_validator
-from starlette.requests import Request
-from starlette.responses import Response
 
 from service.core.errors import FlowRefused
 from service.core.handles import handle_hash
@@ -39,6 +38,10 @@ from .base import (
     insert_verification,
     own_verification,
 )
+
+if TYPE_CHECKING:  # the routes get these from the web layer; the CLI's configuration checks import no web stack
+    from starlette.requests import Request
+    from starlette.responses import Response
 
 RETURN_PATH = "/identity/confirm/return"
 _HANDLE = re.compile(r"[A-Za-z0-9_\-]{20,128}")
