@@ -25,6 +25,7 @@ BENCHES = [
     ("The token proxy against calling the API directly: sidecar CPU, added latency, throughput", "bench.proxy"),
     ("A proxied call with a DPoP-bound grant beside a Bearer one", "bench.dpop"),
     ("A soak at a steady flow rate: RSS kept per completed flow, and what stays", "bench.soak"),
+    ("The command line: CPU of each command against the libraries' floor", "bench.cli"),
 ]
 SCALE = ("At scale on PostgreSQL: 1,000,000 grants, 10,000,000 audit and event rows", "bench.scale")
 RESULTS = REPO / "bench" / "RESULTS.md"

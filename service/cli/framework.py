@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import functools
 import logging
 import os
 import re
@@ -195,6 +196,7 @@ def port_number(*, lowest: int) -> Callable[[str], int]:
     return parse
 
 
+@functools.cache  # argparse copies a parent's actions into each child: one parent serves all 30 subcommands
 def common_options(*, suppress: bool) -> Parser:
     """The options every command accepts, before or after its name.
 
