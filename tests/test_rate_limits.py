@@ -9,6 +9,7 @@ Two deployments: `per_route` (tight per-route limits, reached directly and behin
 
 from __future__ import annotations
 
+import asyncio
 import random
 import secrets
 import socket
@@ -224,6 +225,15 @@ async def test_the_local_window_forgets_a_key_once_its_window_has_passed() -> No
     assert await window.hit(item, "k3") is True and len(window) == 1
     stats = await window.get_window_stats(item, "k1")
     assert stats.remaining == 2 and stats.reset_time == clock.now + 60
+
+
+async def test_the_local_window_empties_when_the_hits_stop() -> None:
+    window = LocalMovingWindow()
+    item = RateLimitItemPerSecond(1, 1)  # a one-second window
+    assert [await window.hit(item, "k1"), await window.hit(item, "k2")] == [True, True]
+    async with asyncio.timeout(10):  # no more hits: the sweep drops both keys once their window has passed
+        while len(window):  # noqa: ASYNC110 - the count is the behaviour under test
+            await asyncio.sleep(0.1)
 
 
 async def test_disabled_limits_never_refuse() -> None:

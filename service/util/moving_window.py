@@ -7,12 +7,14 @@ reset is its oldest counted hit plus the window), without what that storage cost
 (a thread hop each) after every hit and leaves a key until then. Here a key is a tuple, its hits a list of
 floats trimmed at each hit (a deque would take a 64-slot block for the one or two hits most keys see), and keys
 are kept in the order of their last counted hit, so that the keys whose window has passed are dropped from the
-front as the next hit arrives: nothing of a finished flow stays longer than its window. Nothing awaits between
-reading a key and counting into it, so no lock is needed.
+front as the next hit arrives, or by one timer when the least recently counted key's window ends (so that an idle
+process returns to what it held before): nothing of a finished flow stays much longer than its window. Nothing
+awaits between reading a key and counting into it, so no lock is needed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import time
 from collections import OrderedDict
@@ -20,6 +22,7 @@ from collections.abc import Callable
 
 from limits import RateLimitItem, WindowStats
 
+SWEEP_MARGIN_SECONDS = 0.5
 Key = tuple[int, int, tuple[str, ...]]  # (amount, window seconds, identifiers)
 
 
@@ -29,9 +32,10 @@ class LocalMovingWindow:
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self._hits: OrderedDict[Key, list[float]] = OrderedDict()  # by last counted hit, the oldest first
         self._clock = clock
+        self._sweep: asyncio.TimerHandle | None = None  # set while keys are held
 
     def __len__(self) -> int:
-        """The keys held (those with a hit in their window, and any not yet dropped by the next hit)."""
+        """The keys held (those with a hit in their window, and any not yet dropped by a hit or the sweep)."""
         return len(self._hits)
 
     async def hit(self, item: RateLimitItem, *identifiers: str, cost: int = 1) -> bool:
@@ -45,6 +49,8 @@ class LocalMovingWindow:
         hits = self._hits.get(key)
         if hits is None:
             self._hits[key] = [now] * cost
+            if self._sweep is None:
+                self._schedule(now)
             return True
         _trim(hits, now - expiry)
         if len(hits) + cost > item.amount:
@@ -72,6 +78,20 @@ class LocalMovingWindow:
             if times and times[-1] >= now - key[1]:
                 return
             hits.popitem(last=False)
+
+    def _schedule(self, now: float) -> None:
+        """Wake when the front key's window ends (a little after, so that it has passed), if any key is held."""
+        if not self._hits:
+            return
+        key, times = next(iter(self._hits.items()))
+        delay = max(0.0, times[-1] + key[1] - now) + SWEEP_MARGIN_SECONDS
+        self._sweep = asyncio.get_running_loop().call_later(delay, self._on_sweep)
+
+    def _on_sweep(self) -> None:
+        self._sweep = None
+        now = self._clock()
+        self._drop_passed(now)
+        self._schedule(now)
 
 
 def _trim(hits: list[float], cutoff: float) -> None:
