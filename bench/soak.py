@@ -8,7 +8,8 @@ enough for one driver), and this driver, which plays the browsers, each flow as 
    is read: the start.
 2. The soak: a flow started every 1/`--rate` s (at most 8 at a time) for `--minutes`; the agent's RSS is sampled
    every `--sample` s (as it is, no settling: the curve a process monitor would see).
-3. Settled again: RSS kept per completed flow = (settled end - settled start) / flows (goal <= 0.3 KB per flow).
+3. Settled again: RSS kept per completed flow = (settled end - settled start) / flows (goal <= 0.3 KB per flow);
+   and once more after IDLE_SECONDS with no flows (what is bounded by time, e.g. the rate-limit windows, has gone).
    "Flat": the second half of the soak's samples grows by no more than 0.3 KB per flow of that half.
 4. The growers: `tracemalloc` on in the agent for `--trace-flows` more flows at the same rate, then what those
    flows left alive, by traceback (the largest first, per flow), and the object types whose count grew.
@@ -39,6 +40,7 @@ from bench.harness import children, cpu_ms, free_port, machine, wait_until_up
 from bench.memory import await_file, rss_kb
 
 GOAL_KB = 0.3
+IDLE_SECONDS = 65  # after the soak, before the last settled reading: the rate-limit window (60 s) and its sweep
 IN_FLIGHT = 8
 RATE_LIMITS = {  # on, as deployed: the per-elicitation buckets count; one driver's address may send every flow
     "CONNECTOR_RATE_LIMIT__ENABLED": "true",
@@ -163,11 +165,16 @@ def parts_rows(parts: list[dict[str, int]], flows: int) -> list[str]:
         "sqlite_statements_kb": "... their prepared statements (KB)",
         "python_blocks": "Python's live blocks",
     }
-    rows = ["| settled part | start | end | per flow |", "|---|---|---|---|"]
+    idle = parts[2] if len(parts) > 2 else {}
+    rows = [
+        f"| settled part | start | end | per flow | {IDLE_SECONDS} s after the flows stopped |",
+        "|---|---|---|---|---|",
+    ]
     for key, name in names.items():
         if key in start and key in end:
             grown = (end[key] - start[key]) / max(flows, 1)
-            rows.append(f"| {name} | {start[key]:,} | {end[key]:,} | {grown:+.2f} |")
+            after = f"{idle[key]:,}" if key in idle else "-"
+            rows.append(f"| {name} | {start[key]:,} | {end[key]:,} | {grown:+.2f} | {after} |")
     return rows
 
 
@@ -211,12 +218,15 @@ async def main(minutes: float, rate: float, warmup: int, sample: float, trace_fl
                 elapsed = time.monotonic() - began
                 end_kb = await soak.settle()
                 flows, errors = soak.result.flows, soak.result.errors
+                await asyncio.sleep(IDLE_SECONDS)  # no flows: what is bounded by time goes
+                idle_kb = await soak.settle()
                 report = await soak.growers(rate, trace_flows)
     if keep := os.environ.get("BENCH_SOAK_JSON"):  # the whole record: samples, growers with their stacks
         record = {
             "samples": [vars(s) for s in soak.samples],
             "start_kb": start_kb,
             "end_kb": end_kb,
+            "idle_kb": idle_kb,
             "parts": soak.parts,
             **report,
         }
@@ -234,6 +244,9 @@ async def main(minutes: float, rate: float, warmup: int, sample: float, trace_fl
         f"| RSS kept per completed flow (settled: collection and `malloc_trim`) | {per_flow:.2f} KB "
         f"({start_kb / 1024:.1f} -> {end_kb / 1024:.1f} MB) | <= {GOAL_KB} KB | "
         f"{'met' if per_flow <= GOAL_KB else 'NOT met'} |",
+        f"| ... and after {IDLE_SECONDS} s with no flows (settled) | {(idle_kb - start_kb) / max(flows, 1):.2f} KB "
+        f"({idle_kb / 1024:.1f} MB) | <= {GOAL_KB} KB | "
+        f"{'met' if (idle_kb - start_kb) / max(flows, 1) <= GOAL_KB else 'NOT met'} |",
         f"| RSS growth over the soak's second half (samples as they are, least squares) | {slope:.2f} KB per flow "
         f"| flat (<= {GOAL_KB} KB per flow) | {'met' if slope <= GOAL_KB else 'NOT met'} |",
         "",
