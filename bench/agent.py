@@ -7,6 +7,11 @@ with the outcome's status as its text. The connector's settings come from the CO
 sets; its connect pages are served on loopback in this process.
 
     python -m bench.agent        (started by bench/flow.py; stdout carries ACP, logs go to stderr)
+
+With BENCH_PROFILE=<path> in its environment the agent runs under cProfile with a CPU clock (this thread's CPU time:
+waiting is not counted, SQLite's own thread is not charged to whatever the event loop runs meanwhile) and writes the
+stats to <path> when it exits, e.g. `BENCH_PROFILE=/tmp/agent.prof python -m bench.flow --throughput-only`, then
+`python -c "import pstats; pstats.Stats('/tmp/agent.prof').sort_stats('tottime').print_stats(40)"`.
 """
 
 from __future__ import annotations
@@ -86,7 +91,12 @@ if __name__ == "__main__":
     profile_to = os.environ.get("BENCH_PROFILE")  # a path: profile this agent (cProfile) and write the stats there
     if profile_to:
         import cProfile
+        import time
 
-        cProfile.run("asyncio.run(main())", profile_to)
+        profiler = cProfile.Profile(time.thread_time)
+        try:
+            profiler.runcall(asyncio.run, main())
+        finally:
+            profiler.dump_stats(profile_to)
     else:
         asyncio.run(main())

@@ -223,7 +223,7 @@ async def sweep(agent: AgentDriver, backend: str, levels: list[int], per_level: 
     return rows
 
 
-async def main(quick: bool) -> list[str]:
+async def main(quick: bool, throughput_only: bool = False) -> list[str]:
     flows, rounds = (40, 2) if quick else (150, 3)
     levels = [1, 8, 32] if quick else [1, 8, 32, 128]
     rows = [f"Measured on: {machine()}", "", "| measure | value | ratio | goal | |", "|---|---|---|---|---|"]
@@ -233,6 +233,8 @@ async def main(quick: bool) -> list[str]:
             sqlite_url = f"sqlite+aiosqlite:///{tmp}/bench.db"
             async with connector_agent(provider, sqlite_url, Path(tmp)) as agent:
                 rows += await throughput(agent, peers, flows=flows, concurrency=4, rounds=rounds)
+                if throughput_only:
+                    return rows
                 rows += await latency(agent, flows=60 if quick else 300)
                 rows += await sweep(agent, "SQLite", levels, lambda c: max(2 * c, 40))
             admin = os.environ.get("BENCH_POSTGRES_URL") or os.environ.get("CONNECTOR_TEST_POSTGRES_URL")
@@ -248,4 +250,8 @@ async def main(quick: bool) -> list[str]:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer flows and levels (a smoke run)")
-    print("\n".join(asyncio.run(main(parser.parse_args().quick))))
+    parser.add_argument(
+        "--throughput-only", action="store_true", help="only the throughput and CPU-per-flow rows (SQLite)"
+    )
+    args = parser.parse_args()
+    print("\n".join(asyncio.run(main(args.quick, args.throughput_only))))
