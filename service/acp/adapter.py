@@ -6,7 +6,8 @@ time this module, after checking the SDK's version and the attributes it relies 
 
 - puts a `GuardedTransport` (`wire.py`, the connector's own stream) between the SDK's `Connection` and the transport
   the SDK built (`Connection._transport`): every message in both directions passes through it. On stdio (the SDK's
-  `NdjsonTransport`) it reads the lines from the transport's byte stream itself and sends through the SDK's writer;
+  `NdjsonTransport`) it reads the lines from the transport's byte stream itself and writes them on the transport's
+  stream writer (the one the SDK's `MessageSender` holds);
 - wraps the SDK's dispatch function (`Connection._handler`) so that the task serving each of the peer's requests is
   known to the transport, which is what lets `$/cancel_request` cancel it.
 
@@ -25,7 +26,7 @@ from acp.interfaces import Client
 from service.core.errors import AcpSdkUnsupported
 from service.faces.sdk import in_range, installed_version
 
-from .wire import GuardedTransport, NdjsonLines, Transport, WireListener, serving
+from .wire import GuardedTransport, NdjsonLines, NdjsonWriter, Transport, WireListener, serving
 
 # What the agent holds for its client: `acp.AgentSideConnection`, typed by the SDK's protocol.
 AgentConnection = Client
@@ -57,6 +58,15 @@ def _ndjson_lines(transport: Any) -> NdjsonLines | None:
         return None
     timeout = getattr(transport, "_receive_timeout", None)
     return NdjsonLines(reader, timeout if isinstance(timeout, int | float) else None)
+
+
+def _ndjson_writer(transport: Any) -> NdjsonWriter | None:
+    """On the SDK's stdio transport, the stream its sender writes to: the connector writes each line there at once
+    (the SDK's sender queues it for a task of its own to write: a task switch and a future per message)."""
+    writer = getattr(getattr(transport, "_sender", None), "_writer", None)
+    if type(transport).__name__ != "NdjsonTransport" or not isinstance(writer, asyncio.StreamWriter):
+        return None
+    return NdjsonWriter(writer)
 
 
 class SdkConnection:
@@ -91,7 +101,9 @@ class SdkConnection:
             )
         if isinstance(current, GuardedTransport):
             raise AcpSdkUnsupported("this connection is already attached")
-        transport = GuardedTransport(cast(Transport, current), listener, _ndjson_lines(current))
+        transport = GuardedTransport(
+            cast(Transport, current), listener, _ndjson_lines(current), _ndjson_writer(current)
+        )
         assert route is not None
 
         async def dispatch(method: str, params: Any, is_notification: bool) -> Any:

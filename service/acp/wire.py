@@ -14,6 +14,8 @@ connector sees the wire and where it protects the SDK from a misbehaving peer:
   of the problem, never a value from the message.
 - an incoming `$/cancel_request` is served here: the task serving that request of the peer's is cancelled and the
   request is answered -32800 (`serve`, which the adapter puts around the SDK's dispatch).
+- on byte streams it also writes the lines itself (`NdjsonWriter`: the SDK's framing, written at once instead of
+  through the SDK's send queue and its writer task, a task switch and a future per message).
 - the end of the stream (EOF, a failed read or write, `close()`) is noticed once: the listener hears it, `closed`
   turns true, `wait_closed()` returns, and later sends fail at once with `ConnectionError` (the SDK's stdio writer
   would otherwise wait forever on a dead pipe).
@@ -94,6 +96,18 @@ class NdjsonLines:
             return b"".join(chunks) + exc.partial
 
 
+class NdjsonWriter:
+    """Messages as newline-delimited JSON on a byte stream, framed as the SDK frames them. Each message is written in
+    one `write` call, so concurrent senders never interleave, and in the order `send` is called."""
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self._writer = writer
+
+    async def send(self, message: dict[str, Any]) -> None:
+        self._writer.write((json.dumps(message, separators=(",", ":")) + "\n").encode("utf-8"))
+        await self._writer.drain()
+
+
 class LineTooLong(Exception):
     def __init__(self, size: int) -> None:
         super().__init__(f"a line of {size} bytes (at most {MAX_LINE_BYTES})")
@@ -135,9 +149,16 @@ def serving() -> ServedRequest | None:
 
 
 class GuardedTransport:
-    def __init__(self, inner: Transport, listener: WireListener, lines: NdjsonLines | None = None) -> None:
+    def __init__(
+        self,
+        inner: Transport,
+        listener: WireListener,
+        lines: NdjsonLines | None = None,
+        writer: NdjsonWriter | None = None,
+    ) -> None:
         self._inner = inner
-        self._lines = lines  # on byte streams: read here; `inner` then only sends
+        self._lines = lines  # on byte streams: read here
+        self._writer = writer  # on byte streams: written here; `inner` is then only closed
         self.listener = listener
         self._ended = False
         self._closed_event = asyncio.Event()
@@ -177,7 +198,7 @@ class GuardedTransport:
             self._serving.pop(id_key(request_id), None)  # our answer to one of the peer's requests
         self.listener.on_outgoing(message)
         try:
-            await self._inner.send(message)
+            await (self._inner if self._writer is None else self._writer).send(message)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
