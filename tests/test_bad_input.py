@@ -210,3 +210,20 @@ async def test_any_route_refuses_a_body_over_the_default_limit(deployment: Deplo
     async with httpx.AsyncClient(base_url=deployment.base_url) as client:
         answer = await client.request("GET", "/healthz", content=b"x" * (65 * 1024))
     assert answer.status_code == 413 and answer.headers["x-connector-error"] == "body_too_large"
+
+
+def test_the_control_character_rule_is_unicodes_cc_and_cs_categories() -> None:
+    """What every path, query, form field and JSON string is checked against: exactly the characters Unicode files
+    under "Cc" (C0, DEL, C1) and "Cs" (surrogates), on every code point."""
+    import sys
+    import unicodedata
+
+    from service.web.inputs import printable
+
+    wrong = [
+        hex(code)
+        for code in range(sys.maxunicode + 1)
+        if printable(chr(code)) == (unicodedata.category(chr(code)) in ("Cc", "Cs"))
+    ]
+    assert not wrong
+    assert printable("a normal value, ünïcödé 中文 and all") and not printable("line\nbreak")

@@ -25,6 +25,7 @@ a closure per request, on every request the connector serves.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import time
@@ -44,6 +45,7 @@ from .ratelimit import RateLimit
 from .security import security_headers, with_security_headers
 
 log = logging.getLogger("service.web")
+access_log = logging.getLogger("uvicorn.access")  # uvicorn's access log, written when a response starts
 
 REQUEST_ID_HEADER = b"x-request-id"
 DISCONNECT_WAIT_SECONDS = 5.0  # the server closes at once after its own answer: a bound, never reached
@@ -100,7 +102,13 @@ class Front:
             headers = with_security_headers(message.get("headers", ()), defaults)
             headers.append(id_header)
             message["headers"] = headers
-            with bound(duration_ms=round((time.perf_counter() - started) * 1000, 1)):
+            # The access line is written inside this send; where it is filtered out, nothing needs the duration.
+            timed = (
+                bound(duration_ms=round((time.perf_counter() - started) * 1000, 1))
+                if access_log.isEnabledFor(logging.INFO)
+                else contextlib.nullcontext()
+            )
+            with timed:
                 try:
                     await send(message)
                 except h11.LocalProtocolError:
