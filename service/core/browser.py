@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 
 from .accounts import UNNAMED, LabelOf, Named, clean_label, label_for, no_label
+from .callback_checks import claim_checked
 from .consent import Connected, ConsentView
 from .credentials import ticket_flow
 from .errors import ConnectorError, FlowRefused, ProviderError
@@ -18,7 +19,7 @@ from .handles import binding_hash, flow_aad, grant_aad, new_id, state_hash
 from .identity import Identity
 from .lifecycle import Elicitations, Written
 from .ports import Provider, ProviderGateway, Store, Tx, Vault
-from .records import OFFLINE_ACCESS, ElicitationRecord, FlowRecord, GrantRecord, Intent, TokenSet
+from .records import OFFLINE_ACCESS, AuditEntry, ElicitationRecord, FlowRecord, GrantRecord, Intent, TokenSet
 from .renewal import store_given
 from .settings import FlowSettings
 from .states import RESTART_FROM, START_FROM, ElicitationStatus
@@ -31,6 +32,8 @@ _ERROR_CODE = re.compile(r"[a-z0-9_.-]{1,64}")
 
 AUTHORIZING = ElicitationStatus.AUTHORIZING
 # The refusal for an elicitation that has ended, by how it ended.
+# The statuses of an elicitation whose callback may still finish it (a cancelled one stores its grant: `usable`).
+CALLBACK_STATUSES = tuple(s.value for s in ElicitationStatus if not s.terminal or s is ElicitationStatus.CANCELLED)
 CLOSED_CODES: dict[ElicitationStatus, str] = {
     ElicitationStatus.COMPLETED: "already_completed",
     ElicitationStatus.DECLINED: "declined",
@@ -82,9 +85,16 @@ class BrowserFlow:
 
     # -- steps -----------------------------------------------------------------------------------------
     async def consent_view(self, elicitation_id: str) -> ConsentView:
-        record = await self.open_elicitation(elicitation_id)
+        # `opened` is audited with the read where the database can (an open elicitation's page is shown then).
+        now = self.now()
+        opened = AuditEntry("opened", now, elicitation_id, None, None, None)
+        found = await self.store.elicitations.get_audited(elicitation_id, opened, now=now)
+        if found is None:
+            raise FlowRefused("unknown_elicitation")
+        record = await self.usable(found[0])
         provider = await self.resolve(record.provider, record.connection_values)
-        await self.elicitations.audit(record, "opened")
+        if not found[1]:
+            await self.elicitations.audit(record, "opened", now=now)
         return ConsentView(record, provider, record.agent_name, record.account)
 
     async def decline(self, record: ElicitationRecord, browser_user: Identity) -> None:
@@ -144,12 +154,13 @@ class BrowserFlow:
         async with store.transaction() as tx:
             # -> VERIFIED -> AUTHORIZING as one UPDATE, audited in it. A first start has no flow to supersede; a
             # restart (back button, second click) supersedes the earlier flow.
+            # The flow goes in with the first start's UPDATE (in its statement where the database can).
             to_start = {"now": now, "conn": tx, "audit": verified}
-            if not await store.elicitations.transition(record.id, AUTHORIZING, from_=START_FROM, **to_start):
+            if not await store.elicitations.transition(record.id, AUTHORIZING, from_=START_FROM, flow=flow, **to_start):
                 if not await store.elicitations.transition(record.id, AUTHORIZING, from_=RESTART_FROM, **to_start):
                     raise FlowRefused(CLOSED_CODES.get(record.status, "failed"))
                 await store.flows.invalidate_open(record.id, now, conn=tx)
-            await store.flows.insert(flow, conn=tx)
+                await store.flows.insert(flow, conn=tx)
 
     def _whose_browser(self, browser_user: Identity) -> dict[str, str]:
         """What an audit row of a refused browser says about who was there, and who vouched for it."""
@@ -212,25 +223,19 @@ class BrowserFlow:
         state = params.get("state")
         if not state:
             raise FlowRefused("missing_state")
-        found = await store.flows.get_with_elicitation(state_hash(state))
-        if found is None:
-            await self.elicitations.record_unattributed("unknown_state", provider=provider_name)
-            raise FlowRefused("unknown_state")
-        flow, record, grant_held = found
-        if flow.used_at is not None:
-            await self._refuse_used_state(flow, record)  # raises, unless the elicitation's own closed page should
-        record = await self.usable(record, allow_cancelled=True)
-        if record.provider != provider_name:
-            # One redirect URI per provider: an answer for provider A arriving at B's callback is a mix-up.
-            await self.elicitations.audit(record, "provider_mismatch", detail={"callback_provider": provider_name})
-            raise FlowRefused("provider_mismatch")
-        if browser_binding is None or binding_hash(browser_binding) != flow.browser_binding_hash:
-            await self.elicitations.audit(record, "browser_mismatch")
-            raise FlowRefused("browser_mismatch")
-        claimed = await store.flows.claim(flow.state_hash, self.now())
-        if claimed is None:
-            await self._state_not_claimable(flow, record)  # raises
-        assert claimed is not None
+        found = None
+        if browser_binding is not None:  # the usual callback: its checks are the claim's conditions, in one statement
+            found = await store.flows.claim_with_elicitation(
+                state_hash(state),
+                self.now(),
+                provider=provider_name,
+                binding_hash=binding_hash(browser_binding),
+                statuses=CALLBACK_STATUSES,
+            )
+        if found is not None:
+            claimed, record, grant_held = found
+        else:
+            claimed, record, grant_held = await claim_checked(self, provider_name, state, browser_binding)
         provider = await self.resolve(provider_name, record.connection_values)
         await self._check_issuer(provider, claimed, params, record)  # raises
         if "error" in params:
@@ -275,20 +280,6 @@ class BrowserFlow:
         return Connected(completed, provider.display_name, named.shown)
 
     # -- helpers ---------------------------------------------------------------------------------------
-    async def _refuse_used_state(self, flow: FlowRecord, record: ElicitationRecord) -> None:
-        """A state that was used before comes back: a replay, unless its elicitation ended some other way."""
-        if record.status.terminal and record.status is not ElicitationStatus.COMPLETED:
-            return  # declined, expired, ...: `open_elicitation` refuses with that
-        await self._state_not_claimable(flow, record)
-
-    async def _state_not_claimable(self, flow: FlowRecord, record: ElicitationRecord) -> None:
-        """The state was used before (a replay) or its time ran out: say which, record it, refuse."""
-        current = await self.store.flows.get_by_state_hash(flow.state_hash)
-        # Unused yet unclaimable means expired; used means answered before (or superseded by a newer start).
-        replay = current is None or current.used_at is not None
-        await self.elicitations.audit(record, "replay_attempt" if replay else "state_expired")
-        raise FlowRefused("state_used" if replay else "state_expired")
-
     async def _check_issuer(
         self, provider: Provider, flow: FlowRecord, params: Mapping[str, str], record: ElicitationRecord
     ) -> None:

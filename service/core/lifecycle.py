@@ -11,6 +11,8 @@ providers or settings) for what they show: a provider's name, an elicitation's l
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -44,6 +46,9 @@ EXPIRED_REASON = "expired before completion"
 # Most providers take no per-connection values: one shared empty mapping, not a dict kept by every pending ask.
 NO_CONNECTION_VALUES: Mapping[str, str] = MappingProxyType({})
 CONNECTION_CLOSED = "connection_closed"  # why a completion is undeliverable: the connection is gone
+RELEASE_UNTOLD_AFTER = 30.0  # seconds a telling taken with its completion waits here for a face to start it
+
+log = logging.getLogger("service.flow")
 
 
 @dataclass(slots=True)
@@ -87,6 +92,9 @@ class Elicitations:
         self.now = clock
         self.metrics = metrics
         self.unattributed = unattributed
+        # Completions whose telling this process took with the completion, nobody here started yet: when they completed.
+        self._untold: dict[str, datetime] = {}
+        self._releases: set[asyncio.Task[None]] = set()
 
     # -- reading ----------------------------------------------------------------------------------------
     @property
@@ -322,29 +330,43 @@ class Elicitations:
 
         `close_flows=False` leaves a flow the user already started at the provider usable, so that an
         authorization the user completes after a cancellation is still stored (it resumes nothing).
-        `within` runs in the same transaction, after the transition, whether or not it happened (what it writes
+        `within` runs in the same transaction, before the transition, whether or not that happens (what it writes
         stands: a grant the user gave is kept though the agent cancelled meanwhile); its `Written` adds to the audit
         line and the event. When the transition did not happen, `late_event` (if any) is audited instead of `event`.
         """
         now = self.now()
+        # A completion this replica tells (it holds the connection): the telling is taken in the completing UPDATE,
+        # not by a claim of its own after the commit (`claim_telling` hands it to the first to ask here).
+        take = status is ElicitationStatus.COMPLETED and reason is None and record.replica_id == self.replica_id
         async with self.store.transaction() as tx:
-            updated = await self.store.elicitations.transition(record.id, status, reason=reason, now=now, conn=tx)
-            if updated is not None and close_flows:
-                await self.store.flows.invalidate_open(record.id, now, conn=tx)
+            # `within` first: the audit line says what it wrote, and goes with the transition (in its statement
+            # where the database can).
             written = await within(tx) if within is not None else Written()
-            audited = event if updated is not None else late_event
-            if audited is not None:
-                told = {**({"reason": reason} if reason is not None else {}), **(detail or {}), **written.detail}
-                await self.audit(record, audited, detail=told, now=now, conn=tx)
-            if updated is not None:
-                grant = GrantInfo.of(written.grant) if written.grant is not None else None
-                ending = ElicitationEvent(record.id, status, record.connection_key, reason=reason, grant=grant)
-                logged = await self.store.outbox.append([ending], at=now, conn=tx)
+            told = {**({"reason": reason} if reason is not None else {}), **(detail or {}), **written.detail}
+            audit = self.entry(record, event, told, now)
+            grant = GrantInfo.of(written.grant) if written.grant is not None else None
+            ending = ElicitationEvent(record.id, status, record.connection_key, reason=reason, grant=grant)
+            if close_flows:
+                updated = await self.store.elicitations.transition(
+                    record.id, status, reason=reason, now=now, conn=tx, audit=audit, take_telling=take
+                )
+                if updated is not None:
+                    await self.store.flows.invalidate_open(record.id, now, conn=tx)
+                    logged = await self.store.outbox.append([ending], at=now, conn=tx)
+            else:  # the ending logged in the transition's statement where the database can: the transaction's last
+                ended = await self.store.elicitations.end(
+                    record.id, status, ending, reason=reason, now=now, conn=tx, audit=audit, take_telling=take
+                )
+                updated, logged = (None, []) if ended is None else (ended[0], [ended[1]])
+            if updated is None and late_event is not None:
+                await self.audit(record, late_event, detail=told, now=now, conn=tx)
         if (stored := written.grant) is not None:
             self.events.publish(GrantChanged(stored.id, stored.identity, stored.provider, GrantChange.STORED))
         for grant_event in written.logged:
             self.events.publish(grant_event)
         if updated is not None:
+            if take:
+                self._took_telling(record.id, now)
             self.ended(record, logged[0])
         return updated
 
@@ -403,8 +425,31 @@ class Elicitations:
 
     async def claim_telling(self, elicitation_id: str) -> datetime | None:
         """Take the telling of a completion for this replica (one conditional update decides among whoever repeats
-        it): when the elicitation completed; None when it was told already or settled by another replica."""
+        it): when the elicitation completed; None when it was told already or settled by another replica. A
+        completion this process made took its telling in the completing UPDATE: the first to ask gets it."""
+        taken = self._untold.pop(elicitation_id, None)
+        if taken is not None:
+            return taken
         return await self.store.elicitations.claim_completion(elicitation_id, self.replica_id)
+
+    def _took_telling(self, elicitation_id: str, completed_at: datetime) -> None:
+        """The completing transaction took the telling for this replica: held here for the first `claim_telling`,
+        given back if nobody asks within `RELEASE_UNTOLD_AFTER` (no face here tells it)."""
+        self._untold[elicitation_id] = completed_at
+        asyncio.get_running_loop().call_later(RELEASE_UNTOLD_AFTER, self._release_untold, elicitation_id)
+
+    def _release_untold(self, elicitation_id: str) -> None:
+        if self._untold.pop(elicitation_id, None) is None:
+            return  # its telling started
+        task = asyncio.get_running_loop().create_task(self._release(elicitation_id))
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
+
+    async def _release(self, elicitation_id: str) -> None:
+        try:
+            await self.store.elicitations.release_telling(elicitation_id)
+        except Exception as exc:  # left delivering: settled undeliverable when this replica is gone
+            log.warning("giving back an untold completion failed: %s", type(exc).__name__)
 
     async def settle_telling(self, elicitation_id: str, *, sent: bool) -> bool:
         """Record how a telling this replica took went: sent, or undeliverable (the connection is gone), audited.

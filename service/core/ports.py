@@ -44,6 +44,9 @@ class ElicitationRepo(Protocol):
     # `audit`: the change's audit row, written with it (in its statement where the database can).
     async def insert(self, rec: ElicitationRecord, conn: Tx = None, *, audit: AuditEntry | None = None) -> None: ...
     async def get(self, id: str, conn: Tx = None) -> ElicitationRecord | None: ...
+    async def get_audited(
+        self, id: str, audit: AuditEntry, *, now: datetime
+    ) -> tuple[ElicitationRecord, bool] | None: ...
     async def transition(
         self,
         id: str,
@@ -54,9 +57,24 @@ class ElicitationRepo(Protocol):
         from_: Collection[ElicitationStatus] | None = None,
         conn: Tx = None,
         audit: AuditEntry | None = None,
+        take_telling: bool = False,
+        flow: FlowRecord | None = None,
     ) -> ElicitationRecord | None: ...
+    async def end(
+        self,
+        id: str,
+        target: ElicitationStatus,
+        ending: ElicitationEvent,
+        *,
+        reason: str | None = None,
+        now: datetime,
+        conn: Tx,
+        audit: AuditEntry,
+        take_telling: bool = False,
+    ) -> tuple[ElicitationRecord, ElicitationEvent] | None: ...
     async def add_identity_mismatch(self, id: str, *, now: datetime, conn: Tx = None) -> int: ...
     async def claim_completion(self, id: str, replica_id: str, conn: Tx = None) -> datetime | None: ...
+    async def release_telling(self, id: str, conn: Tx = None) -> bool: ...
     async def settle_completion(
         self, id: str, outcome: CompletionDelivery, conn: Tx = None, *, audit: AuditEntry | None = None
     ) -> bool: ...
@@ -75,6 +93,17 @@ class FlowRepo(Protocol):
         ...
 
     async def claim(self, state_hash: str, now: datetime, conn: Tx = None) -> FlowRecord | None: ...
+    async def claim_with_elicitation(
+        self,
+        state_hash: str,
+        now: datetime,
+        *,
+        provider: str,
+        binding_hash: str,
+        statuses: Collection[str],
+        conn: Tx = None,
+    ) -> tuple[FlowRecord, ElicitationRecord, bool] | None: ...
+
     async def invalidate_open(self, elicitation_id: str, now: datetime, conn: Tx = None) -> int: ...
 
 

@@ -65,7 +65,7 @@ class Store:
         self.origin = origin or secrets.token_hex(8)
         self.outbox = OutboxRepository(db, self.origin)
         self.retention = RetentionRepository(db)
-        self.elicitations = ElicitationRepository(db)
+        self.elicitations = ElicitationRepository(db, self.outbox)
         self.flows = FlowRepository(db)
         self.grants = GrantRepository(db)
         self.audit = AuditRepository(db)

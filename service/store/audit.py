@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import RowMapping, bindparam, insert, select
+from sqlalchemy import RowMapping, Table, bindparam, insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.core.audit_events import checked_event
@@ -136,13 +136,26 @@ def audit_row(entry: AuditEntry) -> dict[str, Any]:
     }
 
 
-def with_audit_row(statement: Any) -> Any:
+def with_audit_row(statement: Any, beside: Table | None = None) -> Any:
     """PostgreSQL: `statement` (an INSERT, UPDATE or DELETE ... RETURNING) and, for each row it changed, the audit
     row given as `audit_*` parameters (`audit_params`), in one statement: a data-modifying CTE. Its rows are the
-    changed rows."""
+    changed rows. `beside`: a table that also gets one row for each changed row (`rows_beside`)."""
     changed = statement.cte("changed")
+    combined = select(*changed.c).add_cte(audit_insert_of(changed))
+    return combined if beside is None else combined.add_cte(rows_beside(changed, beside))
+
+
+def audit_insert_of(changed: Any) -> Any:
+    """PostgreSQL: a CTE inserting the audit row of `audit_*` parameters for each row of the CTE `changed`."""
     row = select(*(bindparam(f"audit_{n}", type_=audit_events.c[n].type) for n in _COLUMNS)).select_from(changed)
-    return select(*changed.c).add_cte(insert(audit_events).from_select(list(_COLUMNS), row).cte("audited"))
+    return insert(audit_events).from_select(list(_COLUMNS), row).cte("audited")
+
+
+def rows_beside(changed: Any, table: Table) -> Any:
+    """PostgreSQL: a CTE inserting into `table`, for each row of the CTE `changed`, the row given by parameters named
+    after its columns, prefixed with the table's name (`oauth_flows_id`, ...): a row that belongs with the change."""
+    given = select(*(bindparam(f"{table.name}_{c.name}", type_=c.type) for c in table.c)).select_from(changed)
+    return insert(table).from_select([c.name for c in table.c], given).cte(f"{table.name}_beside")
 
 
 def audit_params(values: Mapping[str, Any]) -> dict[str, Any]:

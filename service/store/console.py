@@ -24,7 +24,7 @@ from service.core.records import (
 from service.core.states import ElicitationStatus
 
 from .audit import _from_row as _audit
-from .elicitations import from_row as _elicitation
+from .elicitation_rows import from_row as _elicitation
 from .engine import Database
 from .grant_rows import from_row as _grant
 from .tables import api_elicitations, audit_events, elicitations, grants, webhook_deliveries, webhook_endpoints

@@ -2,68 +2,36 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
+from dataclasses import replace
 from datetime import datetime
-from typing import Any, cast
+from typing import Any
 
-from sqlalchemy import bindparam, exists, func, insert, select, text, update
+from sqlalchemy import exists, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from service.core.accounts import AccountAsk
-from service.core.identity import Identity
-from service.core.records import AuditEntry, ElicitationRecord, ScopeKind
+from service.core.events import ElicitationEvent
+from service.core.records import AuditEntry, ElicitationRecord, FlowRecord
 from service.core.states import ALLOWED, CompletionDelivery, ElicitationStatus
 
-from .audit import audit_params, audit_row, fuses_audit, with_audit_row, write_audit_row
-from .engine import Database, dump_json, load_json
-from .tables import COMPLETION_PENDING, elicitations, replicas
-
-# The statements every flow runs, built once (building and keying a statement costs more than running it).
-_INSERT = insert(elicitations)
-_GET = select(elicitations).where(elicitations.c.id == bindparam("elicitation_id"))
-_TRANSITION = (
-    update(elicitations)
-    .where(
-        elicitations.c.id == bindparam("elicitation_id"),
-        elicitations.c.status.in_(bindparam("from_statuses", expanding=True)),
-    )
-    .values(status=bindparam("new_status"), updated_at=bindparam("now"))
-    .returning(*elicitations.c)
+from .audit import audit_params, audit_row, fuses_audit, write_audit_row
+from .elicitation_rows import from_row as _from_row
+from .elicitation_rows import to_row as _to_row
+from .elicitation_sql import (
+    AUDITED,
+    CLAIM_COMPLETION,
+    GET,
+    GET_AUDITED,
+    INSERT,
+    INSERT_FLOW,
+    RELEASE_TELLING,
+    SETTLE_COMPLETION,
+    transition_statement,
 )
-_TRANSITION_WITH_REASON = _TRANSITION.values(failure_reason=bindparam("reason"))
-_CLAIM_COMPLETION = (
-    update(elicitations)
-    .where(
-        elicitations.c.id == bindparam("elicitation_id"),
-        elicitations.c.status == ElicitationStatus.COMPLETED.value,
-        elicitations.c.replica_id == bindparam("claiming_replica"),
-        elicitations.c.completion_delivery.is_(None),
-    )
-    .values(completion_delivery=CompletionDelivery.DELIVERING.value)
-    .returning(elicitations.c.updated_at)
-)
-_SETTLE_COMPLETION = (
-    update(elicitations)
-    .where(
-        elicitations.c.id == bindparam("elicitation_id"),
-        elicitations.c.completion_delivery == CompletionDelivery.DELIVERING.value,
-    )
-    .values(completion_delivery=bindparam("outcome"))
-)
-
-
-# The same with the step's audit row in the statement (PostgreSQL: a data-modifying CTE, `with_audit_row`).
-# Every column `_to_row` gives (the two left out start NULL or 0 and change later): a column added to the table
-# without a value there makes this insert fail loudly rather than store NULL.
-_ROW_COLUMNS = [c.name for c in elicitations.c if c.name not in ("identity_mismatches", "completion_delivery")]
-_AUDITED = {
-    "insert": with_audit_row(
-        insert(elicitations).values({n: bindparam(n) for n in _ROW_COLUMNS}).returning(elicitations.c.id)
-    ),
-    "transition": with_audit_row(_TRANSITION),
-    "transition_with_reason": with_audit_row(_TRANSITION_WITH_REASON),
-    "settle": with_audit_row(_SETTLE_COMPLETION.returning(elicitations.c.id)),
-}
+from .engine import Database
+from .flow_rows import flow_row
+from .outbox import OutboxRepository
+from .tables import COMPLETION_PENDING, elicitations, oauth_flows, replicas
 
 
 def predecessors(target: ElicitationStatus) -> frozenset[ElicitationStatus]:
@@ -72,8 +40,9 @@ def predecessors(target: ElicitationStatus) -> frozenset[ElicitationStatus]:
 
 
 class ElicitationRepository:
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, outbox: OutboxRepository) -> None:
         self._db = db
+        self._outbox = outbox  # where `end` logs an ending
 
     async def insert(
         self, rec: ElicitationRecord, conn: AsyncConnection | None = None, *, audit: AuditEntry | None = None
@@ -82,17 +51,35 @@ class ElicitationRepository:
         async with self._db.write(conn) as c:
             if audit is not None and fuses_audit(c):
                 values = audit_row(audit)
-                await c.execute(_AUDITED["insert"], {**_to_row(rec), **audit_params(values)})
+                await c.execute(AUDITED["insert"], {**_to_row(rec), **audit_params(values)})
                 await write_audit_row(c, values, written=True)
                 return
-            await c.execute(_INSERT, _to_row(rec))
+            await c.execute(INSERT, _to_row(rec))
             if audit is not None:
                 await write_audit_row(c, audit_row(audit))
 
     async def get(self, id: str, conn: AsyncConnection | None = None) -> ElicitationRecord | None:
         async with self._db.read(conn) as c:
-            row = (await c.execute(_GET, {"elicitation_id": id})).mappings().first()
+            row = (await c.execute(GET, {"elicitation_id": id})).mappings().first()
         return None if row is None else _from_row(row)
+
+    async def get_audited(self, id: str, audit: AuditEntry, *, now: datetime) -> tuple[ElicitationRecord, bool] | None:
+        """The elicitation (as `get`) and whether `audit` about it (its id, identity and provider taken from the row)
+        was written with the read: on PostgreSQL, in the read's statement, when the elicitation is open and not expired
+        at `now` (and its identity needs no escaping, `audit_row`). Never on SQLite: the caller writes it then."""
+        async with self._db.read() as c:
+            if not fuses_audit(c):
+                row = (await c.execute(GET, {"elicitation_id": id})).mappings().first()
+                return None if row is None else (_from_row(row), False)
+            params = {"elicitation_id": id, "now": now, **audit_params(audit_row(audit))}
+            row = (await c.execute(GET_AUDITED, params)).mappings().first()
+            if row is None:
+                return None
+            record = _from_row(row)
+            if row["audited"]:
+                entry = replace(audit, elicitation_id=record.id, identity=record.identity, provider=record.provider)
+                await write_audit_row(c, audit_row(entry), written=True)  # its log line
+            return record, bool(row["audited"])
 
     async def transition(
         self,
@@ -104,6 +91,8 @@ class ElicitationRepository:
         from_: Collection[ElicitationStatus] | None = None,
         conn: AsyncConnection | None = None,
         audit: AuditEntry | None = None,
+        take_telling: bool = False,
+        flow: FlowRecord | None = None,
     ) -> ElicitationRecord | None:
         """Move the elicitation to `target` if its current status allows it, in one UPDATE.
 
@@ -111,10 +100,54 @@ class ElicitationRepository:
         `target` (a terminal status never changes). `reason` is stored as the failure reason when given.
         `from_` narrows the statuses it may move from (the core passes it for a step it checked as a path).
         `audit` is written when the move happens, in the same transaction (on PostgreSQL in the UPDATE's statement).
+        `take_telling` (a completion, without `reason`): the telling of the completion is taken in the same UPDATE, as
+        `claim_completion` would take it, for the replica that completes it and holds its connection.
+        `flow` (with `audit`): the OAuth flow the move starts, inserted when the move happens (on PostgreSQL in the
+        UPDATE's statement).
         """
+        moved = await self._move(id, target, reason, now, from_, conn, audit, take_telling, flow, None)
+        return None if moved is None else moved[0]
+
+    async def end(
+        self,
+        id: str,
+        target: ElicitationStatus,
+        ending: ElicitationEvent,
+        *,
+        reason: str | None = None,
+        now: datetime,
+        conn: AsyncConnection,
+        audit: AuditEntry,
+        take_telling: bool = False,
+    ) -> tuple[ElicitationRecord, ElicitationEvent] | None:
+        """`transition` to a terminal `target` with its audit row, and `ending` appended to the event log when it
+        happens: on PostgreSQL all in one statement, which must be the transaction's last (`outbox.append`). The
+        ended record and the event as logged; None when the status did not allow it (nothing written)."""
+        moved = await self._move(id, target, reason, now, None, conn, audit, take_telling, None, ending)
+        if moved is None:
+            return None
+        record, logged = moved
+        assert logged is not None
+        return record, logged
+
+    async def _move(
+        self,
+        id: str,
+        target: ElicitationStatus,
+        reason: str | None,
+        now: datetime,
+        from_: Collection[ElicitationStatus] | None,
+        conn: AsyncConnection | None,
+        audit: AuditEntry | None,
+        take_telling: bool,
+        flow: FlowRecord | None,
+        ending: ElicitationEvent | None,
+    ) -> tuple[ElicitationRecord, ElicitationEvent | None] | None:
+        assert not take_telling or (target is ElicitationStatus.COMPLETED and reason is None)
+        assert (flow is None and ending is None) or audit is not None
         allowed = predecessors(target) if from_ is None else frozenset(from_)
         assert not any(s.terminal for s in allowed), "a terminal status never changes"
-        params = {
+        params: dict[str, Any] = {
             "elicitation_id": id,
             "from_statuses": sorted(s.value for s in allowed),
             "new_status": target.value,
@@ -128,13 +161,31 @@ class ElicitationRepository:
             if fused:
                 assert values is not None
                 params.update(audit_params(values))
-                statement = _AUDITED["transition" if reason is None else "transition_with_reason"]
-            else:
-                statement = _TRANSITION if reason is None else _TRANSITION_WITH_REASON
+                if flow is not None:
+                    params.update({f"{oauth_flows.name}_{k}": v for k, v in flow_row(flow).items()})
+                if ending is not None:
+                    params.update(self._outbox.event_params(ending, now))
+            statement = transition_statement(
+                reason=reason is not None,
+                taking=take_telling,
+                audited=fused,
+                flow=fused and flow is not None,
+                logged=fused and ending is not None,
+            )
             row = (await c.execute(statement, params)).mappings().first()
-            if row is not None and values is not None:
+            if row is None:
+                return None
+            if values is not None:
                 await write_audit_row(c, values, written=fused)
-        return None if row is None else _from_row(row)
+            if flow is not None and not fused:
+                await c.execute(INSERT_FLOW, flow_row(flow))
+            logged = None
+            if ending is not None:
+                if fused:
+                    logged = self._outbox.logged(ending, row["logged_event_id"], now)
+                else:
+                    (logged,) = await self._outbox.append([ending], at=now, conn=c)
+        return _from_row(row), logged
 
     async def add_identity_mismatch(self, id: str, *, now: datetime, conn: AsyncConnection | None = None) -> int:
         """Count one identity mismatch on the elicitation, atomically; return the new count (0 if unknown)."""
@@ -154,8 +205,14 @@ class ElicitationRepository:
         was taken or settled already: one conditional UPDATE. The completion time when taken, else None."""
         params = {"elicitation_id": id, "claiming_replica": replica_id}
         async with self._db.write_alone(conn) as c:  # on the completion's path: no BEGIN/COMMIT round trips
-            completed_at: datetime | None = (await c.execute(_CLAIM_COMPLETION, params)).scalar()
+            completed_at: datetime | None = (await c.execute(CLAIM_COMPLETION, params)).scalar()
         return completed_at
+
+    async def release_telling(self, id: str, conn: AsyncConnection | None = None) -> bool:
+        """Give back a telling taken with the completion (`take_telling`) that this process did not start: the
+        completion is untold again, for the catch-up to tell. False if it was not held."""
+        async with self._db.write(conn) as c:
+            return (await c.execute(RELEASE_TELLING, {"elicitation_id": id})).rowcount > 0
 
     async def settle_completion(
         self,
@@ -171,11 +228,11 @@ class ElicitationRepository:
         async with self._db.write(conn) as c:
             values = None if audit is None else audit_row(audit)
             if values is not None and fuses_audit(c):
-                settled = (await c.execute(_AUDITED["settle"], {**params, **audit_params(values)})).first() is not None
+                settled = (await c.execute(AUDITED["settle"], {**params, **audit_params(values)})).first() is not None
                 if settled:
                     await write_audit_row(c, values, written=True)
                 return settled
-            settled = (await c.execute(_SETTLE_COMPLETION, params)).rowcount > 0
+            settled = (await c.execute(SETTLE_COMPLETION, params)).rowcount > 0
             if settled and values is not None:
                 await write_audit_row(c, values)
             return settled
@@ -253,57 +310,3 @@ class ElicitationRepository:
         async with self._db.write(conn) as c:
             rows = (await c.execute(statement)).mappings().all()
         return sorted((_from_row(row) for row in rows), key=lambda r: r.id)
-
-
-def _to_row(rec: ElicitationRecord) -> dict[str, Any]:
-    return {
-        "id": rec.id,
-        "connection_key": rec.connection_key,
-        "identity_issuer": rec.identity.issuer,
-        "identity_subject": rec.identity.subject,
-        "provider": rec.provider,
-        "scopes": dump_json(list(rec.scopes)),
-        "scope_kind": rec.scope_kind,
-        "session_id": rec.session_id,
-        "tool_call_id": rec.tool_call_id,
-        "request_id": None if rec.request_id is None else dump_json(rec.request_id),
-        "agent_name": rec.agent_name,
-        "message": rec.message,
-        "status": rec.status.value,
-        "failure_reason": rec.failure_reason,
-        "created_at": rec.created_at,
-        "expires_at": rec.expires_at,
-        "updated_at": rec.updated_at,
-        "replica_id": rec.replica_id,
-        "connection_values": dump_json(dict(rec.connection_values)) if rec.connection_values else None,
-        "account": dump_json(rec.account.to_json()) if rec.account is not None else None,
-    }
-
-
-def from_row(row: Mapping[Any, Any]) -> ElicitationRecord:
-    """The record of an elicitations row (also for a row joined by another repository)."""
-    return _from_row(row)
-
-
-def _from_row(row: Mapping[Any, Any]) -> ElicitationRecord:
-    return ElicitationRecord(
-        id=row["id"],
-        connection_key=row["connection_key"],
-        identity=Identity(row["identity_issuer"], row["identity_subject"]),
-        provider=row["provider"],
-        scopes=tuple(load_json(row["scopes"])),
-        scope_kind=cast(ScopeKind, row["scope_kind"]),
-        session_id=row["session_id"],
-        tool_call_id=row["tool_call_id"],
-        request_id=None if row["request_id"] is None else load_json(row["request_id"]),
-        agent_name=row["agent_name"],
-        message=row["message"],
-        status=ElicitationStatus(row["status"]),
-        failure_reason=row["failure_reason"],
-        created_at=row["created_at"],
-        expires_at=row["expires_at"],
-        updated_at=row["updated_at"],
-        replica_id=row["replica_id"],
-        connection_values=load_json(row["connection_values"]) if row.get("connection_values") else {},
-        account=AccountAsk.from_json(load_json(row["account"])) if row.get("account") else None,
-    )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -11,8 +11,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.core.records import ElicitationRecord, FlowRecord
 
-from .elicitations import from_row as elicitation_from_row
+from .elicitation_rows import from_row as elicitation_from_row
 from .engine import Database
+from .flow_rows import flow_row
 from .tables import elicitations, grants, oauth_flows
 
 # The statements every flow runs, built once (building and keying a statement costs more than running it).
@@ -46,13 +47,57 @@ _CLAIM = (
 )
 
 
+# The callback's claim with its reads: the flow used once, only by the browser that started it, at its provider, while
+# its elicitation may still finish; with the elicitation's row and whether its user holds a grant there. PostgreSQL
+# returns the joined row (UPDATE ... FROM); SQLite returns only the updated table's columns, so there each elicitation
+# column is a subquery by primary key.
+_CLAIM_CONDITIONS = (
+    oauth_flows.c.state_hash == bindparam("state"),
+    oauth_flows.c.used_at.is_(None),
+    oauth_flows.c.expires_at > bindparam("now"),
+    oauth_flows.c.browser_binding_hash == bindparam("binding"),
+)
+_ITS_ELICITATION = (
+    elicitations.c.id == oauth_flows.c.elicitation_id,
+    elicitations.c.provider == bindparam("provider"),
+    elicitations.c.status.in_(bindparam("statuses", expanding=True)),
+)
+_CLAIM_WITH_ELICITATION = {
+    "postgresql": update(oauth_flows)
+    .where(*_CLAIM_CONDITIONS, *_ITS_ELICITATION)
+    .values(used_at=bindparam("now"))
+    .returning(
+        *(c.label(f"oauth_flows_{c.name}") for c in oauth_flows.c),
+        *(c.label(f"elicitations_{c.name}") for c in elicitations.c),
+        _GRANT_HELD,
+    ),
+    "sqlite": update(oauth_flows)
+    .where(*_CLAIM_CONDITIONS, exists().where(*_ITS_ELICITATION))
+    .values(used_at=bindparam("now"))
+    .returning(
+        *(c.label(f"oauth_flows_{c.name}") for c in oauth_flows.c),
+        *(
+            select(c)
+            .where(elicitations.c.id == oauth_flows.c.elicitation_id)
+            .scalar_subquery()
+            .label(f"elicitations_{c.name}")
+            for c in elicitations.c
+        ),
+        select(_GRANT_HELD)
+        .where(elicitations.c.id == oauth_flows.c.elicitation_id)
+        .scalar_subquery()
+        .label("grant_held"),
+    ),
+}
+
+
 class FlowRepository:
     def __init__(self, db: Database) -> None:
         self._db = db
 
     async def insert(self, rec: FlowRecord, conn: AsyncConnection | None = None) -> None:
         async with self._db.write(conn) as c:
-            await c.execute(_INSERT, _to_row(rec))
+            await c.execute(_INSERT, flow_row(rec))
 
     async def get_by_state_hash(self, state_hash: str, conn: AsyncConnection | None = None) -> FlowRecord | None:
         async with self._db.read(conn) as c:
@@ -85,6 +130,32 @@ class FlowRepository:
             row = (await c.execute(_CLAIM, {"state": state_hash, "now": now})).mappings().first()
         return None if row is None else _from_row(row)
 
+    async def claim_with_elicitation(
+        self,
+        state_hash: str,
+        now: datetime,
+        *,
+        provider: str,
+        binding_hash: str,
+        statuses: Collection[str],
+        conn: AsyncConnection | None = None,
+    ) -> tuple[FlowRecord, ElicitationRecord, bool] | None:
+        """`claim` the flow if the browser is the one that started it (`binding_hash`), its elicitation is at
+        `provider` and in one of `statuses`, in one statement that also returns the elicitation and whether its user
+        holds a grant at its provider (as `get_with_elicitation`). None when any of that does not hold (nothing
+        changed then: the caller reads why)."""
+        params = {"state": state_hash, "now": now, "provider": provider, "binding": binding_hash}
+        async with self._db.write(conn) as c:
+            statement = _CLAIM_WITH_ELICITATION[c.dialect.name]
+            row = (await c.execute(statement, {**params, "statuses": list(statuses)})).mappings().first()
+        if row is None:
+            return None
+        flow, record = (
+            _from_row(_columns_of(row, oauth_flows.name)),
+            elicitation_from_row(_columns_of(row, elicitations.name)),
+        )
+        return flow, record, bool(row["grant_held"])
+
     async def open_by_key(self, now: datetime, conn: AsyncConnection | None = None) -> dict[str, int]:
         """How many unused, unexpired flows hold a PKCE verifier under each vault key id."""
         statement = (
@@ -109,23 +180,6 @@ class FlowRepository:
         async with self._db.write(conn) as c:
             result = await c.execute(statement)
         return result.rowcount
-
-
-def _to_row(rec: FlowRecord) -> dict[str, Any]:
-    return {
-        "id": rec.id,
-        "elicitation_id": rec.elicitation_id,
-        "state_hash": rec.state_hash,
-        "verifier_key_id": rec.verifier_key_id,
-        "verifier_ciphertext": rec.verifier_ciphertext,
-        "nonce": rec.nonce,
-        "expected_issuer": rec.expected_issuer,
-        "browser_binding_hash": rec.browser_binding_hash,
-        "redirect_uri": rec.redirect_uri,
-        "created_at": rec.created_at,
-        "expires_at": rec.expires_at,
-        "used_at": rec.used_at,
-    }
 
 
 def _columns_of(row: Mapping[Any, Any], table: str) -> dict[str, Any]:

@@ -14,13 +14,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy import (
     BigInteger,
     RowMapping,
     String,
     Text,
+    bindparam,
     column,
     func,
     insert,
@@ -90,6 +91,17 @@ def _from_row(row: RowMapping) -> LoggedEvent:
     )
 
 
+def logged_insert_of(changed: Any) -> Any:
+    """PostgreSQL: a CTE appending the event of `event_*` parameters (`event_params`) for each row of the CTE `changed`,
+    after the log's order lock (as `append` takes it), returning its id: an ending logged in its change's statement.
+    That statement must be its transaction's last (the lock is held until the commit)."""
+    ordered = select(func.pg_advisory_xact_lock(literal(ORDER_LOCK_KEY, BigInteger)).label("l")).offset(0)
+    given = select(*(bindparam(f"event_{n}", type_=table.c[n].type) for n in _COLUMNS)).select_from(
+        ordered.subquery("ordered").join(changed, true())
+    )
+    return insert(table).from_select(list(_COLUMNS), given).returning(table.c.id).cte("logged")
+
+
 class OutboxRepository:
     def __init__(self, db: Database, origin: str) -> None:
         self._db = db
@@ -123,6 +135,14 @@ class OutboxRepository:
             result = await conn.execute(_APPEND, [dict(zip(_COLUMNS, row, strict=True)) for row in rows])
         ids = {(logged, kind): id for id, logged, kind in result.all()}
         return [replace(e, id=ids[_key(e)], at=at, origin=self.origin) for e in events]
+
+    def event_params(self, event: ElicitationEvent, at: datetime) -> dict[str, Any]:
+        """`event`'s row as the parameters of a statement with `logged_insert_of`."""
+        return {f"event_{name}": value for name, value in zip(_COLUMNS, _row(event, at, self.origin), strict=True)}
+
+    def logged(self, event: E, id: int, at: datetime) -> E:
+        """`event` as appended with `id` at `at` by this process."""
+        return replace(event, id=id, at=at, origin=self.origin)
 
     async def after(self, last_id: int, *, limit: int = 500, conn: AsyncConnection | None = None) -> list[LoggedEvent]:
         """Events with an id greater than `last_id`, oldest first (at most `limit`)."""
