@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections import OrderedDict
 from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 
@@ -28,6 +29,7 @@ log = logging.getLogger("service.flow")
 
 # How long the browser may spend at the provider before the state is no longer accepted.
 FLOW_TTL = timedelta(minutes=10)
+SHOWN_KEPT = 256  # elicitations of consent pages shown here, kept for their Continue (`shown_elicitation`)
 _ERROR_CODE = re.compile(r"[a-z0-9_.-]{1,64}")
 
 AUTHORIZING = ElicitationStatus.AUTHORIZING
@@ -52,6 +54,7 @@ class BrowserFlow:
         self.vault = vault
         self.providers = providers
         self.settings = settings
+        self._shown: OrderedDict[str, ElicitationRecord] = OrderedDict()
 
     def now(self) -> datetime:
         return self.elicitations.now()
@@ -95,7 +98,18 @@ class BrowserFlow:
         provider = await self.resolve(record.provider, record.connection_values)
         if not found[1]:
             await self.elicitations.audit(record, "opened", now=now)
+        self._shown[record.id] = record
+        if len(self._shown) > SHOWN_KEPT:
+            self._shown.popitem(last=False)
         return ConsentView(record, provider, record.agent_name, record.account)
+
+    async def shown_elicitation(self, elicitation_id: str) -> ElicitationRecord:
+        """The elicitation as this process's consent page read it (unexpired), else `open_elicitation`: only its status
+        may have changed since, and `_start`'s conditional UPDATE decides by that (the Continue reads nothing)."""
+        record = self._shown.pop(elicitation_id, None)
+        if record is None or record.expires_at <= self.now():
+            return await self.open_elicitation(elicitation_id)
+        return record
 
     async def decline(self, record: ElicitationRecord, browser_user: Identity) -> None:
         """The browser's verified user declines: only the bound user can (FlowRefused `not_your_link` otherwise).
@@ -152,13 +166,13 @@ class BrowserFlow:
         store, now = self.store, flow.created_at
         verified = self.elicitations.entry(record, "verified", None, now)
         async with store.transaction() as tx:
-            # -> VERIFIED -> AUTHORIZING as one UPDATE, audited in it. A first start has no flow to supersede; a
-            # restart (back button, second click) supersedes the earlier flow.
-            # The flow goes in with the first start's UPDATE (in its statement where the database can).
+            # -> VERIFIED -> AUTHORIZING as one UPDATE, audited in it, with the flow. A first start has no flow to
+            # supersede; a restart (back button, second click) supersedes the earlier flow.
             to_start = {"now": now, "conn": tx, "audit": verified}
             if not await store.elicitations.transition(record.id, AUTHORIZING, from_=START_FROM, flow=flow, **to_start):
                 if not await store.elicitations.transition(record.id, AUTHORIZING, from_=RESTART_FROM, **to_start):
-                    raise FlowRefused(CLOSED_CODES.get(record.status, "failed"))
+                    current = await store.elicitations.get(record.id, conn=tx)  # `record` may be as the page read it
+                    raise FlowRefused(CLOSED_CODES.get((current or record).status, "failed"))
                 await store.flows.invalidate_open(record.id, now, conn=tx)
                 await store.flows.insert(flow, conn=tx)
 

@@ -132,7 +132,10 @@ class IdentityStep:
     ) -> tuple[ElicitationRecord, Identity] | str:
         """The elicitation (as read) and the browser's identity when the verifier knows it at once, else the URL
         the verifier sends the browser to."""
-        record = await self.flow.open_elicitation(elicitation_id)
+        if intent is Intent.CONTINUE:  # as the consent page just read it, when it did here
+            record = await self.flow.shown_elicitation(elicitation_id)
+        else:
+            record = await self.flow.open_elicitation(elicitation_id)
         async with self.refusals():
             step = await self.verifier.begin(VerificationAttempt(record, browser_binding, browser, intent))
         if isinstance(step, Verified):
