@@ -28,7 +28,10 @@ process applies it). Measured, in order:
    500, each batch one transaction timed from here), then quiet again. Goals: flow p99 during the purge <= 1.5x the
    quiet runs' p99; no batch over 100 ms.
 
-Not measured here (issue 32's other scale items): the embedded `http()`, 100,000 awaited elicitations across four
+2b. The same user's calls through the embedded `connector.http()` (`bench/scale_embedded.py`), a connector on each
+   database in this process: p99 loaded / empty, goal <= 1.2x.
+
+Not measured here (issue 32's other scale items): 100,000 awaited elicitations across four
 processes, LISTEN/NOTIFY fan-out per replica (bench/replicas.py measures the cross-replica completion).
 """
 
@@ -57,6 +60,8 @@ from sqlalchemy.pool import NullPool
 from bench.harness import REPO, free_port, machine, percentile, wait_until_up
 from bench.proxy import TOKEN, latencies
 from bench.scale_data import ISSUER, Captured, Plan, Sizes, explain, load, loaded, top_up_old_audit
+from bench.scale_embedded import embedded_token_use
+from service import Identity
 from service.core.retention import PurgeKind, RetentionPolicy, purge_due
 
 FULL = Sizes(grants=1_000_000, audit=8_000_000, old=1_000_000, events=2_000_000, elicitations=200_000)
@@ -110,6 +115,8 @@ async def seed_bench_user(url: str, api: tuple[str, Any], vault_key: str) -> Non
 class Sidecars:
     api_key: str
     bases: dict[str, str]  # "loaded" / "empty" -> http://127.0.0.1:port
+    vault_key: str
+    catalog: Path
 
 
 @contextlib.asynccontextmanager
@@ -160,7 +167,7 @@ async def sidecars(urls: dict[str, str], workdir: Path) -> AsyncIterator[Sidecar
         await wait_until_up(f"{upstream}/api/small", within=60)
         for base in bases.values():
             await wait_until_up(f"{base}/healthz", within=120)
-        yield Sidecars(api[0], bases)
+        yield Sidecars(api[0], bases, vault_key, catalog)
     finally:
         for process in processes:
             process.terminate()
@@ -415,9 +422,13 @@ async def run(admin_url: str, name: str, sizes: Sizes, *, reuse: bool, calls: in
                 async with sidecars({"loaded": url, "empty": empty_url}, Path(tmp)) as side:
                     plan_lines, plans_ok = await plans(url, idle_pass=False)
                     use_lines, _ = await token_use(side, calls)
+                    embedded_lines, _ = await embedded_token_use(
+                        {"loaded": url, "empty": empty_url}, side.vault_key, side.catalog, Identity(ISSUER, USER), calls
+                    )
                     purge_lines, _ = await retention_beside_flows(url, side, quiet)
                     idle_lines, idle_ok = await plans(url, idle_pass=True)  # retention with nothing to delete
             out += ["", "Token use on the loaded database against the empty one:", "", *use_lines]
+            out += ["", *embedded_lines]
             out += ["", "Retention beside flows:", "", *purge_lines]
             out += [
                 "",
