@@ -375,3 +375,43 @@ def _secret():  # type: ignore[no-untyped-def]
     from pydantic import SecretStr
 
     return SecretStr("s")
+
+
+async def test_a_provider_client_sends_what_httpx_own_client_sends() -> None:
+    """The provider's pooled client hands a request straight to its pool: on the wire it is the request httpx's own
+    client sends (headers, body, the client's timeout), the answer is read and closed, no cookie is kept; a call
+    that asks to follow redirects (or to stream) goes the client's own way."""
+    from service.oauth.http import ProviderHttp
+
+    http = ProviderHttp()
+    pooled = http.client("acme")
+    plain = httpx.AsyncClient(timeout=http.settings.timeout)
+    seen: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if request.url.path == "/moved":
+            return httpx.Response(302, headers={"Location": "https://acme.test/token"})
+        return httpx.Response(200, json={"ok": True}, headers={"Set-Cookie": "session=a; Path=/"})
+
+    try:
+        with respx.mock(assert_all_mocked=True) as router:
+            router.route(host="acme.test").mock(side_effect=answer)
+            for client in (pooled, plain):
+                response = await client.post(
+                    "https://acme.test/token", data={"code": "c"}, headers={"Accept": "application/json"}
+                )
+                assert response.json() == {"ok": True} and response.is_closed
+                assert response.request.url == seen[-1].url and response.elapsed.total_seconds() >= 0
+            ours, theirs = seen
+            assert ours.headers.multi_items() == theirs.headers.multi_items() and ours.content == theirs.content
+            assert ours.extensions["timeout"] == theirs.extensions["timeout"]
+            assert not list(pooled.cookies.jar)
+            assert (await pooled.get("https://acme.test/moved")).status_code == 302
+            followed = await pooled.get("https://acme.test/moved", follow_redirects=True)
+            assert followed.status_code == 200 and len(followed.history) == 1
+            async with pooled.stream("GET", "https://acme.test/token") as streamed:
+                assert not streamed.is_closed and (await streamed.aread())
+    finally:
+        await http.aclose()
+        await plain.aclose()
