@@ -261,6 +261,7 @@ class TimedRetention:
         self.inner = inner
         self.batches: list[float] = []
         self.sizes: list[int] = []  # each batch's limit, as retention's batch sizer chose it
+        self.slow: list[str] = []  # the batches over 100 ms
 
     async def count(self, kind: PurgeKind, before: datetime) -> int:
         return int(await self.inner.count(kind, before))
@@ -268,8 +269,11 @@ class TimedRetention:
     async def purge(self, kind: PurgeKind, before: datetime, *, limit: int) -> int:
         started = time.perf_counter()
         removed = int(await self.inner.purge(kind, before, limit=limit))
-        self.batches.append((time.perf_counter() - started) * 1000)
+        took = (time.perf_counter() - started) * 1000
+        self.batches.append(took)
         self.sizes.append(limit)
+        if took > 100:
+            self.slow.append(f"{kind.value} {limit} rows {took:.0f} ms (batch {len(self.batches)})")
         return removed
 
 
@@ -329,6 +333,7 @@ async def purge_here(url: str) -> dict[str, Any]:
         "deleted": dict(deleted),
         "batches": timed.batches,
         "sizes": timed.sizes,
+        "slow": timed.slow,
         "took": took,
         "idle": idle.batches,
         "idle_ms": idle_ms,
@@ -371,7 +376,8 @@ async def retention_beside_flows(url: str, side: Sidecars, quiet: float) -> tupl
         f"{verdict(over == 0)}",
         f"- batch size (rows, chosen from the last batch's time, target "
         f"{RetentionPolicy().batch_target_seconds * 1000:.0f} ms, at most {RetentionPolicy().batch_size}): p50 "
-        f"{percentile(sizes, 50):.0f}, min {min(sizes)}, max {max(sizes)}",
+        f"{percentile(sizes, 50):.0f}, min {min(sizes)}, max {max(sizes)}; a rest as long as each batch after it",
+        *([f"- the batches over 100 ms: {'; '.join(done['slow'])}"] if done["slow"] else []),
         f"- flow (create + cancel over `/v1`) p99: quiet {quiet_p99:.1f} ms ({len(before) + len(after)} flows), "
         f"during the purge {percentile(during, 99):.1f} ms ({len(during)} flows): {ratio:.2f}x (goal <= 1.5x): "
         f"{verdict(ratio <= 1.5)}",

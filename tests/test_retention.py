@@ -271,25 +271,37 @@ class _TimedRepo:
 
 async def test_purge_batches_follow_their_measured_time() -> None:
     policy = RetentionPolicy(batch_size=500, batch_target_seconds=0.03)
-    # 1 ms a row: the first batch (500 rows, 0.5 s) is too slow; the next ones are cut to the target and stay there.
-    slow = _TimedRepo(5_000, 0.001)
-    deleted = await purge_due(slow, policy, NOW, clock=slow.clock)
-    assert deleted[PurgeKind.AUDIT] == 5_000
-    assert slow.batches[0] == (500, 0.5)
-    assert all(limit <= 30 and seconds <= 0.03 for limit, seconds in slow.batches[1:])
+    rests: list[float] = []
 
-    # Fast rows: every batch at the most the policy allows. Then the machine gets busy, and batches shrink to fit.
-    busy = _TimedRepo(20_000, 0.00001, slow_after=5, slow_per_row=0.0003)
-    deleted = await purge_due(busy, policy, NOW, clock=busy.clock)
+    async def rest(seconds: float) -> None:
+        rests.append(seconds)
+
+    # 1 ms a row: the first batch (50 rows, 50 ms) is too slow; the next ones are cut to the target and stay there.
+    slow = _TimedRepo(5_000, 0.001)
+    deleted = await purge_due(slow, policy, NOW, clock=slow.clock, rest=rest)
+    assert deleted[PurgeKind.AUDIT] == 5_000
+    assert slow.batches[0] == (50, 0.05)
+    assert all(limit <= 30 and seconds <= 0.03 for limit, seconds in slow.batches[1:])
+    assert rests == pytest.approx(
+        [seconds for _, seconds in slow.batches[:-1]]
+    )  # a rest as long as each batch, but the last
+
+    # Fast rows: batches grow to the most the policy allows. Then the machine gets busy, and batches shrink to fit.
+    busy = _TimedRepo(20_000, 0.00001, slow_after=10, slow_per_row=0.0003)
+    deleted = await purge_due(busy, policy, NOW, clock=busy.clock, rest=rest)
     assert deleted[PurgeKind.AUDIT] == 20_000
-    assert [limit for limit, _ in busy.batches[:6]] == [500] * 6
-    assert all(seconds <= 0.03 for _, seconds in busy.batches[7:])
+    assert [limit for limit, _ in busy.batches[:8]] == [50, 75, 112, 168, 252, 378, 500, 500]
+    assert all(seconds <= 0.03 for _, seconds in busy.batches[11:])
     assert max(limit for limit, _ in busy.batches) <= 500
 
 
 async def test_purge_batches_grow_back_when_fast_again() -> None:
     policy = RetentionPolicy(batch_size=500, batch_target_seconds=0.03)
     repo = _TimedRepo(20_000, 0.001, slow_after=3, slow_per_row=0.00001)  # slow, then fast
-    await purge_due(repo, policy, NOW, clock=repo.clock)
+
+    async def rest(seconds: float) -> None:
+        pass
+
+    await purge_due(repo, policy, NOW, clock=repo.clock, rest=rest)
     limits = [limit for limit, _ in repo.batches]
     assert limits[1] == 30 and limits[-2] == 500  # cut, then back up to the policy's most

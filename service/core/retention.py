@@ -5,15 +5,18 @@ The sweeper applies the policy in small batches; `acp-connector purge` applies i
 what it would delete) on demand. Grants are not covered: a grant lives until it is disconnected.
 
 A batch is one transaction, and it holds row locks and a connection while it runs, so its size follows its measured
-time (`BatchSizer`): a batch slower than the target shrinks the next one in proportion, one well under it grows the
-next (up to `batch_size`). What a row costs to delete varies by kind (an elicitation's OAuth flows and verifications
-go with it by cascade), by the table's indexes and by the machine's load; the target does not.
+time (`BatchSizer`): each kind starts small, a batch well under the target grows the next (up to `batch_size`), one
+slower than the target shrinks the next in proportion. What a row costs to delete varies by kind (an elicitation's
+OAuth flows and verifications go with it by cascade), by the table's indexes and by the machine's load; the target
+does not. After each batch the purge rests as long as the batch took, so that retention takes at most half of the
+database's time it could (a purge of a million rows beside running flows raised their p99 1.6x without the rest).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -60,15 +63,18 @@ class RetentionRepo(Protocol):
 MIN_BATCH = 10
 
 
+FIRST_BATCH = 50
+
+
 class BatchSizer:
     """The next batch's size from the last one's time: shrunk in proportion when over `target` seconds, grown by half
-    when under half of it; between `MIN_BATCH` (or `most`, if smaller) and `most`."""
+    when under half of it; between `MIN_BATCH` (or `most`, if smaller) and `most`, starting at `FIRST_BATCH`."""
 
     def __init__(self, most: int, target: float) -> None:
         self.most = most
         self.least = min(MIN_BATCH, most)
         self.target = target
-        self.size = most
+        self.size = min(FIRST_BATCH, most)
 
     def took(self, seconds: float) -> None:
         if seconds > self.target:
@@ -84,9 +90,10 @@ async def purge_due(
     *,
     max_batches: int | None = None,
     clock: Callable[[], float] = time.perf_counter,
+    rest: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> dict[PurgeKind, int]:
     """Delete what is past its window, batch by batch (at most `max_batches` per kind), each batch sized by the last
-    one's time (`BatchSizer`); how many per kind."""
+    one's time (`BatchSizer`) and followed by a rest as long; how many per kind."""
     deleted: dict[PurgeKind, int] = {}
     for kind, window in policy.windows().items():
         sizer = BatchSizer(policy.batch_size, policy.batch_target_seconds)
@@ -95,11 +102,13 @@ async def purge_due(
             limit = sizer.size
             started = clock()
             removed = await repo.purge(kind, now - window, limit=limit)
-            sizer.took(clock() - started)
+            took = clock() - started
+            sizer.took(took)
             total += removed
             batches += 1
-            if removed < limit:
+            if removed < limit or batches == max_batches:
                 break
+            await rest(took)
         deleted[kind] = total
     return deleted
 
