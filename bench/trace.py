@@ -52,9 +52,16 @@ def _around(owner: Any, name: str, start: str | None, end: str | None) -> None:
     setattr(owner, name, traced)
 
 
-def install(path: str) -> None:
+def retarget(path: str) -> None:
+    """Write the marks to `path` from now on."""
     global _fd
+    if _fd is not None:
+        os.close(_fd)
     _fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+
+
+def install(path: str) -> None:
+    retarget(path)
 
     from service.acp import messages
     from service.core.browser import BrowserFlow

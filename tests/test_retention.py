@@ -290,7 +290,7 @@ async def test_purge_batches_follow_their_measured_time() -> None:
     busy = _TimedRepo(20_000, 0.00001, slow_after=10, slow_per_row=0.0003)
     deleted = await purge_due(busy, policy, NOW, clock=busy.clock, rest=rest)
     assert deleted[PurgeKind.AUDIT] == 20_000
-    assert [limit for limit, _ in busy.batches[:8]] == [50, 75, 112, 168, 252, 378, 500, 500]
+    assert [limit for limit, _ in busy.batches[:6]] == [50, 100, 200, 400, 500, 500]
     assert all(seconds <= 0.03 for _, seconds in busy.batches[11:])
     assert max(limit for limit, _ in busy.batches) <= 500
 
@@ -305,3 +305,26 @@ async def test_purge_batches_grow_back_when_fast_again() -> None:
     await purge_due(repo, policy, NOW, clock=repo.clock, rest=rest)
     limits = [limit for limit, _ in repo.batches]
     assert limits[1] == 30 and limits[-2] == 500  # cut, then back up to the policy's most
+
+
+async def test_purge_batches_with_a_fixed_cost_grow_to_the_target() -> None:
+    """A batch costs a round trip whatever its size (here 20 ms, two thirds of the target): batches still grow until
+    they take about the target, not stay at the first size."""
+    policy = RetentionPolicy(batch_size=500, batch_target_seconds=0.03)
+    repo = _TimedRepo(20_000, 0.0001)
+    fixed = 0.02
+    purge = repo.purge
+
+    async def with_round_trip(kind: PurgeKind, before: datetime, *, limit: int) -> int:
+        repo.now += fixed
+        return await purge(kind, before, limit=limit)
+
+    repo.purge = with_round_trip  # type: ignore[method-assign]
+
+    async def rest(seconds: float) -> None:
+        pass
+
+    await purge_due(repo, policy, NOW, clock=repo.clock, rest=rest)
+    limits = [limit for limit, _ in repo.batches]
+    assert limits[0] == 50 and max(limits[5:]) > 60  # grown: 100 rows take 30 ms
+    assert all(fixed + seconds <= 0.04 for _, seconds in repo.batches[1:])

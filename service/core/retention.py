@@ -5,11 +5,12 @@ The sweeper applies the policy in small batches; `acp-connector purge` applies i
 what it would delete) on demand. Grants are not covered: a grant lives until it is disconnected.
 
 A batch is one transaction, and it holds row locks and a connection while it runs, so its size follows its measured
-time (`BatchSizer`): each kind starts small, a batch well under the target grows the next (up to `batch_size`), one
-slower than the target shrinks the next in proportion. What a row costs to delete varies by kind (an elicitation's
-OAuth flows and verifications go with it by cascade), by the table's indexes and by the machine's load; the target
-does not. After each batch the purge rests as long as the batch took, so that retention takes at most half of the
-database's time it could (a purge of a million rows beside running flows raised their p99 1.6x without the rest).
+time (`BatchSizer`): each kind starts small, and each next batch is sized in proportion to how far the last one was
+from the target (growing at most twofold, up to `batch_size`). What a row costs to delete varies by kind (an
+elicitation's OAuth flows and verifications go with it by cascade), by the table's indexes and by the machine's
+load; the target does not. After each batch the purge rests as long as the batch took, so that retention takes at
+most half of the database's time it could (a purge of a million rows beside running flows raised their p99 1.6x
+without the rest).
 """
 
 from __future__ import annotations
@@ -67,8 +68,9 @@ FIRST_BATCH = 50
 
 
 class BatchSizer:
-    """The next batch's size from the last one's time: shrunk in proportion when over `target` seconds, grown by half
-    when under half of it; between `MIN_BATCH` (or `most`, if smaller) and `most`, starting at `FIRST_BATCH`."""
+    """The next batch's size from the last one's time, in proportion to how far it was from `target` seconds (at
+    most twice the last size: a batch also costs a fixed round trip, so its time is not quite proportional to its
+    rows); between `MIN_BATCH` (or `most`, if smaller) and `most`, starting at `FIRST_BATCH`."""
 
     def __init__(self, most: int, target: float) -> None:
         self.most = most
@@ -77,10 +79,8 @@ class BatchSizer:
         self.size = min(FIRST_BATCH, most)
 
     def took(self, seconds: float) -> None:
-        if seconds > self.target:
-            self.size = max(self.least, int(self.size * self.target / seconds))
-        elif seconds < self.target / 2:
-            self.size = min(self.most, max(self.size + 1, self.size * 3 // 2))
+        wanted = self.size * 2 if seconds <= 0 else int(self.size * min(2.0, self.target / seconds))
+        self.size = max(self.least, min(self.most, wanted))
 
 
 async def purge_due(
