@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import select
 
 from service.core import lifecycle
+from service.core.records import ElicitationRecord, TokenSet
 from service.core.scopes import SessionScope
 from service.core.states import START_FROM, ElicitationStatus
 from service.store.tables import elicitations
@@ -63,3 +64,37 @@ async def test_a_telling_no_face_starts_is_given_back(
                 await asyncio.sleep(0.05)
         assert await flows.claim_telling(record.id) is not None  # the catch-up's teller can take it now
         assert await flows.claim_telling(record.id) is None
+
+
+async def test_a_first_grant_whose_account_has_one_by_now_replaces_it(deploy_with: Deploy, database_url: str) -> None:
+    """The callback read no grant of the user at the provider, but one for the same account went in meanwhile: the
+    completion's insert of a first grant writes nothing, and the grant is replaced as when one was held."""
+    async with deploy_with(CONNECTOR_DATABASE__URL=database_url) as deployment:
+        runtime = deployment.connector.runtime
+        flows, store = runtime.elicitations, runtime.store
+        provider = await runtime.browser.resolve("github")
+
+        async def authorizing() -> ElicitationRecord:
+            record = await flows.create(
+                connection_key="held-by-no-face",
+                user=deployment.local_user,
+                provider="github",
+                scopes=["repo"],
+                scope=SessionScope("sess-1"),
+            )
+            moved = await store.elicitations.transition(
+                record.id, ElicitationStatus.AUTHORIZING, now=flows.now(), from_=START_FROM
+            )
+            assert moved is not None
+            return moved
+
+        tokens = TokenSet("access", "Bearer", "refresh", None, ("repo",))
+        earlier = await runtime.browser.complete(await authorizing(), provider, tokens, "account-1", held=False)
+        assert earlier.status is ElicitationStatus.COMPLETED
+        (first,) = await store.grants.find(deployment.local_user, "github")
+        later = await runtime.browser.complete(await authorizing(), provider, tokens, "account-1", held=False)
+        assert later.status is ElicitationStatus.COMPLETED
+        (grant,) = await store.grants.find(deployment.local_user, "github")
+        assert grant.id == first.id  # replaced, not a second row
+        (completed,) = [r for r in await store.audit.list(elicitation_id=later.id) if r.event == "completed"]
+        assert completed.detail["grant_id"] == first.id

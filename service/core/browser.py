@@ -8,14 +8,15 @@ from __future__ import annotations
 import logging
 import re
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 
 from .accounts import UNNAMED, LabelOf, Named, clean_label, label_for, no_label
-from .callback_checks import claim_checked
+from .callback_checks import claim_for_callback
 from .consent import Connected, ConsentView
 from .credentials import ticket_flow
 from .errors import ConnectorError, FlowRefused, ProviderError
+from .events import GrantEvent
 from .handles import binding_hash, flow_aad, grant_aad, new_id, state_hash
 from .identity import Identity
 from .lifecycle import Elicitations, Written
@@ -34,8 +35,6 @@ _ERROR_CODE = re.compile(r"[a-z0-9_.-]{1,64}")
 
 AUTHORIZING = ElicitationStatus.AUTHORIZING
 # The refusal for an elicitation that has ended, by how it ended.
-# The statuses of an elicitation whose callback may still finish it (a cancelled one stores its grant: `usable`).
-CALLBACK_STATUSES = tuple(s.value for s in ElicitationStatus if not s.terminal or s is ElicitationStatus.CANCELLED)
 CLOSED_CODES: dict[ElicitationStatus, str] = {
     ElicitationStatus.COMPLETED: "already_completed",
     ElicitationStatus.DECLINED: "declined",
@@ -233,23 +232,10 @@ class BrowserFlow:
     ) -> Connected:
         """Check and finish the provider's redirect; on success the grant is stored and the elicitation completed,
         with the account label this browser gave on the consent page (`label(elicitation_id)`)."""
-        store = self.store
         state = params.get("state")
         if not state:
             raise FlowRefused("missing_state")
-        found = None
-        if browser_binding is not None:  # the usual callback: its checks are the claim's conditions, in one statement
-            found = await store.flows.claim_with_elicitation(
-                state_hash(state),
-                self.now(),
-                provider=provider_name,
-                binding_hash=binding_hash(browser_binding),
-                statuses=CALLBACK_STATUSES,
-            )
-        if found is not None:
-            claimed, record, grant_held = found
-        else:
-            claimed, record, grant_held = await claim_checked(self, provider_name, state, browser_binding)
+        claimed, record, grant_held = await claim_for_callback(self, provider_name, state, browser_binding)
         provider = await self.resolve(provider_name, record.connection_values)
         await self._check_issuer(provider, claimed, params, record)  # raises
         if "error" in params:
@@ -361,12 +347,8 @@ class BrowserFlow:
             account_name=named.profile,
         )
 
-        async def store_grant(tx: Tx) -> Written:
-            given = await store_given(
-                self.store, self.vault, grant, tokens, held=held, now=now, conn=tx, label=named.given
-            )
-            stored = given.stored
-            if not given.refreshable and OFFLINE_ACCESS in record.scopes:
+        def written(stored: GrantRecord, refreshable: bool, logged: Sequence[GrantEvent] = ()) -> Written:
+            if not refreshable and OFFLINE_ACCESS in record.scopes:
                 log.warning(
                     "grant stored without a refresh token although offline_access was asked: it will need the user "
                     "again when its access token expires (%s)",
@@ -377,12 +359,19 @@ class BrowserFlow:
                 "grant_id": stored.id,
                 "scopes": list(stored.scopes),
                 **({"refused_scopes": list(refused)} if refused else {}),
-                "refreshable": given.refreshable,
+                "refreshable": refreshable,
             }
-            return Written(detail=detail, grant=stored, logged=given.logged)
+            return Written(detail=detail, grant=stored, logged=logged)
 
-        # The agent may have cancelled while the user was at the provider. The user did authorize, so the grant is
-        # kept (`within` writes it either way), but the cancelled elicitation stays cancelled and resumes nothing.
+        async def store_grant(tx: Tx) -> Written:  # the user may hold one there: read, and replaced if so
+            given = await store_given(
+                self.store, self.vault, grant, tokens, held=True, now=now, conn=tx, label=named.given
+            )
+            return written(given.stored, given.refreshable, given.logged)
+
+        # A user's first grant at the provider goes in with the completion, `store_grant` only when the account has
+        # one by now. The agent may have cancelled while the user was at the provider. The user did authorize, so the
+        # grant is kept (written either way), but the cancelled elicitation stays cancelled and resumes nothing.
         completed = await self.elicitations.finish(
             record,
             ElicitationStatus.COMPLETED,
@@ -390,6 +379,7 @@ class BrowserFlow:
             close_flows=False,
             within=store_grant,
             late_event="completed_after_cancel",
+            first_grant=None if held else (grant, written(grant, tokens.refresh_token is not None)),
         )
         if completed is None:
             return await self.elicitations.get(record.id) or record

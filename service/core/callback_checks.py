@@ -1,4 +1,4 @@
-"""The provider callback's checks one by one, for a callback the one claiming statement did not claim.
+"""The provider callback's claim of its flow: in one statement with its checks, else the checks one by one.
 
 `BrowserFlow.callback` first claims the flow with every check as a condition of one statement
 (`claim_with_elicitation`). When that claims nothing, the checks run here in order, each refusal audited with its
@@ -16,6 +16,27 @@ from .states import ElicitationStatus
 
 if TYPE_CHECKING:
     from .browser import BrowserFlow
+
+# The statuses of an elicitation whose callback may still finish it (a cancelled one stores its grant: `usable`).
+CALLBACK_STATUSES = tuple(s.value for s in ElicitationStatus if not s.terminal or s is ElicitationStatus.CANCELLED)
+
+
+async def claim_for_callback(
+    steps: BrowserFlow, provider_name: str, state: str, browser_binding: str | None
+) -> tuple[FlowRecord, ElicitationRecord, bool]:
+    """The callback's flow claimed, its elicitation and whether its user held a grant at the provider: the usual
+    callback in one statement whose conditions are the checks, any other by `claim_checked`."""
+    if browser_binding is not None:
+        found = await steps.store.flows.claim_with_elicitation(
+            state_hash(state),
+            steps.now(),
+            provider=provider_name,
+            binding_hash=binding_hash(browser_binding),
+            statuses=CALLBACK_STATUSES,
+        )
+        if found is not None:
+            return found
+    return await claim_checked(steps, provider_name, state, browser_binding)
 
 
 async def claim_checked(

@@ -323,6 +323,7 @@ class Elicitations:
         close_flows: bool = True,
         within: Callable[[Tx], Awaitable[Written]] | None = None,
         late_event: str | None = None,
+        first_grant: tuple[GrantRecord, Written] | None = None,
     ) -> ElicitationRecord | None:
         """Move to a terminal status if the current one allows it: the transition, its audit line and its entry in
         the event log in one transaction, then the event published. The ended record; None when something else
@@ -333,42 +334,68 @@ class Elicitations:
         `within` runs in the same transaction, before the transition, whether or not that happens (what it writes
         stands: a grant the user gave is kept though the agent cancelled meanwhile); its `Written` adds to the audit
         line and the event. When the transition did not happen, `late_event` (if any) is audited instead of `event`.
+        `first_grant`: a grant for a user who held none at the provider a moment ago, and what `within` would say of
+        it: inserted with the ending (`end_with_first_grant`), `within` running only when its account has one by now.
         """
         now = self.now()
         # A completion this replica tells (it holds the connection): the telling is taken in the completing UPDATE,
         # not by a claim of its own after the commit (`claim_telling` hands it to the first to ask here).
         take = status is ElicitationStatus.COMPLETED and reason is None and record.replica_id == self.replica_id
         async with self.store.transaction() as tx:
-            # `within` first: the audit line says what it wrote, and goes with the transition (in its statement
-            # where the database can).
-            written = await within(tx) if within is not None else Written()
-            told = {**({"reason": reason} if reason is not None else {}), **(detail or {}), **written.detail}
-            audit = self.entry(record, event, told, now)
-            grant = GrantInfo.of(written.grant) if written.grant is not None else None
-            ending = ElicitationEvent(record.id, status, record.connection_key, reason=reason, grant=grant)
-            if close_flows:
-                updated = await self.store.elicitations.transition(
-                    record.id, status, reason=reason, now=now, conn=tx, audit=audit, take_telling=take
+            ended: tuple[ElicitationRecord, ElicitationEvent] | None = None
+            written, inserted = Written(), False
+            if first_grant is not None:  # in the ending's statement where the database can
+                grant, written = first_grant
+                audit, ending = self._ending(record, status, event, reason, detail, written, now)
+                inserted, ended = await self.store.elicitations.end_with_first_grant(
+                    record.id, status, ending, grant, now=now, conn=tx, audit=audit, take_telling=take
                 )
-                if updated is not None:
-                    await self.store.flows.invalidate_open(record.id, now, conn=tx)
-                    logged = await self.store.outbox.append([ending], at=now, conn=tx)
-            else:  # the ending logged in the transition's statement where the database can: the transaction's last
-                ended = await self.store.elicitations.end(
-                    record.id, status, ending, reason=reason, now=now, conn=tx, audit=audit, take_telling=take
-                )
-                updated, logged = (None, []) if ended is None else (ended[0], [ended[1]])
-            if updated is None and late_event is not None:
+            if not inserted:  # `within` first: the audit line says what it wrote, and goes with the transition
+                written = await within(tx) if within is not None else Written()
+                audit, ending = self._ending(record, status, event, reason, detail, written, now)
+                if close_flows:
+                    changed = await self.store.elicitations.transition(
+                        record.id, status, reason=reason, now=now, conn=tx, audit=audit, take_telling=take
+                    )
+                    if changed is not None:
+                        await self.store.flows.invalidate_open(record.id, now, conn=tx)
+                        ended = changed, (await self.store.outbox.append([ending], at=now, conn=tx))[0]
+                else:  # the ending logged in the transition's statement where the database can: the last one
+                    ended = await self.store.elicitations.end(
+                        record.id, status, ending, reason=reason, now=now, conn=tx, audit=audit, take_telling=take
+                    )
+            if ended is None and late_event is not None:
+                told = self._told(reason, detail, written)
                 await self.audit(record, late_event, detail=told, now=now, conn=tx)
+        updated = None if ended is None else ended[0]
         if (stored := written.grant) is not None:
             self.events.publish(GrantChanged(stored.id, stored.identity, stored.provider, GrantChange.STORED))
         for grant_event in written.logged:
             self.events.publish(grant_event)
-        if updated is not None:
+        if ended is not None:
             if take:
                 self._took_telling(record.id, now)
-            self.ended(record, logged[0])
+            self.ended(record, ended[1])
         return updated
+
+    @staticmethod
+    def _told(reason: str | None, detail: Mapping[str, object] | None, written: Written) -> dict[str, object]:
+        return {**({"reason": reason} if reason is not None else {}), **(detail or {}), **written.detail}
+
+    def _ending(
+        self,
+        record: ElicitationRecord,
+        status: ElicitationStatus,
+        event: str,
+        reason: str | None,
+        detail: Mapping[str, object] | None,
+        written: Written,
+        now: datetime,
+    ) -> tuple[AuditEntry, ElicitationEvent]:
+        """A final change's audit line and event."""
+        audit = self.entry(record, event, self._told(reason, detail, written), now)
+        grant = GrantInfo.of(written.grant) if written.grant is not None else None
+        return audit, ElicitationEvent(record.id, status, record.connection_key, reason=reason, grant=grant)
 
     async def cancel(
         self,

@@ -72,6 +72,18 @@ class ElicitationRepo(Protocol):
         audit: AuditEntry,
         take_telling: bool = False,
     ) -> tuple[ElicitationRecord, ElicitationEvent] | None: ...
+    async def end_with_first_grant(
+        self,
+        id: str,
+        target: ElicitationStatus,
+        ending: ElicitationEvent,
+        grant: GrantRecord,
+        *,
+        now: datetime,
+        conn: Tx,
+        audit: AuditEntry,
+        take_telling: bool = False,
+    ) -> tuple[bool, tuple[ElicitationRecord, ElicitationEvent] | None]: ...
     async def add_identity_mismatch(self, id: str, *, now: datetime, conn: Tx = None) -> int: ...
     async def claim_completion(self, id: str, replica_id: str, conn: Tx = None) -> datetime | None: ...
     async def release_telling(self, id: str, conn: Tx = None) -> bool: ...

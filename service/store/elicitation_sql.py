@@ -7,12 +7,14 @@ from functools import cache
 from typing import Any
 
 from sqlalchemy import bindparam, exists, insert, select, true, update
+from sqlalchemy.dialects import postgresql
 
 from service.core.states import CompletionDelivery, ElicitationStatus
 
 from .audit import audit_insert_of, rows_beside, with_audit_row
+from .grants import ACCOUNT_KEY
 from .outbox import logged_insert_of
-from .tables import audit_events, elicitations, oauth_flows
+from .tables import audit_events, elicitations, grants, oauth_flows
 
 # The statements every flow runs, built once (building and keying a statement costs more than running it).
 INSERT = insert(elicitations)
@@ -69,14 +71,27 @@ AUDITED = {
 
 
 @cache
-def transition_statement(*, reason: bool, taking: bool, audited: bool, flow: bool, logged: bool) -> Any:
+def first_grant(columns: tuple[str, ...]) -> Any:
+    """PostgreSQL: a CTE inserting a user's first grant at a provider from parameters named `grants_<column>` (nothing
+    when its account holds one by now: `GrantRepository.insert_new`), returning its id."""
+    new = postgresql.insert(grants).values({n: bindparam(f"grants_{n}", type_=grants.c[n].type) for n in columns})
+    return new.on_conflict_do_nothing(index_elements=list(ACCOUNT_KEY)).returning(grants.c.id).cte("given")
+
+
+@cache
+def transition_statement(
+    *, reason: bool, taking: bool, audited: bool, flow: bool, logged: bool, granted: tuple[str, ...] = ()
+) -> Any:
     """The transition's statement, built once per shape: with the failure reason, the telling taken (`take_telling`);
-    and on PostgreSQL (`audited`) with the audit row, the flow it starts, the ending logged, in one statement."""
+    and on PostgreSQL (`audited`) with the audit row, the flow it starts, the ending logged, the first grant of the
+    columns `granted` inserted, in one statement."""
     statement = TRANSITION
     if reason:
         statement = statement.values(failure_reason=bindparam("reason"))
     if taking:
         statement = statement.values(completion_delivery=CompletionDelivery.DELIVERING.value)
+    if granted:  # the ending only when its first grant went in (`ElicitationRepository.end`)
+        statement = statement.where(exists(select(first_grant(granted).c.id)))
     if not audited:
         return statement
     changed = statement.cte("changed")

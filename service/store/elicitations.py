@@ -11,7 +11,7 @@ from sqlalchemy import exists, func, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.core.events import ElicitationEvent
-from service.core.records import AuditEntry, ElicitationRecord, FlowRecord
+from service.core.records import AuditEntry, ElicitationRecord, FlowRecord, GrantRecord
 from service.core.states import ALLOWED, CompletionDelivery, ElicitationStatus
 
 from .audit import audit_params, audit_row, fuses_audit, write_audit_row
@@ -30,6 +30,8 @@ from .elicitation_sql import (
 )
 from .engine import Database
 from .flow_rows import flow_row
+from .grant_rows import to_row as grant_row
+from .grants import GrantRepository
 from .outbox import OutboxRepository
 from .tables import COMPLETION_PENDING, elicitations, oauth_flows, replicas
 
@@ -40,9 +42,10 @@ def predecessors(target: ElicitationStatus) -> frozenset[ElicitationStatus]:
 
 
 class ElicitationRepository:
-    def __init__(self, db: Database, outbox: OutboxRepository) -> None:
+    def __init__(self, db: Database, outbox: OutboxRepository, grants: GrantRepository) -> None:
         self._db = db
         self._outbox = outbox  # where `end` logs an ending
+        self._grants = grants  # where `end_with_first_grant` inserts its grant (SQLite)
 
     async def insert(
         self, rec: ElicitationRecord, conn: AsyncConnection | None = None, *, audit: AuditEntry | None = None
@@ -130,6 +133,32 @@ class ElicitationRepository:
         assert logged is not None
         return record, logged
 
+    async def end_with_first_grant(
+        self,
+        id: str,
+        target: ElicitationStatus,
+        ending: ElicitationEvent,
+        grant: GrantRecord,
+        *,
+        now: datetime,
+        conn: AsyncConnection,
+        audit: AuditEntry,
+        take_telling: bool = False,
+    ) -> tuple[bool, tuple[ElicitationRecord, ElicitationEvent] | None]:
+        """`grant`, a user's first at its provider, inserted unless its account holds one by now
+        (`GrantRepository.insert_new`), and only when it went in, `end`: on PostgreSQL in one statement. Whether the
+        grant went in, and what `end` returned."""
+        if not fuses_audit(conn):
+            if await self._grants.insert_new(grant, conn) is None:
+                return False, None
+            return True, await self.end(id, target, ending, now=now, conn=conn, audit=audit, take_telling=take_telling)
+        moved = await self._move(id, target, None, now, None, conn, audit, take_telling, None, ending, grant)
+        if moved is None:  # the grant may have gone in while the status did not allow the ending (a cancellation)
+            return await self._grants.get(grant.id, conn) is not None, None
+        record, logged = moved
+        assert logged is not None
+        return True, (record, logged)
+
     async def _move(
         self,
         id: str,
@@ -142,6 +171,7 @@ class ElicitationRepository:
         take_telling: bool,
         flow: FlowRecord | None,
         ending: ElicitationEvent | None,
+        grant: GrantRecord | None = None,
     ) -> tuple[ElicitationRecord, ElicitationEvent | None] | None:
         assert not take_telling or (target is ElicitationStatus.COMPLETED and reason is None)
         assert (flow is None and ending is None) or audit is not None
@@ -165,12 +195,15 @@ class ElicitationRepository:
                     params.update({f"{oauth_flows.name}_{k}": v for k, v in flow_row(flow).items()})
                 if ending is not None:
                     params.update(self._outbox.event_params(ending, now))
+                if grant is not None:
+                    params.update({f"grants_{k}": v for k, v in grant_row(grant).items()})
             statement = transition_statement(
                 reason=reason is not None,
                 taking=take_telling,
                 audited=fused,
                 flow=fused and flow is not None,
                 logged=fused and ending is not None,
+                granted=tuple(grant_row(grant)) if fused and grant is not None else (),
             )
             row = (await c.execute(statement, params)).mappings().first()
             if row is None:

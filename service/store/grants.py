@@ -29,7 +29,7 @@ REFRESH_LOCK_TIMEOUT = "30s"
 LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL's SQLSTATE when lock_timeout ran out
 
 # One grant per tenant, user, provider and provider account (migration 0015: the tenant joined the key).
-_ACCOUNT_KEY = ("identity_issuer", "identity_subject", "provider", "tenant", "provider_account_id")
+ACCOUNT_KEY = ("identity_issuer", "identity_subject", "provider", "tenant", "provider_account_id")
 _REPLACED_ON_CONFLICT = (
     "scopes",
     "refused_scopes",
@@ -50,7 +50,7 @@ _REPLACED_ON_CONFLICT = (
 
 def _writes(insert: Any) -> tuple[Any, Any]:
     """The upsert, and the insert of a grant for an account that holds none (nothing written when it does)."""
-    new, key = insert(grants), list(_ACCOUNT_KEY)
+    new, key = insert(grants), list(ACCOUNT_KEY)
     upsert = new.on_conflict_do_update(index_elements=key, set_={n: new.excluded[n] for n in _REPLACED_ON_CONFLICT})
     return upsert.returning(*grants.c), new.on_conflict_do_nothing(index_elements=key).returning(*grants.c)
 
