@@ -11,12 +11,18 @@ import random
 from dataclasses import replace
 from datetime import UTC, datetime
 
-from service.core.events import ElicitationEvent, LoggedEvent
+import pytest
+
+from service.core.events import ElicitationEvent, GrantChange, GrantChanged, LoggedEvent
+from service.core.identity import Identity
 from service.core.states import ElicitationStatus
 from service.events import LocalBus, OutboxFeed
 from service.events.codec import decode, encode
+from service.events.pg import PgBus
+from service.metrics import Metrics
 from service.store import Store
 
+from .conftest import fresh_postgres_database
 from .test_store import store  # noqa: F401 - the fixture
 
 WRITERS = 60
@@ -137,3 +143,46 @@ async def test_an_event_heard_whole_and_next_in_the_log_is_taken_without_reading
         assert feed.cursor == mine.id and len(heard) == 2
     finally:
         await feed.close()
+
+
+@pytest.mark.postgres
+async def test_events_published_together_cross_in_one_notify_in_order() -> None:
+    """A completion publishes its grant change, then its end: the other replica hears both, in that order, from one
+    NOTIFY statement (the end does not wait for the grant change's round trip)."""
+    async with fresh_postgres_database(migrated=True) as url:
+        here, there = Store.from_url(url), Store.from_url(url)
+        sender = PgBus(here, metrics=Metrics(), clock=lambda: datetime.now(UTC), ping_seconds=30)
+        receiver = PgBus(there, metrics=Metrics(), clock=lambda: datetime.now(UTC), ping_seconds=30)
+        heard: list[object] = []
+        receiver.add_listener(heard.append)
+        feed = OutboxFeed(there.outbox, receiver, interval=60)
+        await feed.start()
+        await sender.start()
+        await receiver.start()
+        statements: list[tuple[str, ...]] = []
+        assert sender._listener is not None
+        notify = sender._listener.notify
+
+        async def counted(*payloads: str) -> None:
+            statements.append(payloads)
+            await notify(*payloads)
+
+        sender._listener.notify = counted  # type: ignore[method-assign]
+        try:
+            async with here.transaction() as tx:
+                (ended,) = await here.outbox.append([completed("e1")], at=datetime.now(UTC), conn=tx)
+            change = GrantChanged("g1", Identity("https://idp", "alice"), "github", GrantChange.STORED)
+            sender.publish(change)
+            sender.publish(ended)
+            async with asyncio.timeout(10):
+                while len(heard) < 2:  # noqa: ASYNC110 - the receiver's listener is a plain callback
+                    await asyncio.sleep(0.01)
+            assert len(statements) == 1 and len(statements[0]) == 2
+            assert heard[0] == change
+            assert isinstance(heard[1], ElicitationEvent) and heard[1].elicitation_id == "e1"
+        finally:
+            await sender.close()
+            await receiver.close()
+            await feed.close()
+            await here.close()
+            await there.close()

@@ -60,6 +60,8 @@ class PgBus(LocalBus):
         self._reading: asyncio.Task[None] | None = None
         self._read_again = False
         self._sending: set[asyncio.Task[None]] = set()
+        self._outgoing: list[str] = []  # payloads published in this turn of the event loop, sent together
+        self._flush_due = False
         self._closing = False
 
     # -- lifecycle -------------------------------------------------------------------------------------
@@ -86,22 +88,31 @@ class PgBus(LocalBus):
     # -- sending ---------------------------------------------------------------------------------------
     def publish(self, event: Event) -> None:
         self.dispatch(event)
-        task = asyncio.get_running_loop().create_task(self._send(encode(event, self.origin)))
-        self._sending.add(task)
-        task.add_done_callback(self._sending.discard)
+        self._outgoing.append(encode(event, self.origin))
+        if not self._flush_due:  # events published together (a completion's grant change, then its end) share one
+            self._flush_due = True  # NOTIFY round trip, in order
+            task = asyncio.get_running_loop().create_task(self._flush())
+            self._sending.add(task)
+            task.add_done_callback(self._sending.discard)
 
-    async def _send(self, payload: str) -> None:
-        """NOTIFY through the listening connection (one round trip), else through a pooled one."""
+    async def _flush(self) -> None:
+        self._flush_due = False
+        payloads, self._outgoing = self._outgoing, []
+        await self._send(payloads)
+
+    async def _send(self, payloads: list[str]) -> None:
+        """NOTIFY through the listening connection (one round trip for all), else through a pooled one."""
         listener = self._listener
         if listener is not None and not listener.closed:
             try:
-                await listener.notify(payload)
+                await listener.notify(*payloads)
                 return
             except Exception as exc:
                 log.warning("event bus connection failed to send: %s", type(exc).__name__)
                 self._mark_lost()
         try:
-            await notify(self.store.engine, CHANNEL, payload)
+            for payload in payloads:
+                await notify(self.store.engine, CHANNEL, payload)
         except Exception as exc:  # the others still read the log (interval poll) and re-read what they cache
             log.warning("event not announced to the other replicas: %s", type(exc).__name__)
 

@@ -60,12 +60,17 @@ class PgListener:
         async with self._busy:
             await asyncio.wait_for(self._connection.execute("SELECT 1"), PING_TIMEOUT_SECONDS)
 
-    async def notify(self, payload: str) -> None:
-        """Send `payload` on the channel through this connection: one round trip, no pool, no transaction."""
+    async def notify(self, *payloads: str) -> None:
+        """Send each payload on the channel, in order, through this connection: one round trip, no pool, no
+        transaction (the statement's own: the notifications are delivered together when it ends)."""
         async with self._busy:
-            await asyncio.wait_for(
-                self._connection.execute("SELECT pg_notify($1, $2)", self._channel, payload), PING_TIMEOUT_SECONDS
-            )
+            if len(payloads) == 1:
+                sent = self._connection.execute("SELECT pg_notify($1, $2)", self._channel, payloads[0])
+            else:  # a function scan yields the array's elements in order
+                sent = self._connection.execute(
+                    "SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p", self._channel, list(payloads)
+                )
+            await asyncio.wait_for(sent, PING_TIMEOUT_SECONDS)
 
     async def close(self) -> None:
         if self._connection.is_closed():
