@@ -27,6 +27,8 @@ from bench.flow import postgres_database
 from bench.harness import REPO, machine
 from service.store import migrate
 
+HOLD_BATCH = 50
+
 
 async def worker(database_url: str) -> None:
     """Answers the coordinator's commands on stdin, one JSON line each on stdout."""
@@ -46,27 +48,33 @@ async def worker(database_url: str) -> None:
             await run_flows(d.driver.flow, 10, 2)  # warm up
             say({"ready": 1})
             while line := (await reader.readline()).decode().split():
-                command, n = line[0], int(line[1])
-                if command == "flows":
-                    cpu, wall = time.process_time(), time.perf_counter()
-                    done = await run_flows(d.driver.flow, n, 4)
-                    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-                    say({"cpu_ms": cpu * 1000 / max(done.flows, 1), "flows": done.flows, "wall_s": wall})
-                elif command == "hold":
-                    before = settled_rss()
-                    started = time.perf_counter()
-                    await d.hold(n)
-                    await asyncio.sleep(2)
-                    say(
-                        {
-                            "bytes_each": (settled_rss() - before) / n,
-                            "held": len(d.waiting),
-                            "s": time.perf_counter() - started,
-                        }
-                    )
-                elif command == "release":
-                    await d.release()
-                    say({"released": 1})
+                try:
+                    command, n = line[0], int(line[1])
+                    if command == "flows":
+                        cpu, wall = time.process_time(), time.perf_counter()
+                        done = await run_flows(d.driver.flow, n, 4)
+                        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+                        say({"cpu_ms": cpu * 1000 / max(done.flows, 1), "flows": done.flows, "wall_s": wall})
+                    elif command == "hold":
+                        before = settled_rss()
+                        started = time.perf_counter()
+                        # 50 at a time: 200 at once (bench/load.py's batch) in each of four processes on two CPUs made
+                        # some wait for a pooled connection longer than the pool's timeout.
+                        for start in range(0, n, HOLD_BATCH):
+                            await d.hold(min(HOLD_BATCH, n - start))
+                        await asyncio.sleep(2)
+                        say(
+                            {
+                                "bytes_each": (settled_rss() - before) / n,
+                                "held": len(d.waiting),
+                                "s": time.perf_counter() - started,
+                            }
+                        )
+                    elif command == "release":
+                        await d.release()
+                        say({"released": 1})
+                except Exception as exc:  # told to the coordinator, which stops
+                    say({"error": f"{type(exc).__name__}: {exc}"[:300]})  # type: ignore[dict-item]
 
 
 async def coordinate(processes: int, pending: int, flows: int) -> list[str]:
@@ -81,6 +89,7 @@ async def coordinate(processes: int, pending: int, flows: int) -> list[str]:
         migrate(url)
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         procs = []
+        errors = (Path(tempfile.gettempdir()) / "bench-pending-workers.log").open("ab")  # the workers' stderr
         for _ in range(processes):  # one at a time: each migrates (a no-op) and warms up
             proc = await asyncio.create_subprocess_exec(
                 sys.executable,
@@ -92,7 +101,7 @@ async def coordinate(processes: int, pending: int, flows: int) -> list[str]:
                 env=env,
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.DEVNULL,
+                stderr=errors,
             )
             procs.append(proc)
             await answer(proc)
@@ -116,6 +125,7 @@ async def coordinate(processes: int, pending: int, flows: int) -> list[str]:
                 proc.stdin.close()
             for proc in procs:
                 await proc.wait()
+            errors.close()
 
     def mean(rows: list[dict[str, float]], key: str) -> float:
         return sum(r[key] for r in rows) / len(rows)
@@ -149,6 +159,8 @@ async def answer(proc: asyncio.subprocess.Process) -> dict[str, float]:
     if not line:
         raise SystemExit("a worker ended")
     body: dict[str, float] = json.loads(line)
+    if "error" in body:
+        raise SystemExit(f"a worker failed: {body['error']}")
     return body
 
 
