@@ -376,6 +376,10 @@ class Elicitations:
             if take:
                 self._took_telling(record.id, now)
             self.ended(record, ended[1])
+            if take:
+                # One turn of the loop: the telling a listener just started goes out now, before the request that
+                # completed it renders its answer (it took no statement: `claim_telling`).
+                await asyncio.sleep(0)
         return updated
 
     @staticmethod
