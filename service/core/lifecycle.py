@@ -92,8 +92,9 @@ class Elicitations:
         self.now = clock
         self.metrics = metrics
         self.unattributed = unattributed
-        # Completions whose telling this process took with the completion, nobody here started yet: when they completed.
-        self._untold: dict[str, datetime] = {}
+        # Completions whose telling this process took with the completion, nobody here started yet: when they
+        # completed, and the timer that gives the telling back.
+        self._untold: dict[str, tuple[datetime, asyncio.TimerHandle]] = {}
         self._releases: set[asyncio.Task[None]] = set()
 
     # -- reading ----------------------------------------------------------------------------------------
@@ -460,14 +461,15 @@ class Elicitations:
         completion this process made took its telling in the completing UPDATE: the first to ask gets it."""
         taken = self._untold.pop(elicitation_id, None)
         if taken is not None:
-            return taken
+            taken[1].cancel()  # its give-back timer
+            return taken[0]
         return await self.store.elicitations.claim_completion(elicitation_id, self.replica_id)
 
     def _took_telling(self, elicitation_id: str, completed_at: datetime) -> None:
         """The completing transaction took the telling for this replica: held here for the first `claim_telling`,
         given back if nobody asks within `RELEASE_UNTOLD_AFTER` (no face here tells it)."""
-        self._untold[elicitation_id] = completed_at
-        asyncio.get_running_loop().call_later(RELEASE_UNTOLD_AFTER, self._release_untold, elicitation_id)
+        timer = asyncio.get_running_loop().call_later(RELEASE_UNTOLD_AFTER, self._release_untold, elicitation_id)
+        self._untold[elicitation_id] = completed_at, timer
 
     def _release_untold(self, elicitation_id: str) -> None:
         if self._untold.pop(elicitation_id, None) is None:
