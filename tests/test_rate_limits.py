@@ -24,8 +24,8 @@ from limits.aio.strategies import MovingWindowRateLimiter
 from service import ElicitationStatus
 from service.config import RateLimitSettings
 from service.rate_limiter import RateLimiter
+from service.rate_limiter.moving_window import LocalMovingWindow
 from service.testing import ScriptedBrowser
-from service.util.moving_window import LocalMovingWindow
 from service.web.ratelimit import route_group
 
 from .conftest import ALICE, Deploy, Deployment, deploy

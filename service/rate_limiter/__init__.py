@@ -1,7 +1,7 @@
 """Counting requests against the rate limits, and the core's `AuditGate`: the budget of audit rows that requests
 carrying no credential may cause.
 
-`RateLimiter` counts over a moving window: in this process (`memory://`, `util.moving_window.LocalMovingWindow`,
+`RateLimiter` counts over a moving window: in this process (`memory://`, `moving_window.LocalMovingWindow`,
 which drops a key once its window has passed) or in Redis through the `limits` library (`rate_limit.storage_url`,
 shared by every replica so that a limit holds across them). If the storage cannot
 be reached, requests are let through (and the failure is logged): a rate limit must not take the service down.
@@ -28,9 +28,9 @@ from limits.aio.storage import Storage
 from limits.aio.strategies import MovingWindowRateLimiter
 from limits.storage import storage_from_string
 
-from .config import RateLimitSettings
-from .core.ports import AuditRepo
-from .util.moving_window import LocalMovingWindow
+from ..config import RateLimitSettings
+from ..core.ports import AuditRepo
+from .moving_window import LocalMovingWindow
 
 log = logging.getLogger("service.web")  # its lines are about requests refused or let through
 
