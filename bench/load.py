@@ -164,8 +164,10 @@ class Deployment:
 
 
 @contextlib.asynccontextmanager
-async def deployment(workdir: Path, database_url: str | None = None) -> AsyncIterator[Deployment]:
-    """The connector on `database_url` (default: a SQLite file in `workdir`)."""
+async def deployment(
+    workdir: Path, database_url: str | None = None, settings_env: dict[str, str] | None = None
+) -> AsyncIterator[Deployment]:
+    """The connector on `database_url` (default: a SQLite file in `workdir`), with `settings_env` added."""
     database_url = database_url or f"sqlite+aiosqlite:///{workdir / 'load.db'}"
     migrate(database_url)
     provider = MockOAuthProvider(client_id="bench-client", client_secret="bench-secret-" + uuid.uuid4().hex)
@@ -187,6 +189,7 @@ async def deployment(workdir: Path, database_url: str | None = None) -> AsyncIte
                 "CONNECTOR_PROVIDER_GITHUB_CLIENT_SECRET": provider.client_secret,
                 "CONNECTOR_RATE_LIMIT__ENABLED": "false",
                 **PER_FLOW_USERS,
+                **(settings_env or {}),
             },
         )
         connector = Connector.from_settings(settings)

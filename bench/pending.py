@@ -44,7 +44,8 @@ async def worker(database_url: str) -> None:
         sys.stdout.flush()
 
     with tempfile.TemporaryDirectory() as tmp:
-        async with deployment(Path(tmp), database_url) as d:
+        # Creating 25,000 pendings a process takes longer than an elicitation's default 10 minutes: none may expire.
+        async with deployment(Path(tmp), database_url, {"CONNECTOR_ELICITATION__TTL_SECONDS": "7200"}) as d:
             await run_flows(d.driver.flow, 10, 2)  # warm up
             say({"ready": 1})
             while line := (await reader.readline()).decode().split():
