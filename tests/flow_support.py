@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from urllib.parse import parse_qs, urlencode, urljoin, urlsplit
@@ -96,12 +97,13 @@ async def to_callback(browser: ScriptedBrowser, connect_url: str) -> str:
 
 async def answer_to(browser: ScriptedBrowser, callback_url: str) -> httpx.Response:
     """The provider's redirect to our callback, as the browser ends up seeing it. A refusal answers with a 303 to
-    its clean page (`/callback/<provider>/failed`, no code or state in the address), followed here: the page with
-    the refusal's status and `X-Connector-Error` is returned. A success's 303 (to the done page) is not followed."""
+    its clean page (`/callback/<provider>/failed/<ticket>`, no code or state in the address), followed here: the
+    page with the refusal's status and `X-Connector-Error` is returned. A success's 303 (to the done page) is not
+    followed."""
     answer = await browser.get(callback_url)
     location = answer.headers.get("location", "")
-    if answer.status_code == 303 and location.endswith("/failed"):
-        assert location == urlsplit(callback_url).path + "/failed", location
+    if answer.status_code == 303 and "/failed/" in location:
+        assert re.fullmatch(re.escape(urlsplit(callback_url).path) + r"/failed/[\w-]{16}", location), location
         answer = await browser.follow(answer)
         assert not answer.url.query, answer.url
     return answer

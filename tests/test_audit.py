@@ -88,7 +88,7 @@ async def test_each_ending_and_attack_is_audited_and_logged(
             callback = await to_callback(browser, pending.url)
             assert (await browser.get(callback)).status_code == 303  # to the done page
             replayed = await browser.get(callback)
-            assert replayed.status_code == 303 and replayed.headers["location"].endswith("/callback/github/failed")
+            assert replayed.status_code == 303 and replayed.headers["location"].startswith("/callback/github/failed/")
             assert (await browser.follow(replayed)).status_code == 400
             expected = "replay_attempt"
         else:  # the agent bound the elicitation to Bob; the browser's verified user is the local user (Alice)

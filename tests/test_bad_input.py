@@ -64,11 +64,11 @@ async def test_odd_input_never_causes_a_server_error(deployment: Deployment, odd
     ]
     async with httpx.AsyncClient(base_url=base, timeout=10) as client:
         for method, path, form in requests:
-            # A refused callback answers at a clean address (303 to /callback/<provider>/failed, with its status).
+            # A refused callback answers at a clean address (303 to /callback/<provider>/failed/<ticket>).
             response = await client.request(method, path, data=form, follow_redirects=path.startswith("/callback/"))
             assert 400 <= response.status_code < 500, (method, path, response.status_code)
             if response.history:  # refused by the callback itself (malformed input is refused where it came)
-                assert response.url.path.endswith("/failed") and not response.url.query, response.url
+                assert "/failed/" in response.url.path and not response.url.query, response.url
             assert "Traceback" not in response.text
             if "text/html" in response.headers.get("content-type", ""):
                 assert response.headers.get("x-connector-error"), (method, path)

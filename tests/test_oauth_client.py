@@ -112,6 +112,18 @@ async def test_two_callbacks_at_once_use_the_state_once(deployment: Deployment) 
     assert len(await deployment.connector.runtime.store.grants.find(deployment.local_user, "github")) == 1
 
 
+async def test_refusals_that_cross_each_keep_their_page(deployment: Deployment) -> None:
+    # A double click on the provider's redirect: both callbacks are refused before the browser follows either.
+    async with asking(deployment) as ask, ScriptedBrowser() as browser:
+        pending = await ask()
+        callback = await to_callback(browser, pending.url)
+        assert (await browser.get(callback)).status_code == 303  # to the done page
+        refusals = [await browser.get(callback) for _ in range(2)]
+        assert len({r.headers["location"] for r in refusals}) == 2  # a page each
+        pages = [await browser.follow(r) for r in refusals]
+        assert [(p.status_code, p.headers.get("x-connector-error")) for p in pages] == [(400, "state_used")] * 2
+
+
 @pytest.mark.parametrize("other_has_cookie", [False, True], ids=["no-cookie", "own-cookie"])
 async def test_callback_in_another_browser_is_refused_and_the_rightful_one_still_finishes(
     deployment: Deployment, other_has_cookie: bool

@@ -173,7 +173,7 @@ def create_app(parts: WebParts, *, console_only: bool = False) -> Starlette:
         Route("/connect/{elicitation_id}/credentials", checked(credential_form.form_page), methods=["GET"]),
         Route("/connect/{elicitation_id}/credentials", checked(credential_form.form_submit), methods=["POST"]),
         Route("/callback/{provider}", checked(browser.callback), methods=["GET"]),
-        Route("/callback/{provider}/failed", checked(browser.failed_page), methods=["GET"]),
+        Route("/callback/{provider}/failed/{ticket}", checked(browser.failed_page), methods=["GET"]),
         *_mounted(f"/identity/{name}", verifier_routes.browser),
         *_mounted(f"/v1/identity/{name}", verifier_routes.api),
         *(api_routes(parts, draining) if settings.api.enabled else []),

@@ -23,7 +23,16 @@ from .inputs import read_form
 from .kit import browser_facts
 from .label_cookie import LabelCookie
 from .pages import Pages
-from .result import Failure, FailureCookie, Result, ResultCookie, done_path, failed_path
+from .result import (
+    FAILURE_TICKET,
+    Failure,
+    FailureCookie,
+    Result,
+    ResultCookie,
+    done_path,
+    failed_path,
+    new_failure_ticket,
+)
 from .security import BrowserBinding, csp_with_form_target, csrf_token, csrf_valid
 
 
@@ -145,16 +154,19 @@ class BrowserRoutes:
         refusal, text = describe(exc)
         if not PROVIDER_NAME_RE.match(provider):
             return self.pages.error(request, exc)  # no provider's callback: no page of its own to send the browser to
-        response = RedirectResponse(failed_path(provider), status_code=303)
+        ticket = new_failure_ticket()
+        response = RedirectResponse(failed_path(provider, ticket), status_code=303)
         request_id = request.scope.get("state", {}).get("request_id")
         failure = Failure(refusal.status, refusal.title, text, exc.code, refusal.outcome, request_id)
-        self.failure.set(response, provider, binding, failure)
+        self.failure.set(response, provider, ticket, binding, failure)
         return response
 
     async def failed_page(self, request: Request) -> Response:
         """Where a refused callback sends the browser: the refusal, with its status, told once."""
-        provider = request.path_params["provider"]
-        failure = self.failure.read(request, provider, self.binding.read(request))
+        provider, ticket = request.path_params["provider"], request.path_params["ticket"]
+        failure = None
+        if FAILURE_TICKET.fullmatch(ticket):
+            failure = self.failure.read(request, provider, ticket, self.binding.read(request))
         if failure is None:
             return self._nothing_here(request)
         page = self.pages.message(
@@ -166,7 +178,7 @@ class BrowserRoutes:
             outcome=failure.outcome,
             request_id=failure.request_id,
         )
-        self.failure.clear(page, provider)
+        self.failure.clear(page, provider, ticket)
         return page
 
     def _nothing_here(self, request: Request) -> Response:

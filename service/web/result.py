@@ -2,16 +2,19 @@
 
 The provider's redirect carries `code` and `state` in its query string. The callback answers it with a redirect
 (303), so neither stays in the address bar or the history: to `/connect/<id>/done` when the authorization went
-through, to `/callback/<provider>/failed` when the callback was refused. What that page says travels in a cookie
-that lives for a few minutes, only on that path, encrypted by the vault and bound to the browser's binding (and,
-for the done page, to the elicitation): another browser, or another elicitation's page, reads nothing. The page
-is told once: it takes the cookie.
+through, to `/callback/<provider>/failed/<ticket>` when the callback was refused. What that page says travels in a
+cookie that lives for a few minutes, only on that path, encrypted by the vault and bound to the browser's binding
+(and, for the done page, to the elicitation; for the failed page, to its ticket): another browser, or another
+elicitation's page, reads nothing. Each refusal has a ticket of its own, so refusals that cross (a double click)
+each keep their page. The page is told once: it takes the cookie.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import re
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,8 +32,15 @@ def done_path(elicitation_id: str) -> str:
     return f"/connect/{elicitation_id}/done"
 
 
-def failed_path(provider: str) -> str:
-    return f"/callback/{provider}/failed"
+FAILURE_TICKET = re.compile(r"[A-Za-z0-9_-]{16}")
+
+
+def new_failure_ticket() -> str:
+    return secrets.token_urlsafe(12)  # 16 characters of FAILURE_TICKET
+
+
+def failed_path(provider: str, ticket: str) -> str:
+    return f"/callback/{provider}/failed/{ticket}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,14 +120,14 @@ class ResultCookie:
 
 
 class FailureCookie:
-    """The refused callback's page, for `/callback/<provider>/failed`. Bound to the browser's binding when it has
-    one (a callback is refused too when the browser has none: that page is then readable by this browser alone
-    anyway, since the cookie was only ever sent to it)."""
+    """The refused callback's page, for `/callback/<provider>/failed/<ticket>`. Bound to the ticket, and to the
+    browser's binding when it has one (a callback is refused too when the browser has none: that page is then
+    readable by this browser alone anyway, since the cookie was only ever sent to it)."""
 
     def __init__(self, vault: Vault, *, secure: bool) -> None:
         self.cookie = SealedCookie(vault, name="connector-failure", secure=secure)
 
-    def set(self, response: Response, provider: str, binding: str | None, failure: Failure) -> None:
+    def set(self, response: Response, provider: str, ticket: str, binding: str | None, failure: Failure) -> None:
         value = {
             "status": failure.status,
             "title": failure.title,
@@ -126,10 +136,10 @@ class FailureCookie:
             "outcome": failure.outcome,
             "request_id": failure.request_id,
         }
-        self.cookie.set(response, failed_path(provider), _failure_aad(provider, binding), value)
+        self.cookie.set(response, failed_path(provider, ticket), _failure_aad(provider, ticket, binding), value)
 
-    def read(self, request: Request, provider: str, binding: str | None) -> Failure | None:
-        body = self.cookie.read(request, _failure_aad(provider, binding))
+    def read(self, request: Request, provider: str, ticket: str, binding: str | None) -> Failure | None:
+        body = self.cookie.read(request, _failure_aad(provider, ticket, binding))
         if body is None:
             return None
         status, title, text, code = body.get("status"), body.get("title"), body.get("text"), body.get("code")
@@ -140,13 +150,13 @@ class FailureCookie:
             status, title, text, code, body.get("outcome") is True, request_id if isinstance(request_id, str) else None
         )
 
-    def clear(self, response: Response, provider: str) -> None:
-        self.cookie.clear(response, failed_path(provider))
+    def clear(self, response: Response, provider: str, ticket: str) -> None:
+        self.cookie.clear(response, failed_path(provider, ticket))
 
 
 def _result_aad(elicitation_id: str, binding: str) -> bytes:
     return f"result\x00{elicitation_id}\x00{binding}".encode()
 
 
-def _failure_aad(provider: str, binding: str | None) -> bytes:
-    return f"failure\x00{provider}\x00{binding or ''}".encode()
+def _failure_aad(provider: str, ticket: str, binding: str | None) -> bytes:
+    return f"failure\x00{provider}\x00{ticket}\x00{binding or ''}".encode()
