@@ -4,9 +4,10 @@
 
 The tables go between the `<!-- results -->` markers of bench/RESULTS.md; the notes around them are kept.
 PostgreSQL runs join in when BENCH_POSTGRES_URL (or CONNECTOR_TEST_POSTGRES_URL) names a server to create a
-scratch database on. `--scale` (`make bench BENCH_ARGS=--scale`) adds `bench/scale.py`, a million grants and ten
-million audit and event rows on PostgreSQL (15-20 minutes more; it loads and drops a database of its own; run
-`python -m bench.scale --reuse` alone to keep it loaded between runs).
+scratch database on. `--scale` (`make bench BENCH_ARGS=--scale`) adds the PostgreSQL scale benches: `bench/scale.py`, a
+million grants and ten million audit and event rows (4-7 minutes; it loads and drops a database of its own; run
+`python -m bench.scale --reuse` alone to keep it loaded between runs), `bench/fanout.py` (LISTEN/NOTIFY at 1-8
+replicas, 3 minutes) and `bench/pending.py` (100,000 awaited pendings over four processes, about 11 minutes).
 """
 
 from __future__ import annotations
@@ -27,7 +28,11 @@ BENCHES = [
     ("A soak at a steady flow rate: RSS kept per completed flow, and what stays", "bench.soak"),
     ("The command line: CPU of each command against the libraries' floor", "bench.cli"),
 ]
-SCALE = ("At scale on PostgreSQL: 1,000,000 grants, 10,000,000 audit and event rows", "bench.scale")
+SCALE = [
+    ("At scale on PostgreSQL: 1,000,000 grants, 10,000,000 audit and event rows", "bench.scale"),
+    ("LISTEN/NOTIFY fan-out per replica at 1, 2, 4 and 8 replicas", "bench.fanout"),
+    ("100,000 awaited pendings across four processes", "bench.pending"),
+]
 RESULTS = REPO / "bench" / "RESULTS.md"
 MARKERS = re.compile(r"(<!-- results -->\n).*?(<!-- /results -->)", re.S)
 
@@ -44,10 +49,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer flows and levels (a smoke run)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave bench/RESULTS.md as it is")
-    parser.add_argument("--scale", action="store_true", help="add bench/scale.py (PostgreSQL, 15-20 minutes)")
+    parser.add_argument("--scale", action="store_true", help="add the PostgreSQL scale benches (about 20 minutes)")
     args = parser.parse_args()
     parts = [f"Run by `make bench`{' --quick' if args.quick else ''} on {machine()}."]
-    for title, module in [*BENCHES, *([SCALE] if args.scale else [])]:
+    for title, module in [*BENCHES, *(SCALE if args.scale else [])]:
         print(f"running {module} ...", file=sys.stderr, flush=True)
         output = "\n".join(line for line in run(module, args.quick).splitlines() if not line.startswith("Measured on"))
         parts.append(f"### {title} (`{module.replace('.', '/')}.py`)\n\n{output.strip()}")

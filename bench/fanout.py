@@ -224,5 +224,8 @@ if __name__ == "__main__":
     parser.add_argument("--events", type=int, default=300, help="completions announced per replica count")
     parser.add_argument("--rate", type=float, default=25.0, help="completions a second")
     parser.add_argument("--replicas", default="1,2,4,8", help="replica counts, comma-separated")
+    parser.add_argument("--quick", action="store_true", help="60 completions at 1 and 2 replicas (a smoke run)")
     options = parser.parse_args()
+    if options.quick:
+        options.events, options.replicas = 60, "1,2"
     asyncio.run(main([int(n) for n in options.replicas.split(",")], options.events, options.rate))

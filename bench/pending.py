@@ -171,7 +171,10 @@ if __name__ == "__main__":
     parser.add_argument("--pending", type=int, default=100_000, help="awaited pendings across the processes")
     parser.add_argument("--flows", type=int, default=60, help="flows per worker per round")
     parser.add_argument("--worker", metavar="URL", help=argparse.SUPPRESS)
+    parser.add_argument("--quick", action="store_true", help="4,000 pendings and 20 flows a round (a smoke run)")
     options = parser.parse_args()
+    if options.quick:
+        options.pending, options.flows = 4_000, 20
     if options.worker:
         asyncio.run(worker(options.worker))
     else:
