@@ -31,7 +31,7 @@ from sqlalchemy.engine import make_url
 from service import ElicitationStatus
 from service.core.handles import grant_aad
 from service.core.records import TokenSet
-from service.store import Store, migrate
+from service.store import PoolSettings, Store, migrate
 from service.testing import MockOAuthProvider, ScriptedBrowser, ScriptedClient, spawn_agent
 from service.testing.acp_client import SpawnedAgent
 from service.vault import generate_key
@@ -506,3 +506,19 @@ async def test_a_replica_cut_off_from_the_database_catches_up_when_it_is_back(mi
             assert result.stop_reason == "end_turn", a.stderr()
         await assert_told_once(client, cluster.database_url, elicitation.elicitation_id)
         assert "octocat/hello-world" in client.agent_text(session_id)
+
+
+async def test_the_heartbeat_gets_through_while_requests_hold_every_pooled_connection() -> None:
+    # Requests holding the whole pool for `dead_after_seconds` would otherwise silence a live replica: the others
+    # would take it for gone and settle its completions undeliverable (seen under a burst of 100,000 pendings).
+    async with fresh_postgres_database(migrated=True) as url:
+        store = Store.from_url(url, PoolSettings(size=1, overflow=0, timeout=1))
+        try:
+            beat_at = datetime.now(UTC).replace(microsecond=0)
+            async with store.db.writer.connect():  # every pooled connection taken
+                await asyncio.wait_for(store.replicas.beat("busy-replica", now=beat_at), 10)
+            async with store.db.reader.connect() as conn:
+                rows = (await conn.execute(text("SELECT id, heartbeat_at FROM replicas"))).all()
+            assert [(row[0], row[1]) for row in rows] == [("busy-replica", beat_at)]
+        finally:
+            await store.close()

@@ -24,6 +24,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.pool import NullPool
 
 from service.core.errors import DatabaseUnavailable
 
@@ -124,6 +125,7 @@ class Database:
     def __init__(self, writer: AsyncEngine, reader: AsyncEngine) -> None:
         self.writer = writer
         self.reader = reader
+        self._unpooled: AsyncEngine | None = None
 
     @classmethod
     def from_url(cls, url: str, pool: PoolSettings | None = None) -> Database:
@@ -169,7 +171,26 @@ class Database:
         async with self.reader.connect() as own:
             yield own
 
+    @asynccontextmanager
+    async def write_unpooled(self) -> AsyncIterator[AsyncConnection]:
+        """For one write statement that must get through while requests hold every pooled connection (the
+        replica's heartbeat: a live replica starved of the pool for `dead_after_seconds` would be taken for gone,
+        and its completions settled undeliverable). PostgreSQL: a connection of its own, opened for the statement
+        and closed after it, in AUTOCOMMIT. SQLite: `write_alone` (one process's writer)."""
+        if self.dialect == "sqlite":
+            async with self.write_alone() as own:
+                yield own
+            return
+        if self._unpooled is None:
+            self._unpooled = create_async_engine(
+                self.writer.url, poolclass=NullPool, isolation_level="AUTOCOMMIT", hide_parameters=True
+            )
+        async with self._unpooled.connect() as own:
+            yield own
+
     async def dispose(self) -> None:
+        if self._unpooled is not None:
+            await self._unpooled.dispose()
         if self.reader is not self.writer:
             await self.reader.dispose()
         await self.writer.dispose()

@@ -19,9 +19,9 @@ class ReplicaRepository:
 
     async def beat(self, id: str, *, now: datetime, conn: AsyncConnection | None = None) -> None:
         """Record that replica `id` is alive at `now` (its row is created on the first beat, and again if it
-        was removed as gone meanwhile)."""
+        was removed as gone meanwhile). Outside the pool, so that a burst of requests cannot silence it."""
         values = {"id": id, "started_at": now, "heartbeat_at": now}
-        async with self._db.write(conn) as c:
+        async with self._db.write(conn) if conn is not None else self._db.write_unpooled() as c:
             insert: Any = postgresql.insert if c.dialect.name == "postgresql" else sqlite.insert
             statement = insert(replicas).values(values)
             statement = statement.on_conflict_do_update(
