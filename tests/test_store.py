@@ -516,7 +516,7 @@ async def test_ping_and_check_schema_pass_on_a_migrated_database(store: Store) -
 # -- engine ----------------------------------------------------------------------------------------
 
 
-async def test_sqlite_connections_use_wal_foreign_keys_and_busy_timeout(tmp_path: Path) -> None:
+async def test_sqlite_connections_use_wal_foreign_keys_busy_timeout_and_a_small_page_cache(tmp_path: Path) -> None:
     db = tmp_path / "nested" / "dir" / "connector.db"
     store = Store.from_url(f"sqlite+aiosqlite:///{db}")
     try:
@@ -527,6 +527,8 @@ async def test_sqlite_connections_use_wal_foreign_keys_and_busy_timeout(tmp_path
                 assert (await conn.exec_driver_sql("PRAGMA journal_mode")).scalar() == "wal"
                 assert (await conn.exec_driver_sql("PRAGMA foreign_keys")).scalar() == 1
                 assert (await conn.exec_driver_sql("PRAGMA busy_timeout")).scalar() == 5000
+                # A page cache per connection that fills as the file grows: bounded well below SQLite's 2 MB.
+                assert (await conn.exec_driver_sql("PRAGMA cache_size")).scalar() == -256
     finally:
         await store.close()
 
