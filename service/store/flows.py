@@ -112,13 +112,7 @@ class FlowRepository:
         provider (any account, any tenant), in one read (None when the state is unknown)."""
         async with self._db.read(conn) as c:
             row = (await c.execute(_WITH_ELICITATION, {"state": state_hash})).mappings().first()
-        if row is None:
-            return None
-        flow, record = (
-            _from_row(_columns_of(row, oauth_flows.name)),
-            elicitation_from_row(_columns_of(row, elicitations.name)),
-        )
-        return flow, record, bool(row["grant_held"])
+        return None if row is None else _with_elicitation(row)
 
     async def claim(self, state_hash: str, now: datetime, conn: AsyncConnection | None = None) -> FlowRecord | None:
         """Use the flow once: set `used_at` if it is unused and unexpired, in one UPDATE.
@@ -148,13 +142,7 @@ class FlowRepository:
         async with self._db.write(conn) as c:
             statement = _CLAIM_WITH_ELICITATION[c.dialect.name]
             row = (await c.execute(statement, {**params, "statuses": list(statuses)})).mappings().first()
-        if row is None:
-            return None
-        flow, record = (
-            _from_row(_columns_of(row, oauth_flows.name)),
-            elicitation_from_row(_columns_of(row, elicitations.name)),
-        )
-        return flow, record, bool(row["grant_held"])
+        return None if row is None else _with_elicitation(row)
 
     async def open_by_key(self, now: datetime, conn: AsyncConnection | None = None) -> dict[str, int]:
         """How many unused, unexpired flows hold a PKCE verifier under each vault key id."""
@@ -203,3 +191,10 @@ def _from_row(row: Mapping[Any, Any]) -> FlowRecord:
         expires_at=row["expires_at"],
         used_at=row["used_at"],
     )
+
+
+def _with_elicitation(row: Mapping[Any, Any]) -> tuple[FlowRecord, ElicitationRecord, bool]:
+    """A row of `_WITH_ELICITATION` or `_CLAIM_WITH_ELICITATION`: the flow, its elicitation, whether its user holds a
+    grant at its provider."""
+    flow = _from_row(_columns_of(row, oauth_flows.name))
+    return flow, elicitation_from_row(_columns_of(row, elicitations.name)), bool(row["grant_held"])
