@@ -68,7 +68,9 @@ def _type_name(annotation: Any) -> str:
     if origin is typing.Annotated:
         return _type_name(args[0])
     if origin is typing.Literal:
-        return " or ".join(f"`{value}`" for value in args)
+        # Sorted: equal Literals are one cached object in typing, so the order is that of whichever module (ours, or
+        # a library's: mcp names the same four token endpoint methods) spelled it first in the process.
+        return " or ".join(f"`{value}`" for value in sorted(args, key=str))
     if origin in (typing.Union, types.UnionType):
         named = [_type_name(arg) for arg in args if arg is not type(None)]
         return " or ".join(named) + (" (optional)" if type(None) in args else "")
