@@ -4,7 +4,8 @@ The connector runs with its web server on loopback, the mock provider on its own
 SDK's in-memory transport (both ends in this process). Reported:
 - SQL statements (reads and writes) and write transactions per connect flow, counted by SQLAlchemy events;
 - CPU per flow with 1,000 authorizations waiting in this process against none (goal: flat, ratio <= 1.1);
-- RSS per awaited pending authorization at 10,000 (goal <= 2 KB, issue 32), next to the cost of a bare task awaiting a future;
+- RSS per awaited pending authorization at 10,000 (goal <= 2 KB, issue 32), next to the cost of a bare task awaiting a
+  future;
 - database statements per second while those 10,000 wait and nothing else happens (one shared poll, not one per
   waiter);
 - RSS of 10,000 pending elicitations that nothing in this process awaits (another process made them: goal ~0).
