@@ -190,13 +190,7 @@ class ElicitationRepository:
             fused = values is not None and fuses_audit(c)
             if fused:
                 assert values is not None
-                params.update(audit_params(values))
-                if flow is not None:
-                    params.update({f"{oauth_flows.name}_{k}": v for k, v in flow_row(flow).items()})
-                if ending is not None:
-                    params.update(self._outbox.event_params(ending, now))
-                if grant is not None:
-                    params.update({f"grants_{k}": v for k, v in grant_row(grant).items()})
+                params.update(self._fused_params(values, flow, ending, grant, now))
             statement = transition_statement(
                 reason=reason is not None,
                 taking=take_telling,
@@ -208,17 +202,49 @@ class ElicitationRepository:
             row = (await c.execute(statement, params)).mappings().first()
             if row is None:
                 return None
-            if values is not None:
-                await write_audit_row(c, values, written=fused)
-            if flow is not None and not fused:
-                await c.execute(INSERT_FLOW, flow_row(flow))
-            logged = None
-            if ending is not None:
-                if fused:
-                    logged = self._outbox.logged(ending, row["logged_event_id"], now)
-                else:
-                    (logged,) = await self._outbox.append([ending], at=now, conn=c)
+            logged = await self._write_beside(c, row, values, fused, flow, ending, now)
         return _from_row(row), logged
+
+    def _fused_params(
+        self,
+        values: dict[str, Any],
+        flow: FlowRecord | None,
+        ending: ElicitationEvent | None,
+        grant: GrantRecord | None,
+        now: datetime,
+    ) -> dict[str, Any]:
+        """The parameters of the rows the transition's statement also writes (PostgreSQL)."""
+        params = audit_params(values)
+        if flow is not None:
+            params.update({f"{oauth_flows.name}_{k}": v for k, v in flow_row(flow).items()})
+        if ending is not None:
+            params.update(self._outbox.event_params(ending, now))
+        if grant is not None:
+            params.update({f"grants_{k}": v for k, v in grant_row(grant).items()})
+        return params
+
+    async def _write_beside(
+        self,
+        c: AsyncConnection,
+        row: Any,
+        values: dict[str, Any] | None,
+        fused: bool,
+        flow: FlowRecord | None,
+        ending: ElicitationEvent | None,
+        now: datetime,
+    ) -> ElicitationEvent | None:
+        """After the transition: the rows its statement did not write (all of them on SQLite), and the logged
+        `ending`."""
+        if values is not None:
+            await write_audit_row(c, values, written=fused)
+        if flow is not None and not fused:
+            await c.execute(INSERT_FLOW, flow_row(flow))
+        if ending is None:
+            return None
+        if fused:
+            return self._outbox.logged(ending, row["logged_event_id"], now)
+        (logged,) = await self._outbox.append([ending], at=now, conn=c)
+        return logged
 
     async def add_identity_mismatch(self, id: str, *, now: datetime, conn: AsyncConnection | None = None) -> int:
         """Count one identity mismatch on the elicitation, atomically; return the new count (0 if unknown)."""
