@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import errno
 import hashlib
 import json
 import os
@@ -238,3 +239,26 @@ def _claims(jwt: str) -> dict[str, object]:
     part = jwt.split(".")[1]
     claims: dict[str, object] = json.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4)))
     return claims
+
+
+def test_a_port_zero_socket_whose_listen_clashes_is_replaced(monkeypatch: pytest.MonkeyPatch) -> None:
+    # With SO_REUSEADDR, Linux may give port 0 a port that a connected socket holds; only listen() finds the clash
+    # (seen as a test deployment failing to start with EADDRINUSE). Another port is taken instead.
+    from service.web.server import listening_socket
+
+    real_listen = socket.socket.listen
+    clashed: list[int] = []
+
+    def listen(sock: socket.socket, *args: int) -> None:
+        if not clashed:
+            clashed.append(sock.getsockname()[1])
+            raise OSError(errno.EADDRINUSE, "Address already in use")
+        real_listen(sock, *args)
+
+    monkeypatch.setattr(socket.socket, "listen", listen)
+    with listening_socket("127.0.0.1") as sock, socket.create_connection(sock.getsockname()[:2], timeout=5):
+        assert len(clashed) == 1  # the clash was met once, and a listening socket came back
+    monkeypatch.undo()
+    with listening_socket("127.0.0.1") as held, pytest.raises(OSError) as refused:
+        listening_socket("127.0.0.1", held.getsockname()[1])  # a port asked for by number is not replaced
+    assert refused.value.errno == errno.EADDRINUSE

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import socket
 from collections.abc import AsyncIterator
@@ -109,6 +110,10 @@ def bind(host: str, port: int) -> socket.socket:
         raise PortUnavailable(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
+LISTEN_BACKLOG = 2048  # uvicorn's default
+PORT_ZERO_ATTEMPTS = 5
+
+
 def listening_socket(host: str, port: int = 0) -> socket.socket:
     """A TCP socket bound to `host:port` (0: any free port), for `serving` or uvicorn's `sockets=`.
 
@@ -117,10 +122,23 @@ def listening_socket(host: str, port: int = 0) -> socket.socket:
     (about 40 ms a request), which punishes exactly the clients that reuse connections.
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # With SO_REUSEADDR, Linux may give port 0 a port that a connected socket uses, and only listen() finds the
+    # clash (EADDRINUSE): then another port is tried, here rather than as a failed server start.
+    for _ in range(PORT_ZERO_ATTEMPTS - 1 if port == 0 else 0):
+        try:
+            return _listening(family, host, port)
+        except OSError as exc:
+            if exc.errno != errno.EADDRINUSE:
+                raise
+    return _listening(family, host, port)
+
+
+def _listening(family: socket.AddressFamily, host: str, port: int) -> socket.socket:
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
+        sock.listen(LISTEN_BACKLOG)  # the server's own listen() sets the backlog again
     except OSError:
         sock.close()
         raise
