@@ -427,3 +427,24 @@ async def test_a_provider_client_sends_what_httpx_own_client_sends() -> None:
     finally:
         await http.aclose()
         await plain.aclose()
+
+
+async def test_a_continue_after_the_agent_cancelled_since_its_page_was_shown_is_refused(deployment: Deployment) -> None:
+    # The Continue takes the elicitation as its consent page read it (no second read): a cancellation in between
+    # is found by the start's conditional update, and the browser is told, not sent to the provider.
+    async with asking(deployment) as ask, ScriptedBrowser() as browser:
+        pending = await ask()
+        page = await browser.get(pending.url)
+        assert page.status_code == 200
+        pending.task.cancel()
+        for _ in range(100):
+            if await status_of(deployment, pending.elicitation_id) is ElicitationStatus.CANCELLED:
+                break
+            await asyncio.sleep(0.05)
+        answer = await browser.submit(page, "continue")
+        assert answer.status_code == 410
+        assert answer.headers.get("x-connector-error") == "cancelled"
+    assert await status_of(deployment, pending.elicitation_id) is ElicitationStatus.CANCELLED
+    async with deployment.connector.runtime.store.db.reader.connect() as conn:
+        flows = await conn.execute(select(oauth_flows).where(oauth_flows.c.elicitation_id == pending.elicitation_id))
+        assert flows.all() == []  # no flow started: nothing to take to the provider
