@@ -201,6 +201,18 @@ async def test_shopify_subdomain_given_by_the_agent(lab: ProviderLab) -> None:
         "/acme.myshopify.com/admin/api/2025-01/products.json",
         "/acme.myshopify.com/admin/api/2025-01/orders.json",
     ]
+    # Expiring offline tokens (required of public apps from 2027-01-01): the code exchange sent expiring=1 with the
+    # client's secret in the body (the emulated Shopify refuses it otherwise), and the token is refreshed when it
+    # expires, each refresh giving a new refresh token.
+    assert mock.token_requests[-1] == {"grant_type": "authorization_code", "client_auth": "client_secret_post"}
+    assert lab.entry("shopify").quirks.token_request.exchange_params == {"expiring": "1"}
+    refresh_tokens = len(mock.issued_refresh_tokens)
+    mock.expire_access_tokens()
+    assert (await lab.use("shopify", "orders.json")).status_code == 200
+    assert mock.token_requests[-1] == {"grant_type": "refresh_token", "client_auth": "client_secret_post"}
+    assert len(mock.issued_refresh_tokens) == refresh_tokens + 1
+    mock.expire_access_tokens()
+    assert (await lab.use("shopify", "orders.json")).status_code == 200  # with the replaced refresh token
     token = mock.issued_access_tokens[-1]
     assert (await lab.disconnect(grant["grantId"])).status_code == 204  # DELETE api_permissions/current.json
     assert not mock.token_active(token)
