@@ -10,10 +10,15 @@ userinfo) -> `elicitation/complete` and the prompt's end. A baseline flow: GET /
 -> the callback (the same token and userinfo calls). Both make the same provider round trips.
 
 Reported:
-- flows/s of each at the same concurrency, alternating rounds, and the ratio (goal >= 0.8);
-- the CPU each process spends per flow meanwhile (agent or baseline app, driver, mock provider), and the ratio the
-  connector would reach if its process cost what the baseline app does: CPU per flow is what sets the ratio on a
-  machine the flows keep busy, and it is steadier than flows/s on a shared one;
+- flows/s of each at the same concurrency, alternating rounds, and the ratio. Issue 32's goal is >= 0.5x
+  "in-process", which is the same goal as the agent's CPU per flow <= 2x the baseline app's: the flows/s measured
+  here are of every process on the machine's CPUs (agent, driver, mock provider), so the driver's and the mock
+  provider's work per flow, larger for the connector's flow (ACP over stdio, two more browser requests), dilutes
+  the ratio; the row is judged against 0.5x all the same;
+- the CPU each process spends per flow meanwhile (agent or baseline app, driver, mock provider), the agent's
+  against the baseline app's (the goal <= 2x), and the ratio the connector would reach if its process cost what
+  the baseline app does: CPU per flow is what sets the ratio on a machine the flows keep busy, and it is steadier
+  than flows/s on a shared one;
 - callback -> `elicitation/complete` on the ACP wire (stdio): from the browser sending the callback request to the
   client receiving the notification, p50/p99 over sequential flows (goal p99 < 10 ms);
 - a concurrency sweep (1/8/32/128) on SQLite and, with BENCH_POSTGRES_URL, PostgreSQL: flows/s, errors, lost and
@@ -70,16 +75,18 @@ async def postgres_database(admin_url: str) -> AsyncIterator[str]:
 
 @contextlib.asynccontextmanager
 async def connector_agent(
-    provider: str, database_url: str, workdir: Path, extra_env: dict[str, str] | None = None
+    provider: str, database_url: str, workdir: Path, extra_env: dict[str, str] | None = None, repo: Path = REPO
 ) -> AsyncIterator[AgentDriver]:
-    """The benchmark agent with its connector on `database_url`, its web server up, an SDK client connected."""
+    """The benchmark agent with its connector on `database_url`, its web server up, an SDK client connected.
+
+    `repo`: the checkout whose code the agent runs (another worktree, for a comparison in one run)."""
     migrate(database_url)
     port = free_port()
     catalog = workdir / "providers.toml"
     catalog.write_text(provider_catalog(provider))
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("CONNECTOR_")},
-        "PYTHONPATH": str(REPO),
+        "PYTHONPATH": str(repo),
         "CONNECTOR_PUBLIC_BASE_URL": f"http://127.0.0.1:{port}",
         "CONNECTOR_SERVER__PORT": str(port),
         "CONNECTOR_DATABASE__URL": database_url,
@@ -93,7 +100,7 @@ async def connector_agent(
         **(extra_env or {}),
     }
     client = BenchClient()
-    async with spawn_stdio_transport(PYTHON, "-m", "bench.agent", env=env, cwd=str(REPO), stderr=None) as (
+    async with spawn_stdio_transport(PYTHON, "-m", "bench.agent", env=env, cwd=str(repo), stderr=None) as (
         reader,
         writer,
         process,
@@ -170,9 +177,12 @@ async def throughput(agent: AgentDriver, peers: Peers, *, flows: int, concurrenc
     ceiling = theirs_total / (ours_total - ours_ms["agent"] + theirs_ms["app"])
     agent_ratio = ours_ms["agent"] / theirs_ms["app"]  # issue 32's goal: the connector's own CPU per flow
     return [
-        f"| connect flows/s at concurrency {concurrency} (median of {rounds} alternating rounds of {flows}) "
-        f"| connector {median(ours):.1f}, baseline {median(theirs):.1f} | **{ratio:.2f}x** | >= 0.8x "
-        f"| {'met' if ratio >= 0.8 else 'NOT met'} |",
+        f"| connect flows/s at concurrency {concurrency} (median of {rounds} alternating rounds of {flows}), every "
+        "process of the flow on this machine's CPUs: the agent (ACP over stdio) or the baseline app, the driver "
+        "playing the browsers and the ACP client, the mock provider "
+        f"| connector {median(ours):.1f}, baseline {median(theirs):.1f} | **{ratio:.2f}x** "
+        "| >= 0.5x (issue 32's in-process goal, the same as the agent's CPU per flow <= 2x below; here the "
+        f"driver's and provider's work dilutes it) | {'met' if ratio >= 0.5 else 'NOT met'} |",
         *([f"| errors during the throughput rounds | {errors} | | 0 | {'met' if not errors else 'NOT met'} |"]),
         "| CPU per connect flow by process, ms (`/proc/<pid>/stat`, median of the rounds) "
         f"| connector: {_cpu_parts(ours_ms)} = {ours_total:.1f}; baseline: {_cpu_parts(theirs_ms)} = "
