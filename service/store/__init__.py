@@ -14,7 +14,7 @@ from .api import ApiElicitationRepository, ApiKeyRepository
 from .audit import PENDING_AUDIT_LOG, AuditRepository, log_audit_event
 from .console import AuditFilter, ConsoleRepository, GrantCounts, GrantFilter
 from .elicitations import ElicitationRepository
-from .engine import Database, PoolSettings, connected, create_engine, display_url
+from .engine import Database, PoolSettings, begun, connected, create_engine, display_url
 from .flows import FlowRepository
 from .grants import GrantRepository
 from .outbox import OutboxRepository
@@ -90,7 +90,7 @@ class Store:
         Audit events recorded in it are logged after the commit, and not at all if it rolls back.
         """
         pending: list[Any] = []
-        async with self.engine.begin() as conn:
+        async with begun(self.engine) as conn:
             # Held here, not re-read in `finally`: a task cancelled mid-statement leaves `conn` invalidated, and
             # reading `conn.info` then raises PendingRollbackError, which would replace the CancelledError.
             info = conn.info

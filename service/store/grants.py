@@ -17,7 +17,7 @@ from service.core.errors import ConnectorError
 from service.core.identity import Identity
 from service.core.records import GrantRecord
 
-from .engine import Database, dump_json
+from .engine import Database, begun, dump_json
 from .grant_pages import listing
 from .grant_rows import from_row as _from_row
 from .grant_rows import to_row as _to_row
@@ -151,7 +151,7 @@ class GrantRepository:
             found = await self.get(id)
             yield None if found is None else LockedGrant(found, self, None)
             return
-        async with self._db.writer.begin() as conn:
+        async with begun(self._db.writer) as conn:
             await conn.execute(text(f"SET LOCAL lock_timeout = '{REFRESH_LOCK_TIMEOUT}'"))
             statement = select(grants).where(grants.c.id == id).with_for_update()
             try:

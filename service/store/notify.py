@@ -15,6 +15,8 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from .engine import begun
+
 APPLICATION_NAME = "acp-connector listen"
 CONNECT_TIMEOUT_SECONDS = 10.0
 PING_TIMEOUT_SECONDS = 5.0
@@ -84,5 +86,5 @@ class PgListener:
 async def notify(engine: AsyncEngine, channel: str, payload: str) -> None:
     """Send `payload` to every connection listening on `channel` through a pooled connection (when this process
     has no listening connection to send it through)."""
-    async with engine.begin() as conn:
+    async with begun(engine) as conn:
         await conn.execute(select(func.pg_notify(channel, payload)))
