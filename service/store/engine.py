@@ -216,17 +216,29 @@ async def pooled(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
         yield conn
         ended = True
     finally:
-        if ended and returns_without_io(engine):
-            await conn.close()
-        else:
-            await conn.__aexit__(None, None, None)  # the library's close: in a task of its own, shielded
+        await _close(conn, ended)
 
 
 @asynccontextmanager
 async def begun(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
-    """`engine.begin()`: a transaction, committed when the block ends normally, on a `pooled` connection."""
-    async with pooled(engine) as conn, conn.begin():
-        yield conn
+    """`engine.begin()`: a transaction, committed when the block ends normally, on a connection closed as `pooled`
+    closes it (one context manager, not two: this is every write's path)."""
+    conn = engine.connect()
+    await conn.start()
+    ended = False
+    try:
+        async with conn.begin():
+            yield conn
+        ended = True
+    finally:
+        await _close(conn, ended)
+
+
+async def _close(conn: AsyncConnection, ended: bool) -> None:
+    if ended and returns_without_io(conn.engine):
+        await conn.close()
+    else:
+        await conn.__aexit__(None, None, None)  # the library's close: in a task of its own, shielded
 
 
 def returns_without_io(engine: AsyncEngine) -> bool:
