@@ -195,6 +195,9 @@ class SidecarLifecycle:
                 await asyncio.sleep(min(delay * random.uniform(0.5, 1.0), remaining))  # noqa: S311 - jitter
                 delay = min(delay * 2, RETRY_MAX_SECONDS)
 
+    def kept(self, handle: SidecarElicitation) -> SidecarElicitation:
+        return handle  # the long-poll holds it whole
+
     async def answered(self, handle: SidecarElicitation, answer: ClientAnswer) -> AuthorizationOutcome | None:
         path = f"/v1/elicitations/{handle.id}"
         retried = False

@@ -11,11 +11,11 @@ from acp import PROTOCOL_VERSION
 from acp.agent.connection import AgentSideConnection
 from acp.client.connection import ClientSideConnection
 
-from service import AuthorizationStatus
+from service import AuthorizationStatus, RequestScope
 from service.testing import memory_transport_pair
 from service.util.locks import KeyedLocks
 
-from .acp_peers import URL_CAPABLE, ConnectorAgent, RecordingClient, eventually, prompt_text
+from .acp_peers import URL_CAPABLE, ConnectorAgent, RecordingClient, connect, eventually, prompt_text
 from .conftest import Deployment
 
 CONNECTIONS = 10_000
@@ -58,6 +58,38 @@ async def test_ten_thousand_connections_and_sessions_leave_the_tables_empty(depl
 
     # Nothing the connector keeps holds a connection (the last close may still be finishing: wait for it).
     await eventually(all_freed, "every closed connection is freed")
+
+
+@pytest.mark.duration(3)
+async def test_a_connection_keeps_nothing_of_the_awaited_calls_that_ended_on_it(deployment: Deployment) -> None:
+    """Calls awaiting the browser on one connection that stays open: each is kept to be woken if the connection
+    ends, and nothing of them is kept once they ended."""
+    connector, user = deployment.connector, deployment.local_user
+    wire = await connect(connector, user, RecordingClient(answer="accept"))
+    link = connector.attach(wire.agent_conn)
+
+    def ask(n: int) -> asyncio.Task[object]:
+        call = connector.request_authorization(
+            wire.agent_conn, user=user, provider="github", scopes=[f"scope-{n}"], scope=RequestScope(n)
+        )
+        return asyncio.create_task(call)
+
+    calls = [ask(n) for n in range(40)]
+
+    async def all_waiting() -> bool:
+        return link.close_waiters == len(calls)
+
+    await eventually(all_waiting, "every call awaits the browser")
+    for call in calls[:30]:
+        call.cancel()
+    await asyncio.gather(*calls[:30], return_exceptions=True)
+    assert link.close_waiters <= 2 * 10  # the ended ones go in bulk: never more than the ones waiting again
+    for call in calls[30:]:
+        call.cancel()
+    await asyncio.gather(*calls[30:], return_exceptions=True)
+    assert link.close_waiters == 0
+    assert connector.runtime.bus.waiting() == 0
+    await wire.close()
 
 
 async def test_keyed_locks_exist_only_while_used() -> None:

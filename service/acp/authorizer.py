@@ -26,7 +26,9 @@ an elicitation elsewhere (e.g. an expiry sweeper) only ends the row; the waiting
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from dataclasses import replace
+from functools import partial
 from typing import Any, Generic
 
 from service.core.answers import ClientAnswer
@@ -92,7 +94,7 @@ class AcpAuthorizer(Generic[H, E]):
         self._links.pop(link.key, None)
         self.foreground.forget(link)
 
-    async def request_authorization(
+    def request_authorization(
         self,
         conn: AgentConnection,
         client_capabilities: Any,
@@ -107,14 +109,81 @@ class AcpAuthorizer(Generic[H, E]):
         connection: Mapping[str, str] | None = None,
         account: str | None = None,
         resolve: Callable[[str, Sequence[str] | None], tuple[str, Sequence[str] | None]] | None = None,
-    ) -> AuthorizationOutcome:
+    ) -> Coroutine[Any, Any, AuthorizationOutcome]:
         """Settle the request from stored grants, else ask the client (URL mode only) and wait for the browser.
 
-        `resolve(provider, scopes)` gives what to ask for (the face's catalog name and default scopes)."""
-        if resolve is not None:
-            provider, scopes = resolve(provider, scopes)
-        del resolve  # a bound method made for this call: not kept by the frame while the user takes their time
+        `resolve(provider, scopes)` gives what to ask for (the face's catalog name and default scopes); it runs in
+        the coroutine, so its errors come from the await."""
         ask = AuthorizationAsk(user, provider, scopes, scope, message, ask_again, connection, account)
+        blocked = scope.session_id if foreground and isinstance(scope, SessionScope) else None
+        return self._authorize(partial(self._begin, conn, client_capabilities, ask, resolve), scope, blocked)
+
+    async def _authorize(
+        self,
+        begin: Callable[[], Awaitable[AuthorizationOutcome | tuple[AcpLink, H, str]]],
+        scope: ElicitationScope,
+        blocked: str | None,
+    ) -> AuthorizationOutcome:
+        """`begin()`, then ask the client and wait; `blocked`: the session whose foreground work waits on it."""
+        # This frame lives as long as the user takes, and thousands may wait at once: it holds only what the wait
+        # needs (what comes before the elicitation exists runs in `_begin`, whose frame is gone by then), and the
+        # question and the answer are not kept while the user takes their time.
+        begun = await begin()
+        del begin
+        if isinstance(begun, AuthorizationOutcome):
+            return begun
+        link, handle, provider = begun
+        del begun
+        if blocked is not None:
+            await self.foreground.block(link, blocked)
+        resumes = True
+        # Registered before elicitation/create goes out: nothing can end the elicitation before this. (Entered by
+        # hand: a `with` would keep its bound __exit__ for as long as the call waits.)
+        waiting = self.lifecycle.waiter(handle)
+        ended = waiting.__enter__()
+        try:
+            try:
+                answer = await self._ask(link, handle, scope, ended)
+                if isinstance(answer, AuthorizationOutcome):
+                    return await self._delivered(answer, handle)
+                outcome = await self.lifecycle.answered(handle, answer)
+                del answer
+                if outcome is None:
+                    # Accepted. Now the browser: wait for the end, or for the connection to end; nothing polls here.
+                    handle = self.lifecycle.kept(handle)
+                    if not ended.done():
+                        link.wake_on_close(ended)
+                        try:
+                            await ended
+                        finally:
+                            link.forget_waiter(ended)
+                    return await self._browser_done(handle, ended, provider)
+                resumes = outcome.status is not AuthorizationStatus.DISCONNECTED
+                return await self._delivered(outcome, handle)
+            finally:
+                waiting.__exit__(None, None, None)
+        except asyncio.CancelledError:
+            cause = stop_cause(link, scope)
+            resumes = not cause.ends_the_work
+            # Shielded: a second cancellation (e.g. the SDK closing the connection) must not leave the row open.
+            await asyncio.shield(self._cancelled(link, handle, cause))
+            raise
+        finally:
+            if blocked is not None:
+                await self.foreground.unblock(link, blocked, ended=not resumes)
+
+    async def _begin(
+        self,
+        conn: AgentConnection,
+        client_capabilities: Any,
+        ask: AuthorizationAsk,
+        resolve: Callable[[str, Sequence[str] | None], tuple[str, Sequence[str] | None]] | None,
+    ) -> AuthorizationOutcome | tuple[AcpLink, H, str]:
+        """The outcome when no elicitation is needed or none can be made; else the link, the new elicitation and
+        the provider asked for."""
+        if resolve is not None:
+            provider, scopes = resolve(ask.provider, ask.scopes)
+            ask = replace(ask, provider=provider, scopes=scopes)
         settled = await self.lifecycle.settled(ask)
         if settled is not None:
             return settled
@@ -123,53 +192,24 @@ class AcpAuthorizer(Generic[H, E]):
         # Only a connection attached beforehand (in on_connect) can still see the client's initialize.
         wait = INITIALIZE_WAIT_SECONDS if attached_before else 0.0
         capabilities = await link.client_capabilities(client_capabilities, wait)
-        display_name = self.lifecycle.display_name(provider)
         if link.closed:
-            gone = AuthorizationStatus.DISCONNECTED
-            return AuthorizationOutcome(gone, provider, reason=CLIENT_DISCONNECTED, provider_display_name=display_name)
+            return AuthorizationOutcome(
+                AuthorizationStatus.DISCONNECTED,
+                ask.provider,
+                reason=CLIENT_DISCONNECTED,
+                provider_display_name=self.lifecycle.display_name(ask.provider),
+            )
         if not url_mode_advertised(capabilities):
             await self.lifecycle.unsupported(ask)
-            return AuthorizationOutcome(AuthorizationStatus.UNSUPPORTED, provider, provider_display_name=display_name)
-
+            return AuthorizationOutcome(
+                AuthorizationStatus.UNSUPPORTED,
+                ask.provider,
+                provider_display_name=self.lifecycle.display_name(ask.provider),
+            )
         created = await self.lifecycle.create(ask, link.key)
         if isinstance(created, AuthorizationOutcome):
             return created  # a grant settled it meanwhile
-        handle: H = created
-        blocking = foreground and isinstance(scope, SessionScope)
-        session_id = scope.session_id if isinstance(scope, SessionScope) else ""
-        if blocking:
-            await self.foreground.block(link, session_id)
-        resumes = True
-        try:
-            # Registered before elicitation/create goes out: nothing can end the elicitation before this.
-            with self.lifecycle.waiter(handle) as ended:
-                answer = await self._ask(link, handle, scope, ended)
-                if isinstance(answer, AuthorizationOutcome):
-                    return await self._delivered(answer, handle)
-                outcome = await self.lifecycle.answered(handle, answer)
-                if outcome is None:
-                    # Accepted. Now the browser: wait for the end, or for the connection to end; nothing polls here.
-                    # (Inline, not a helper coroutine: thousands may wait at once, each frame costs memory; for the
-                    # same reason the question and the answer are not kept while the user takes their time.)
-                    del ask, answer
-                    if not ended.done():
-                        link.wake_on_close(ended)
-                        try:
-                            await ended
-                        finally:
-                            link.forget_waiter(ended)
-                    return await self._browser_done(handle, ended, provider, display_name)
-                resumes = outcome.status is not AuthorizationStatus.DISCONNECTED
-                return await self._delivered(outcome, handle)
-        except asyncio.CancelledError:
-            cause = stop_cause(link, scope)
-            resumes = not cause.ends_the_work
-            # Shielded: a second cancellation (e.g. the SDK closing the connection) must not leave the row open.
-            await asyncio.shield(self._cancelled(link, handle, cause))
-            raise
-        finally:
-            if blocking:
-                await self.foreground.unblock(link, session_id, ended=not resumes)
+        return link, created, ask.provider
 
     async def _ask(
         self, link: AcpLink, handle: H, scope: ElicitationScope, ended: asyncio.Future[E | None]
@@ -204,9 +244,7 @@ class AcpAuthorizer(Generic[H, E]):
         withdrawn = await link.withdraw(handle.id)
         await self.lifecycle.cancel(handle, cause, request_cancelled=withdrawn)
 
-    async def _browser_done(
-        self, handle: H, ended: asyncio.Future[E | None], provider: str, display_name: str | None
-    ) -> AuthorizationOutcome:
+    async def _browser_done(self, handle: H, ended: asyncio.Future[E | None], provider: str) -> AuthorizationOutcome:
         """The outcome once the waiter woke: the elicitation's end, or None when the connection ended."""
         end = ended.result()
         if end is not None:

@@ -57,7 +57,10 @@ class AcpLink:
         self._initialized = asyncio.Event()
         self._pending_creates: dict[str, RequestId] = {}  # elicitationId -> JSON-RPC id of our request
         self._cancelled_sessions: set[str] = set()  # session/cancel seen, no new prompt since
-        self._close_waiters: set[asyncio.Future[Any]] = set()
+        # Futures to wake when the connection ends: a list (a slot each, where a set's table costs 30-100 bytes an
+        # entry), with the forgotten ones dropped once they are as many as the rest.
+        self._close_waiters: list[asyncio.Future[Any]] = []
+        self._forgotten = 0
         self._sdk = SdkConnection.install(conn, self)
         self._connection = weakref.ref(conn)
 
@@ -119,15 +122,24 @@ class AcpLink:
     def wake_on_close(self, waiter: asyncio.Future[Any]) -> None:
         """Resolve `waiter` with None when the connection ends (at once if it has), unless it is done by then.
 
-        For the many waiters of one connection: each costs one set entry, not a task or a callback.
+        For the many waiters of one connection: each costs a list slot, not a task or a callback.
         """
         if self.closed:
             _wake(waiter)
         else:
-            self._close_waiters.add(waiter)
+            self._close_waiters.append(waiter)
+
+    @property
+    def close_waiters(self) -> int:
+        """How many futures it keeps to wake when the connection ends (forgotten ones until they are dropped)."""
+        return len(self._close_waiters)
 
     def forget_waiter(self, waiter: asyncio.Future[Any]) -> None:
-        self._close_waiters.discard(waiter)
+        """`waiter` (done by now: resolved or cancelled) needs no waking any more."""
+        self._forgotten += 1
+        if self._forgotten * 2 > len(self._close_waiters):
+            self._close_waiters = [w for w in self._close_waiters if w is not waiter and not w.done()]
+            self._forgotten = 0
 
     def session_cancelled(self, session_id: str) -> bool:
         """Whether the client sent `session/cancel` for `session_id` since its last prompt there."""
@@ -208,7 +220,7 @@ class AcpLink:
     def on_closed(self) -> None:
         self._pending_creates.clear()
         self._cancelled_sessions.clear()
-        waiters, self._close_waiters = self._close_waiters, set()
+        waiters, self._close_waiters, self._forgotten = self._close_waiters, [], 0
         for waiter in waiters:
             _wake(waiter)
         if self._on_closed is not None:

@@ -10,6 +10,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
+from dataclasses import replace
 
 from service.core.answers import ClientAnswer
 from service.core.events import ElicitationEvent, Event
@@ -75,6 +76,9 @@ class EmbeddedLifecycle:
 
     async def answered(self, handle: ElicitationRecord, answer: ClientAnswer) -> AuthorizationOutcome | None:
         return await self.elicitations.answered(handle, answer)
+
+    def kept(self, handle: ElicitationRecord) -> ElicitationRecord:
+        return replace(handle, message="")
 
     async def outcome_of_end(self, handle: ElicitationRecord, end: ElicitationEvent) -> AuthorizationOutcome:
         return await self.elicitations.outcome_of_event(handle, end)

@@ -92,6 +92,11 @@ class Lifecycle(Protocol[H, E]):
         """Record the client's answer: the outcome it led to, or None for accept (the browser decides then)."""
         ...
 
+    def kept(self, handle: H) -> H:
+        """`handle` as a call keeps it while the user is in the browser (thousands may wait at once): what its end
+        needs, without the question's text."""
+        ...
+
     async def outcome_of_end(self, handle: H, end: E) -> AuthorizationOutcome:
         """The outcome an ended elicitation's end tells."""
         ...
