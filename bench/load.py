@@ -2,7 +2,8 @@
 
 The connector runs with its web server on loopback, the mock provider on its own loopback server, and ACP over the
 SDK's in-memory transport (both ends in this process). Reported:
-- SQL statements (reads and writes) and write transactions per connect flow, counted by SQLAlchemy events;
+- SQL statements (reads and writes) and write transactions per connect flow, counted by SQLAlchemy events: the flows'
+  own, the background loops' (told apart by the task running the statement) counted beside;
 - CPU per flow with 1,000 authorizations waiting in this process against none (goal: flat, ratio <= 1.1);
 - RSS per awaited pending authorization at 10,000 (goal <= 2 KB, issue 32), next to the cost of a bare task awaiting a
   future;
@@ -70,12 +71,30 @@ class SqlCount:
     def statements(self) -> int:
         return self.reads + self.writes
 
+    def __add__(self, other: SqlCount) -> SqlCount:
+        return SqlCount(self.reads + other.reads, self.writes + other.writes, self.transactions + other.transactions)
+
+
+# The tasks the connector's background loops run in (sweeper and retention, event-log poll, webhooks, proactive
+# refresh: `connector-*`; the replica's heartbeat and catch-up: `replica-*`; the LISTEN connection's supervisor:
+# `event-bus-*`). A statement run by one of them is the background's, whatever else runs meanwhile; every other
+# statement is a flow's (requests, ACP calls, the completion's telling).
+BACKGROUND_TASKS = ("connector-", "replica-", "event-bus-")
+
+
+def background() -> bool:
+    """Whether the statement being run comes from one of the connector's background loops."""
+    task = asyncio.current_task()
+    return task is not None and task.get_name().startswith(BACKGROUND_TASKS)
+
 
 class SqlCounter:
-    """Statements (BEGIN not counted) and committed write transactions on the connector's engines."""
+    """Statements (BEGIN not counted) and committed write transactions on the connector's engines, the flows' apart
+    from the background loops' (by the task that runs them)."""
 
     def __init__(self, connector: Connector) -> None:
-        self.count = SqlCount()
+        self.flows = SqlCount()
+        self.background = SqlCount()
         db = connector.runtime.store.db
         # On PostgreSQL the reader is the writer with other options, hearing the writer's listeners already.
         engines = [e.sync_engine for e in (db.writer, db.reader) if not isinstance(e.sync_engine, OptionEngine)]
@@ -83,20 +102,25 @@ class SqlCounter:
             event.listen(engine, "before_cursor_execute", self._statement)
             event.listen(engine, "commit", self._commit)
 
+    def _count(self) -> SqlCount:
+        return self.background if background() else self.flows
+
     def _statement(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
         verb = statement.lstrip().split(None, 1)[0].upper()
         if verb == "BEGIN":
             return
         if verb == "SELECT":
-            self.count.reads += 1
+            self._count().reads += 1
         else:
-            self.count.writes += 1
+            self._count().writes += 1
 
     def _commit(self, conn: Any) -> None:
-        self.count.transactions += 1
+        self._count().transactions += 1
 
-    def take(self) -> SqlCount:
-        taken, self.count = self.count, SqlCount()
+    def take(self) -> tuple[SqlCount, SqlCount]:
+        """The flows' and the background's counts since the last take."""
+        taken = self.flows, self.background
+        self.flows, self.background = SqlCount(), SqlCount()
         return taken
 
 
@@ -105,9 +129,11 @@ class HoldingClient:
 
     def __init__(self) -> None:
         self.answered = 0
+        self.room = asyncio.Semaphore(0)  # released by each answer: the asker's window of unanswered ones
 
     async def create_elicitation(self, message: str, mode: Any, **kwargs: Any) -> Any:
         self.answered += 1
+        self.room.release()
         return AcceptElicitationResponse(action="accept")
 
     async def complete_elicitation(self, elicitation_id: str, **kwargs: Any) -> None:
@@ -128,8 +154,9 @@ class Deployment:
         self._holder: tuple[AgentSideConnection, ClientSideConnection, HoldingClient] | None = None
         self.waiting: list[asyncio.Task[Any]] = []
 
-    async def hold(self, count: int) -> None:
-        """`count` more authorizations this process awaits (created, accepted, waiting for a browser)."""
+    async def hold(self, count: int, window: int = 200) -> None:
+        """`count` more authorizations this process awaits (created, accepted, waiting for a browser), asked as the
+        client answers: at most `window` of them unanswered at a time (no pause between batches)."""
         if self._holder is None:
             agent_end, client_end = memory_transport_pair()
             holding = HoldingClient()
@@ -140,17 +167,20 @@ class Deployment:
             self._holder = (agent_conn, client_conn, holding)
         agent_conn, _, holding = self._holder
         asked = holding.answered
-        for start in range(0, count, 200):  # in batches, so that the test's own backlog stays small
-            for n in range(start, min(start + 200, count)):
-                scope = f"pending-{uuid.uuid4().hex[:12]}"
-                ask = self.connector.request_authorization(
-                    agent_conn, user=HOLDER, provider="github", scopes=[scope], scope=RequestScope(n)
-                )
-                self.waiting.append(asyncio.create_task(ask))
-                asked += 1
-            async with asyncio.timeout(120):
-                while holding.answered < asked:  # noqa: ASYNC110 - a count the client keeps; no event to await
-                    await asyncio.sleep(0.01)
+        for n in range(count):
+            if n >= window:
+                async with asyncio.timeout(120):  # the client answers one of the earlier ones first
+                    await holding.room.acquire()
+            scope = f"pending-{uuid.uuid4().hex[:12]}"
+            ask = self.connector.request_authorization(
+                agent_conn, user=HOLDER, provider="github", scopes=[scope], scope=RequestScope(n)
+            )
+            self.waiting.append(asyncio.create_task(ask))
+            asked += 1
+        async with asyncio.timeout(120):
+            while holding.answered < asked:  # noqa: ASYNC110 - a count the client keeps; no event to await
+                await asyncio.sleep(0.01)
+        holding.room = asyncio.Semaphore(0)  # the answers of this call are spent
         elicitations = self.connector.runtime.store.elicitations
         async with asyncio.timeout(120):  # every accept recorded: from here on nothing happens
             while (await elicitations.count_open())[ElicitationStatus.CONSENTED] < len(self.waiting):  # noqa: ASYNC110
@@ -297,7 +327,7 @@ async def main(quick: bool) -> list[str]:
             seconds = 5 if quick else 10
             counter.take()
             await asyncio.sleep(seconds)
-            quiet = counter.take()
+            quiet = sum(counter.take(), SqlCount())  # nothing but the background runs now
             rows.append(
                 # Reads are what waiting costs (the goal); the writes are the replica heartbeat and the sweeper,
                 # a fixed cost per process whatever waits.
@@ -317,16 +347,20 @@ async def main(quick: bool) -> list[str]:
 
 
 async def sql_row(d: Deployment, backend: str) -> str:
-    """SQL statements per connect flow (each flow a user's first grant), counted over 30 flows one at a time."""
+    """SQL statements per connect flow (each flow a user's first grant), counted over 30 flows one at a time: the
+    flows' own (as tests/test_sql_per_flow.py counts them), the background loops' counted beside."""
     d.counter.take()
+    started = time.perf_counter()
     single = await run_flows(d.driver.flow, 30, 1)
-    sql = d.counter.take()
+    seconds = time.perf_counter() - started
+    sql, beside = d.counter.take()
     n = max(single.flows, 1)
     return (
-        f"| SQL per connect flow, {backend} ({single.flows} flows, one at a time; background work included) "
-        f"| {sql.statements / n:.1f} statements ({sql.reads / n:.1f} reads, {sql.writes / n:.1f} writes) in "
-        f"{sql.transactions / n:.1f} write transactions | | <= 8 statements "
-        f"| {'met' if sql.statements / n <= 8 else 'NOT met (see RESULTS.md)'} |"
+        f"| SQL per connect flow, {backend} ({single.flows} flows, one at a time; the flows' own statements, the "
+        f"background loops' left out by the task that runs them) | {sql.statements / n:.1f} statements "
+        f"({sql.reads / n:.1f} reads, {sql.writes / n:.1f} writes) in {sql.transactions / n:.1f} write transactions; "
+        f"background meanwhile: {beside.statements} statements in {seconds:.1f} s (sweeper, retention, event-log "
+        f"poll, heartbeat) | | <= 8 statements | {'met' if sql.statements / n <= 8 else 'NOT met (see RESULTS.md)'} |"
     )
 
 
