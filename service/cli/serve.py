@@ -67,8 +67,10 @@ async def _serve(invocation: Invocation, settings: Settings, greeting: str | Non
     # The runtime, not the `Connector` facade: a server that holds no ACP connection never imports the ACP SDK.
     from ..app import build_runtime, serve_runtime
     from ..core.errors import PortUnavailable
+    from ..util.heap import freeze_startup_objects
 
     def listening() -> None:
+        freeze_startup_objects()  # started, routes built: nothing of that needs the collector's walks again
         invocation.note(f"serving on {settings.public_base_url} (connect pages at /connect/<id>)")
         if greeting:
             invocation.note(greeting)
