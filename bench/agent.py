@@ -8,6 +8,10 @@ sets; its connect pages are served on loopback in this process.
 
     python -m bench.agent        (started by bench/flow.py; stdout carries ACP, logs go to stderr)
 
+Once its connector has started, the agent freezes what the start built (`gc.collect()`, `gc.freeze()`: out of every
+later collection's walk), as docs/performance.md advises an agent that embeds the connector; BENCH_GC_FREEZE=0 leaves
+the collector as it is (bench/agent_ab.py puts the two side by side). The baseline app does the same.
+
 With BENCH_PROFILE=<path> in its environment the agent runs under cProfile with a CPU clock (this thread's CPU time:
 waiting is not counted, SQLite's own thread is not charged to whatever the event loop runs meanwhile) and writes the
 stats to <path> when it exits, e.g. `BENCH_PROFILE=/tmp/agent.prof python -m bench.flow --throughput-only`, then
@@ -28,9 +32,12 @@ from acp import PROTOCOL_VERSION, run_agent, update_agent_message_text
 from acp.interfaces import Client
 from acp.schema import AgentCapabilities, InitializeResponse, NewSessionResponse, PromptResponse
 
+from bench import trace
 from bench.driver import USER_ISSUER
+from bench.gcprobe import GcProbe
 from bench.memory import MemoryProbe
 from service import Connector, Identity, SessionScope, load_settings
+from service.util.heap import freeze_startup_objects
 
 
 class BenchAgent:
@@ -75,8 +82,14 @@ async def main() -> None:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     if probe_dir := os.environ.get("BENCH_MEMORY_DIR"):  # bench/soak.py reads this process's memory through it
         MemoryProbe(Path(probe_dir)).install()
+    if trace_to := os.environ.get("BENCH_TRACE"):  # a path: the completion's path marked there (bench/trace.py)
+        trace.install(trace_to)
+    if gc_log := os.environ.get("BENCH_GC_LOG"):  # a path: every garbage collection logged there (bench/gcprobe.py)
+        GcProbe(Path(gc_log)).install()
     connector = Connector.from_settings(load_settings(None))
     await connector.start()
+    if os.environ.get("BENCH_GC_FREEZE", "1") != "0":  # as docs/performance.md advises a long-running agent
+        freeze_startup_objects()
     web = asyncio.create_task(connector.serve())
     try:
         await run_agent(BenchAgent(connector, USER_ISSUER), use_unstable_protocol=True)  # type: ignore[arg-type]

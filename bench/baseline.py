@@ -5,12 +5,17 @@ side, bound to the browser by a cookie); `GET /callback` checks the state and th
 token endpoint, reads the account from the userinfo endpoint and keeps the token in memory. One long-lived
 authlib `AsyncOAuth2Client` (one httpx connection pool) serves every request, as a well-written app would.
 
+What the app built to start is frozen out of the garbage collector's walks before it serves, as the benchmark
+agent's start is (bench/agent.py; BENCH_GC_FREEZE=0: neither).
+
     python -m bench.baseline PORT PROVIDER_BASE_URL CLIENT_ID CLIENT_SECRET   (started by bench/flow.py)
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
+import os
 import secrets
 import sys
 import warnings
@@ -71,6 +76,9 @@ def build_app(provider: str, client_id: str, client_secret: str, redirect_uri: s
 
 async def main(port: int, provider: str, client_id: str, client_secret: str) -> None:
     app = build_app(provider, client_id, client_secret, f"http://127.0.0.1:{port}/callback")
+    if os.environ.get("BENCH_GC_FREEZE", "1") != "0":  # tuned as the benchmark agent is (bench/agent.py)
+        gc.collect()
+        gc.freeze()
     await serve_on_loopback(app, port)
 
 

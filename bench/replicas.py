@@ -312,7 +312,7 @@ SEGMENTS = {  # the segment ending at a point, named for what happens in it
 def read_trace(path: Path) -> list[Mark]:
     marks = []
     for line in path.read_text().splitlines():
-        at, point, pid = line.split()
+        at, point, pid = line.split()[:3]
         marks.append((float(at), point, int(pid)))
     return sorted(marks)
 

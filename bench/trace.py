@@ -2,13 +2,16 @@
 
     BENCH_TRACE=/tmp/trace.log python -m bench.trace -m examples.github_agent      (or: -m service.cli serve)
 
-Patches a few methods of the connector (before the program imports them) to append `<wall clock> <point> <pid>` to
-the file BENCH_TRACE names, one `write` per point (O_APPEND: several processes may share the file), then runs the
-module as `__main__`. The connector's code is not changed; a point costs one small write. The points, in the order a
-cross-replica completion passes them:
+Patches a few methods of the connector (before the program imports them) to append `<wall clock> <point> <pid>
+<process CPU seconds>` to the file BENCH_TRACE names, one `write` per point (O_APPEND: several processes may share
+the file), then runs the module as `__main__` (bench/agent.py installs it itself when BENCH_TRACE is set). The
+connector's code is not changed; a point costs one small write. The points, in the order a cross-replica completion
+passes them:
 
   callback         the callback's request reached the replica's handler (after the ASGI stack)
+  claimed          the callback's flow claimed with its checks (one statement)
   token.start/end  the provider's token call (`ProviderGateway.redeem`: code exchange and the account's identity)
+  exchange.end     the code exchanged (the token endpoint's answer; the account's identity is read after it)
   commit           the grant stored and the elicitation completed (the callback's transaction committed)
   notify.start/end the NOTIFY sent on the listening connection (one round trip)
   wake             a notification heard by another replica (asyncpg's listener callback)
@@ -16,6 +19,7 @@ cross-replica completion passes them:
                    the read (`OutboxFeed.follow`): the event handed to the waiters and listeners
   claim            the telling of the completion taken (a conditional update)
   push.start/end   `elicitation/complete` written on the ACP connection
+  answered         the callback's handler returned its redirect
   settled          the telling recorded as sent (with its audit row)
 """
 
@@ -34,7 +38,7 @@ _fd: int | None = None
 
 def mark(point: str) -> None:
     if _fd is not None:
-        os.write(_fd, f"{time.time():.6f} {point} {os.getpid()}\n".encode())
+        os.write(_fd, f"{time.time():.6f} {point} {os.getpid()} {time.process_time():.6f}\n".encode())
 
 
 def _around(owner: Any, name: str, start: str | None, end: str | None) -> None:
@@ -64,6 +68,7 @@ def install(path: str) -> None:
     retarget(path)
 
     from service.acp import messages
+    from service.core import browser
     from service.core.browser import BrowserFlow
     from service.core.lifecycle import Elicitations
     from service.events.feed import OutboxFeed
@@ -72,8 +77,9 @@ def install(path: str) -> None:
     from service.store.notify import PgListener
     from service.web.browser import BrowserRoutes
 
-    _around(BrowserRoutes, "callback", "callback", None)
+    _around(BrowserRoutes, "callback", "callback", "answered")
     _around(ProviderGateway, "redeem", "token.start", "token.end")
+    _around(ProviderGateway, "exchange_code", None, "exchange.end")
     _around(BrowserFlow, "complete", None, "commit")
     _around(PgListener, "notify", "notify.start", "notify.end")
     _around(OutboxFeed, "catch_up", None, "feed")
@@ -88,6 +94,14 @@ def install(path: str) -> None:
         return sent
 
     messages.send_completion = send_completion
+    claim_for_callback = browser.claim_for_callback
+
+    async def claimed(*args: Any, **kwargs: Any) -> Any:
+        result = await claim_for_callback(*args, **kwargs)
+        mark("claimed")
+        return result
+
+    browser.claim_for_callback = claimed  # type: ignore[assignment]
     from service.acp import authorizer
 
     authorizer.send_completion = send_completion  # type: ignore[attr-defined]
