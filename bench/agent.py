@@ -9,7 +9,7 @@ sets; its connect pages are served on loopback in this process.
     python -m bench.agent        (started by bench/flow.py; stdout carries ACP, logs go to stderr)
 
 Once its connector has started, the agent freezes what the start built (`gc.collect()`, `gc.freeze()`: out of every
-later collection's walk), as docs/performance.md advises an agent that embeds the connector; BENCH_GC_FREEZE=0 leaves
+later collection's walk), as docs/embedded.md advises an agent that embeds the connector; BENCH_GC_FREEZE=0 leaves
 the collector as it is (bench/agent_ab.py puts the two side by side). The baseline app does the same.
 
 With BENCH_PROFILE=<path> in its environment the agent runs under cProfile with a CPU clock (this thread's CPU time:
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import sys
@@ -37,7 +38,6 @@ from bench.driver import USER_ISSUER
 from bench.gcprobe import GcProbe
 from bench.memory import MemoryProbe
 from service import Connector, Identity, SessionScope, load_settings
-from service.util.heap import freeze_startup_objects
 
 
 class BenchAgent:
@@ -88,8 +88,9 @@ async def main() -> None:
         GcProbe(Path(gc_log)).install()
     connector = Connector.from_settings(load_settings(None))
     await connector.start()
-    if os.environ.get("BENCH_GC_FREEZE", "1") != "0":  # as docs/performance.md advises a long-running agent
-        freeze_startup_objects()
+    if os.environ.get("BENCH_GC_FREEZE", "1") != "0":  # as docs/embedded.md advises a long-running agent
+        gc.collect()
+        gc.freeze()
     web = asyncio.create_task(connector.serve())
     try:
         await run_agent(BenchAgent(connector, USER_ISSUER), use_unstable_protocol=True)  # type: ignore[arg-type]

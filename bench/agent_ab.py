@@ -103,25 +103,26 @@ def gc_rows(side: Side, flows: int) -> list[str]:
     ]
 
 
-def _segments(path: Path, since: float) -> dict[str, list[tuple[float, float]]]:
-    """(wall ms, CPU ms) of each segment of the sequential flows traced since `since`: from each mark to the next,
-    a flow's marks starting at its `callback`."""
+def _segments(path: Path, since: float) -> dict[str, list[tuple[float, float, float]]]:
+    """(wall ms, process CPU ms, the event loop's thread's CPU ms) of each segment of the sequential flows traced
+    since `since`: from each mark to the next, a flow's marks starting at its `callback`."""
     marks = []
     for line in path.read_text().splitlines():
-        at, point, _, cpu = line.split()
+        at, point, _, cpu, loop_cpu = line.split()
         if float(at) >= since:
-            marks.append((float(at), point, float(cpu)))
+            marks.append((float(at), point, float(cpu), float(loop_cpu)))
     marks.sort()
-    out: dict[str, list[tuple[float, float]]] = {}
+    out: dict[str, list[tuple[float, float, float]]] = {}
     previous = None
-    for at, point, cpu in marks:
-        if point == "callback":
-            previous = (at, point, cpu)
+    for mark in marks:
+        if mark[1] == "callback":
+            previous = mark
             continue
         if previous is None:
             continue
-        out.setdefault(f"{previous[1]} -> {point}", []).append(((at - previous[0]) * 1000, (cpu - previous[2]) * 1000))
-        previous = (at, point, cpu)
+        spent = ((mark[0] - previous[0]) * 1000, (mark[2] - previous[2]) * 1000, (mark[3] - previous[3]) * 1000)
+        out.setdefault(f"{previous[1]} -> {mark[1]}", []).append(spent)
+        previous = mark
     return out
 
 
@@ -129,14 +130,20 @@ def trace_rows(a: Side, b: Side, since: float) -> list[str]:
     if a.trace_log is None or b.trace_log is None:
         return []
     ours, theirs = _segments(a.trace_log, since), _segments(b.trace_log, since)
-    rows = ["", "| segment (sequential flows) | A wall p50 / p99, CPU p50 ms | B wall p50 / p99, CPU p50 ms | n |"]
+    rows = [
+        "",
+        "| segment (sequential flows) | A: wall p50 / p99; CPU p50, process / loop thread, ms | B: the same | n |",
+    ]
     rows.append("|---|---|---|---|")
     for name, values in sorted(ours.items(), key=lambda item: -len(item[1])):
         other = theirs.get(name, [])
 
-        def cell(v: list[tuple[float, float]]) -> str:
-            walls, cpus = [w for w, _ in v], [c for _, c in v]
-            return f"{percentile(walls, 50):.2f} / {percentile(walls, 99):.2f}, {percentile(cpus, 50):.2f}"
+        def cell(v: list[tuple[float, float, float]]) -> str:
+            walls, cpus, loops = [w for w, _, _ in v], [c for _, c, _ in v], [t for _, _, t in v]
+            return (
+                f"{percentile(walls, 50):.2f} / {percentile(walls, 99):.2f}; "
+                f"{percentile(cpus, 50):.2f} / {percentile(loops, 50):.2f}"
+            )
 
         rows.append(f"| {name} | {cell(values)} | {cell(other)} | {len(values)} / {len(other)} |")
     return rows

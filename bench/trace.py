@@ -3,10 +3,10 @@
     BENCH_TRACE=/tmp/trace.log python -m bench.trace -m examples.github_agent      (or: -m service.cli serve)
 
 Patches a few methods of the connector (before the program imports them) to append `<wall clock> <point> <pid>
-<process CPU seconds>` to the file BENCH_TRACE names, one `write` per point (O_APPEND: several processes may share
-the file), then runs the module as `__main__` (bench/agent.py installs it itself when BENCH_TRACE is set). The
-connector's code is not changed; a point costs one small write. The points, in the order a cross-replica completion
-passes them:
+<process CPU seconds> <the marking thread's CPU seconds>` to the file BENCH_TRACE names, one `write` per point
+(O_APPEND: several processes may share the file), then runs the module as `__main__` (bench/agent.py installs it
+itself when BENCH_TRACE is set). The connector's code is not changed; a point costs one small write. The points,
+in the order a cross-replica completion passes them:
 
   callback         the callback's request reached the replica's handler (after the ASGI stack)
   claimed          the callback's flow claimed with its checks (one statement)
@@ -38,7 +38,8 @@ _fd: int | None = None
 
 def mark(point: str) -> None:
     if _fd is not None:
-        os.write(_fd, f"{time.time():.6f} {point} {os.getpid()} {time.process_time():.6f}\n".encode())
+        line = f"{time.time():.6f} {point} {os.getpid()} {time.process_time():.6f} {time.thread_time():.6f}\n"
+        os.write(_fd, line.encode())
 
 
 def _around(owner: Any, name: str, start: str | None, end: str | None) -> None:
