@@ -79,6 +79,25 @@ async def test_upgrade_builds_exactly_the_tables_in_tables_py(url: str) -> None:
     assert await run_sync_on(url, schema_diff(metadata)) == []
 
 
+def trigger_names(conn: Connection) -> set[str]:
+    if conn.dialect.name == "sqlite":
+        return set(conn.execute(text("SELECT name FROM sqlite_master WHERE type = 'trigger'")).scalars())
+    return set(conn.execute(text("SELECT tgname FROM pg_trigger WHERE NOT tgisinternal")).scalars())
+
+
+async def test_sqlite_writes_a_steps_rows_through_triggers_at_the_head(url: str) -> None:
+    """The triggers that insert a step's audit and event-log rows from its note (0020) are there on SQLite, after a
+    downgrade and upgrade too (a migration that rebuilds `elicitations` on SQLite would drop them); PostgreSQL has
+    none (its steps write those rows in CTEs)."""
+    expected = {"elicitations_step_inserted", "elicitations_step_updated"} if url.startswith("sqlite") else set()
+    migrate(url)
+    assert await run_sync_on(url, trigger_names) == expected
+    await asyncio.to_thread(command.downgrade, alembic_config(url), "0019")
+    assert await run_sync_on(url, trigger_names) == set()
+    migrate(url)
+    assert await run_sync_on(url, trigger_names) == expected
+
+
 async def test_the_schema_comparison_notices_a_drift(url: str) -> None:
     """Guards the test above: a table definition that differs from the migration must show up as a diff."""
     migrate(url)

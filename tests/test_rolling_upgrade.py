@@ -15,11 +15,11 @@ import pytest
 from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
-from sqlalchemy import MetaData, Table, insert, select, update
+from sqlalchemy import MetaData, Table, insert, select, text, update
 
 from service import AuthorizationStatus, ElicitationStatus, GrantEvent, GrantEventKind, GrantStatus, Identity
 from service.core.agent_api import tenant_of
-from service.core.records import GrantRecord
+from service.core.records import AuditEntry, GrantRecord
 from service.core.webhooks import WebhookEndpoints, WebhookPolicy
 from service.store import Store, alembic_config, head_revision, migrate, tables
 from service.store.schema import OLDEST_SCHEMA_REVISION, declared_oldest_code_revision, script_location
@@ -180,6 +180,7 @@ PREVIOUS_RELEASE_LACKS = {
     },
     "0013": {"elicitations": ("connection_values",)},
     "0019": {"grants": ("account_label", "account_name"), "elicitations": ("account",)},
+    "0020": {"elicitations": ("step_note",)},
 }
 
 
@@ -483,5 +484,47 @@ async def test_the_previous_release_works_on_the_account_columns(database_url: s
         async with store.engine.connect() as conn:
             kept = sorted((await conn.execute(select(old_grants.c.id))).scalars().all())
         assert kept == sorted([mine.id, "old-release-grant"])
+    finally:
+        await store.close()
+
+
+async def test_the_previous_release_works_on_the_step_note_and_its_triggers(database_url: str) -> None:
+    """0020 is expand-only: the previous release inserts and moves elicitations beside this one without naming
+    `step_note`, and SQLite's triggers write no audit or event-log row for its statements (they copy only a note a
+    statement sets); this one's steps write theirs. Downgrading drops the triggers and keeps the elicitations."""
+    from .test_store import elicitation
+
+    script = ScriptDirectory.from_config(alembic_config())
+    assert declared_oldest_code_revision(script, "0020") == declared_oldest_code_revision(script, "0019")
+    assert OLDEST_SCHEMA_REVISION >= "0020"  # this code writes the note: it needs it (and SQLite the triggers)
+    migrate(database_url)
+    old_table = as_before("0020", tables.elicitations)
+    store = Store.from_url(database_url)
+    try:
+        mine = elicitation()
+        await store.elicitations.insert(mine, audit=AuditEntry("created", NOW, mine.id, mine.identity, "github"))
+        async with store.engine.begin() as conn:  # the previous release inserts and moves one of its own
+            row = (await conn.execute(select(old_table).where(old_table.c.id == mine.id))).mappings().one()
+            await conn.execute(insert(old_table).values({**row, "id": "old-release-elicitation"}))
+            moved = update(old_table).where(old_table.c.id.in_([mine.id, "old-release-elicitation"]))
+            await conn.execute(moved.values(status=ElicitationStatus.DECLINED.value))
+        assert [(a.event, a.elicitation_id) for a in await store.audit.list()] == [("created", mine.id)]
+        assert await store.outbox.after(0) == []
+        theirs = await store.elicitations.get("old-release-elicitation")
+        assert theirs is not None and theirs.status is ElicitationStatus.DECLINED
+    finally:
+        await store.close()
+
+    await asyncio.to_thread(command.downgrade, alembic_config(database_url), "0019")
+    store = Store.from_url(database_url)
+    try:
+        async with store.engine.connect() as conn:
+            kept = sorted((await conn.execute(select(old_table.c.id))).scalars().all())
+            triggers = []
+            if conn.dialect.name == "sqlite":
+                listed = await conn.execute(text("SELECT name FROM sqlite_master WHERE type = 'trigger'"))
+                triggers = listed.scalars().all()
+        assert kept == sorted([mine.id, "old-release-elicitation"])
+        assert triggers == []
     finally:
         await store.close()

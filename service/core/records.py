@@ -157,8 +157,9 @@ class GrantRecord:
 
 @dataclass(frozen=True, slots=True)
 class AuditEntry:
-    """An audit event to write with the change it records, in the change's transaction (and on PostgreSQL in the
-    change's own statement). `detail` must be JSON-serialisable; the store bounds and redacts it."""
+    """An audit event to write with the change it records, by the change's own statement where the store is given it
+    with the change (else in the change's transaction). `detail` must be JSON-serialisable; the store bounds and
+    redacts it."""
 
     event: str
     at: datetime

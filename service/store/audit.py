@@ -163,11 +163,6 @@ def audit_params(values: Mapping[str, Any]) -> dict[str, Any]:
     return {f"audit_{name}": values[name] for name in _COLUMNS}
 
 
-def fuses_audit(conn: AsyncConnection) -> bool:
-    """Whether this connection's database writes an audit row in its change's own statement (PostgreSQL)."""
-    return conn.dialect.name == "postgresql"
-
-
 async def write_audit_row(conn: AsyncConnection, values: Mapping[str, Any], *, written: bool = False) -> None:
     """Append an audit row in `conn`'s transaction (unless `written` by the change's own statement already), and log
     it: after the commit inside a `Store.transaction()`, else at once."""

@@ -1,12 +1,26 @@
 """The statements of the elicitation repository, built once (building and keying a statement costs more than
-running it); on PostgreSQL a step's audit row, the flow it starts and the ending it logs go in its statement."""
+running it). A step's statement also writes the rows that go with its change: on PostgreSQL in data-modifying CTEs
+(its audit row, the flow it starts, the ending it logs, a first grant), on SQLite through the triggers that read the
+`step_note` it sets (its audit row, the ending it logs). Which a step runs is decided in `step_writes`."""
 
 from __future__ import annotations
 
 from functools import cache
 from typing import Any
 
-from sqlalchemy import bindparam, exists, insert, select, true, update
+from sqlalchemy import (
+    ColumnElement,
+    Integer,
+    bindparam,
+    exists,
+    func,
+    insert,
+    literal,
+    literal_column,
+    select,
+    true,
+    update,
+)
 from sqlalchemy.dialects import postgresql
 
 from service.core.states import CompletionDelivery, ElicitationStatus
@@ -14,11 +28,11 @@ from service.core.states import CompletionDelivery, ElicitationStatus
 from .audit import audit_insert_of, rows_beside, with_audit_row
 from .grants import ACCOUNT_KEY
 from .outbox import logged_insert_of
-from .tables import audit_events, elicitations, grants, oauth_flows
+from .tables import audit_events, elicitation_columns, elicitations, grants, oauth_flows
 
 # The statements every flow runs, built once (building and keying a statement costs more than running it).
 INSERT = insert(elicitations)
-GET = select(elicitations).where(elicitations.c.id == bindparam("elicitation_id"))
+GET = select(*elicitation_columns).where(elicitations.c.id == bindparam("elicitation_id"))
 TRANSITION = (
     update(elicitations)
     .where(
@@ -26,7 +40,7 @@ TRANSITION = (
         elicitations.c.status.in_(bindparam("from_statuses", expanding=True)),
     )
     .values(status=bindparam("new_status"), updated_at=bindparam("now"))
-    .returning(*elicitations.c)
+    .returning(*elicitation_columns)
 )
 INSERT_FLOW = insert(oauth_flows)
 RELEASE_TELLING = (
@@ -56,17 +70,19 @@ SETTLE_COMPLETION = (
     )
     .values(completion_delivery=bindparam("outcome"))
 )
+SETTLED = SETTLE_COMPLETION.returning(elicitations.c.id)
 
 
-# The same with the step's audit row in the statement (PostgreSQL: a data-modifying CTE, `with_audit_row`).
-# Every column `_to_row` gives (the two left out start NULL or 0 and change later): a column added to the table
-# without a value there makes this insert fail loudly rather than store NULL.
-_ROW_COLUMNS = [c.name for c in elicitations.c if c.name not in ("identity_mismatches", "completion_delivery")]
+# PostgreSQL: the same with the step's audit row in the statement (a data-modifying CTE, `with_audit_row`).
+# Every column `_to_row` gives (those left out start NULL or 0 and change later; `step_note` is SQLite's): a column
+# added to the table without a value there makes this insert fail loudly rather than store NULL.
+_LEFT_OUT = ("identity_mismatches", "completion_delivery", "step_note")
+_ROW_COLUMNS = [c.name for c in elicitations.c if c.name not in _LEFT_OUT]
 AUDITED = {
     "insert": with_audit_row(
         insert(elicitations).values({n: bindparam(n) for n in _ROW_COLUMNS}).returning(elicitations.c.id)
     ),
-    "settle": with_audit_row(SETTLE_COMPLETION.returning(elicitations.c.id)),
+    "settle": with_audit_row(SETTLED),
 }
 
 
@@ -79,21 +95,23 @@ def first_grant(columns: tuple[str, ...]) -> Any:
 
 
 @cache
-def transition_statement(
-    *, reason: bool, taking: bool, audited: bool, flow: bool, logged: bool, granted: tuple[str, ...] = ()
-) -> Any:
-    """The transition's statement, built once per shape: with the failure reason, the telling taken (`take_telling`);
-    and on PostgreSQL (`audited`) with the audit row, the flow it starts, the ending logged, the first grant of the
-    columns `granted` inserted, in one statement."""
+def transition_statement(*, reason: bool, taking: bool) -> Any:
+    """The transition's UPDATE, built once per shape: with the failure reason, the telling taken (`take_telling`)."""
     statement = TRANSITION
     if reason:
         statement = statement.values(failure_reason=bindparam("reason"))
     if taking:
         statement = statement.values(completion_delivery=CompletionDelivery.DELIVERING.value)
+    return statement
+
+
+@cache
+def audited_transition(*, reason: bool, taking: bool, flow: bool, logged: bool, granted: tuple[str, ...]) -> Any:
+    """PostgreSQL: the transition with its audit row, the flow it starts, the ending logged, the first grant of the
+    columns `granted` inserted, in one statement."""
+    statement = transition_statement(reason=reason, taking=taking)
     if granted:  # the ending only when its first grant went in (`ElicitationRepository.end`)
         statement = statement.where(exists(select(first_grant(granted).c.id)))
-    if not audited:
-        return statement
     changed = statement.cte("changed")
     ctes = [audit_insert_of(changed), *([rows_beside(changed, oauth_flows)] if flow else [])]
     if not logged:
@@ -110,7 +128,22 @@ def transition_statement(
 # terminal, not expired): the consent page's `opened`. The row's identity and provider come from the elicitation, so
 # only a row whose values `audit_row` would store unchanged (no control character to escape) is written here; another
 # is written by the caller (`get_audited`).
-_CONTROL_CHARACTER = "[\\x01-\\x1f\\x7f-\\x9f]"
+_CONTROL_CHARACTER = {"postgresql": "[\\x01-\\x1f\\x7f-\\x9f]", "sqlite": "[\\x00-\\x1f\\x7f-\\x9f]"}
+_ROW_AUDIT_COLUMNS = (elicitations.c.identity_issuer, elicitations.c.identity_subject, elicitations.c.provider)
+
+
+def _open_and_stored_as_is(dialect: str) -> tuple[ColumnElement[bool], ...]:
+    """The elicitation `elicitation_id` open at `now`, its identity and provider fit to be copied into an audit row
+    unchanged (`audit_row` would escape no character and cut nothing; SQLite does not hold a column to its length)."""
+    return (
+        elicitations.c.id == bindparam("elicitation_id"),
+        elicitations.c.status.in_([s.value for s in ElicitationStatus if not s.terminal]),
+        elicitations.c.expires_at > bindparam("now"),
+        *(~c.regexp_match(_CONTROL_CHARACTER[dialect]) for c in _ROW_AUDIT_COLUMNS),
+        *(func.length(c) <= audit_events.c[c.name].type.length for c in _ROW_AUDIT_COLUMNS),  # type: ignore[attr-defined]
+    )
+
+
 _AUDIT_IF_OPEN = (
     insert(audit_events)
     .from_select(
@@ -123,17 +156,42 @@ _AUDIT_IF_OPEN = (
             elicitations.c.identity_subject,
             elicitations.c.provider,
             bindparam("audit_detail", type_=audit_events.c.detail.type),
-        ).where(
-            elicitations.c.id == bindparam("elicitation_id"),
-            elicitations.c.status.in_([s.value for s in ElicitationStatus if not s.terminal]),
-            elicitations.c.expires_at > bindparam("now"),
-            *(
-                ~c.regexp_match(_CONTROL_CHARACTER)
-                for c in (elicitations.c.identity_issuer, elicitations.c.identity_subject, elicitations.c.provider)
-            ),
-        ),
+        ).where(*_open_and_stored_as_is("postgresql")),
     )
     .returning(audit_events.c.id)
     .cte("audited")
 )
 GET_AUDITED = GET.add_columns(exists(select(_AUDIT_IF_OPEN.c.id)).label("audited")).add_cte(_AUDIT_IF_OPEN)
+
+
+# SQLite: the statements that set `step_note`, whose rows the triggers of migration 0020 insert (`step_writes`).
+NOTED_SETTLE = SETTLED.values(step_note=bindparam("step_note"))
+# The ending's event-log row, which the UPDATE's trigger wrote before the row changed (the elicitation's newest). As
+# text: SQLAlchemy writes RETURNING's columns without their table, and here `id` alone would name the event's.
+_LOGGED_ID = literal_column(
+    "(SELECT logged.id FROM elicitation_events AS logged WHERE logged.elicitation_id = elicitations.id "
+    "ORDER BY logged.id DESC LIMIT 1)",
+    Integer,
+).label("logged_event_id")
+
+
+@cache
+def noted_transition(*, reason: bool, taking: bool, logged: bool) -> Any:
+    """SQLite: the transition setting the step's note; returning the id of the ending's event-log row (`logged`)."""
+    statement = transition_statement(reason=reason, taking=taking).values(step_note=bindparam("step_note"))
+    return statement.returning(_LOGGED_ID) if logged else statement
+
+
+# The consent page's read as one UPDATE: `opened` noted while the elicitation is open (its id, identity and provider
+# taken from the row, as `GET_AUDITED` does); no row when it is not, and the caller reads it then.
+OPEN_NOTED = (
+    update(elicitations)
+    .where(*_open_and_stored_as_is("sqlite"))
+    .values(
+        step_note=func.json_set(
+            bindparam("step_note"),
+            *(x for c in (elicitations.c.id, *_ROW_AUDIT_COLUMNS) for x in (f"$.audit_events.{c.name}", c)),
+        )
+    )
+    .returning(*elicitation_columns, literal(True).label("audited"))
+)

@@ -14,26 +14,16 @@ from service.core.events import ElicitationEvent
 from service.core.records import AuditEntry, ElicitationRecord, FlowRecord, GrantRecord
 from service.core.states import ALLOWED, CompletionDelivery, ElicitationStatus
 
-from .audit import audit_params, audit_row, fuses_audit, write_audit_row
+from .audit import audit_row, log_audit_event, write_audit_row
 from .elicitation_rows import from_row as _from_row
 from .elicitation_rows import to_row as _to_row
-from .elicitation_sql import (
-    AUDITED,
-    CLAIM_COMPLETION,
-    GET,
-    GET_AUDITED,
-    INSERT,
-    INSERT_FLOW,
-    RELEASE_TELLING,
-    SETTLE_COMPLETION,
-    transition_statement,
-)
+from .elicitation_sql import CLAIM_COMPLETION, GET, INSERT_FLOW, RELEASE_TELLING
 from .engine import Database
 from .flow_rows import flow_row
-from .grant_rows import to_row as grant_row
 from .grants import GrantRepository
 from .outbox import OutboxRepository
-from .tables import COMPLETION_PENDING, elicitations, oauth_flows, replicas
+from .step_writes import Carried, step_writes
+from .tables import COMPLETION_PENDING, elicitation_columns, elicitations, replicas
 
 
 def predecessors(target: ElicitationStatus) -> frozenset[ElicitationStatus]:
@@ -46,20 +36,18 @@ class ElicitationRepository:
         self._db = db
         self._outbox = outbox  # where `end` logs an ending
         self._grants = grants  # where `end_with_first_grant` inserts its grant (SQLite)
+        self._steps = step_writes(db.writer.dialect)  # how a step's statement writes its audit row and the others
 
     async def insert(
         self, rec: ElicitationRecord, conn: AsyncConnection | None = None, *, audit: AuditEntry | None = None
     ) -> None:
-        """Insert the elicitation, and `audit`'s row with it (in its statement on PostgreSQL)."""
+        """Insert the elicitation, and `audit`'s row with it (in its statement)."""
+        values = None if audit is None else audit_row(audit)
+        statement, params = self._steps.insert(_to_row(rec), values)
         async with self._db.write(conn) as c:
-            if audit is not None and fuses_audit(c):
-                values = audit_row(audit)
-                await c.execute(AUDITED["insert"], {**_to_row(rec), **audit_params(values)})
-                await write_audit_row(c, values, written=True)
-                return
-            await c.execute(INSERT, _to_row(rec))
-            if audit is not None:
-                await write_audit_row(c, audit_row(audit))
+            await c.execute(statement, params)
+            if values is not None:
+                await write_audit_row(c, values, written=True)  # its log line
 
     async def get(self, id: str, conn: AsyncConnection | None = None) -> ElicitationRecord | None:
         async with self._db.read(conn) as c:
@@ -68,21 +56,22 @@ class ElicitationRepository:
 
     async def get_audited(self, id: str, audit: AuditEntry, *, now: datetime) -> tuple[ElicitationRecord, bool] | None:
         """The elicitation (as `get`) and whether `audit` about it (its id, identity and provider taken from the row)
-        was written with the read: on PostgreSQL, in the read's statement, when the elicitation is open and not expired
-        at `now` (and its identity needs no escaping, `audit_row`). Never on SQLite: the caller writes it then."""
-        async with self._db.read() as c:
-            if not fuses_audit(c):
+        was written with the read, in its statement: when the elicitation is open and not expired at `now` (and its
+        identity needs no escaping, `audit_row`). When it was not, the caller writes it if it should."""
+        statement, params = self._steps.opened(id, now, audit_row(audit))
+        async with self._db.write_alone() as c:
+            row = (await c.execute(statement, params)).mappings().first()
+            if row is None and not self._steps.opening_reads:  # nothing opened: the plain read
                 row = (await c.execute(GET, {"elicitation_id": id})).mappings().first()
-                return None if row is None else (_from_row(row), False)
-            params = {"elicitation_id": id, "now": now, **audit_params(audit_row(audit))}
-            row = (await c.execute(GET_AUDITED, params)).mappings().first()
-            if row is None:
-                return None
-            record = _from_row(row)
-            if row["audited"]:
-                entry = replace(audit, elicitation_id=record.id, identity=record.identity, provider=record.provider)
-                await write_audit_row(c, audit_row(entry), written=True)  # its log line
-            return record, bool(row["audited"])
+        if row is None:
+            return None
+        record = _from_row(row)
+        audited = bool(row.get("audited", False))
+        if audited:  # its log line, once committed
+            log_audit_event(
+                audit_row(replace(audit, elicitation_id=id, identity=record.identity, provider=record.provider))
+            )
+        return record, audited
 
     async def transition(
         self,
@@ -102,7 +91,7 @@ class ElicitationRepository:
         Returns the updated record, or None when the id is unknown or the current status does not allow
         `target` (a terminal status never changes). `reason` is stored as the failure reason when given.
         `from_` narrows the statuses it may move from (the core passes it for a step it checked as a path).
-        `audit` is written when the move happens, in the same transaction (on PostgreSQL in the UPDATE's statement).
+        `audit` is written when the move happens, by the UPDATE's statement (`step_writes`).
         `take_telling` (a completion, without `reason`): the telling of the completion is taken in the same UPDATE, as
         `claim_completion` would take it, for the replica that completes it and holds its connection.
         `flow` (with `audit`): the OAuth flow the move starts, inserted when the move happens (on PostgreSQL in the
@@ -124,7 +113,7 @@ class ElicitationRepository:
         take_telling: bool = False,
     ) -> tuple[ElicitationRecord, ElicitationEvent] | None:
         """`transition` to a terminal `target` with its audit row, and `ending` appended to the event log when it
-        happens: on PostgreSQL all in one statement, which must be the transaction's last (`outbox.append`). The
+        happens, all by one statement (on PostgreSQL it must be the transaction's last: `outbox.append`). The
         ended record and the event as logged; None when the status did not allow it (nothing written)."""
         moved = await self._move(id, target, reason, now, None, conn, audit, take_telling, None, ending)
         if moved is None:
@@ -148,7 +137,7 @@ class ElicitationRepository:
         """`grant`, a user's first at its provider, inserted unless its account holds one by now
         (`GrantRepository.insert_new`), and only when it went in, `end`: on PostgreSQL in one statement. Whether the
         grant went in, and what `end` returned."""
-        if not fuses_audit(conn):
+        if not self._steps.carries_grant:
             if await self._grants.insert_new(grant, conn) is None:
                 return False, None
             return True, await self.end(id, target, ending, now=now, conn=conn, audit=audit, take_telling=take_telling)
@@ -185,63 +174,41 @@ class ElicitationRepository:
         }
         if reason is not None:
             params["reason"] = reason
+        values = None if audit is None else audit_row(audit)
+        (statement, more), carried = self._steps.transition(
+            reason=reason is not None,
+            taking=take_telling,
+            audit=values,
+            flow=flow,
+            ending=None if ending is None else self._outbox.event_row(ending, now),
+            grant=grant,
+        )
         async with self._db.write(conn) as c:
-            values = None if audit is None else audit_row(audit)
-            fused = values is not None and fuses_audit(c)
-            if fused:
-                assert values is not None
-                params.update(self._fused_params(values, flow, ending, grant, now))
-            statement = transition_statement(
-                reason=reason is not None,
-                taking=take_telling,
-                audited=fused,
-                flow=fused and flow is not None,
-                logged=fused and ending is not None,
-                granted=tuple(grant_row(grant)) if fused and grant is not None else (),
-            )
-            row = (await c.execute(statement, params)).mappings().first()
+            row = (await c.execute(statement, {**params, **more})).mappings().first()
             if row is None:
                 return None
-            logged = await self._write_beside(c, row, values, fused, flow, ending, now)
+            logged = await self._write_beside(c, row, values, carried, flow, ending, now)
         return _from_row(row), logged
-
-    def _fused_params(
-        self,
-        values: dict[str, Any],
-        flow: FlowRecord | None,
-        ending: ElicitationEvent | None,
-        grant: GrantRecord | None,
-        now: datetime,
-    ) -> dict[str, Any]:
-        """The parameters of the rows the transition's statement also writes (PostgreSQL)."""
-        params = audit_params(values)
-        if flow is not None:
-            params.update({f"{oauth_flows.name}_{k}": v for k, v in flow_row(flow).items()})
-        if ending is not None:
-            params.update(self._outbox.event_params(ending, now))
-        if grant is not None:
-            params.update({f"grants_{k}": v for k, v in grant_row(grant).items()})
-        return params
 
     async def _write_beside(
         self,
         c: AsyncConnection,
         row: Any,
         values: dict[str, Any] | None,
-        fused: bool,
+        carried: Carried,
         flow: FlowRecord | None,
         ending: ElicitationEvent | None,
         now: datetime,
     ) -> ElicitationEvent | None:
-        """After the transition: the rows its statement did not write (all of them on SQLite), and the logged
-        `ending`."""
+        """After the transition: the rows its statement did not write (`carried`), the audit row's log line, and the
+        logged `ending`."""
         if values is not None:
-            await write_audit_row(c, values, written=fused)
-        if flow is not None and not fused:
+            await write_audit_row(c, values, written=carried.audit)
+        if flow is not None and not carried.flow:
             await c.execute(INSERT_FLOW, flow_row(flow))
         if ending is None:
             return None
-        if fused:
+        if carried.ending:
             return self._outbox.logged(ending, row["logged_event_id"], now)
         (logged,) = await self._outbox.append([ending], at=now, conn=c)
         return logged
@@ -282,18 +249,14 @@ class ElicitationRepository:
         audit: AuditEntry | None = None,
     ) -> bool:
         """Record how a claimed telling ended (`sent` or `undeliverable`), with `audit`'s row when it is recorded
-        (in its statement on PostgreSQL); False if it was settled meanwhile."""
-        params: dict[str, Any] = {"elicitation_id": id, "outcome": outcome.value}
+        (by its statement); False if it was settled meanwhile."""
+        values = None if audit is None else audit_row(audit)
+        statement, more = self._steps.settle(values)
+        params = {"elicitation_id": id, "outcome": outcome.value, **more}
         async with self._db.write(conn) as c:
-            values = None if audit is None else audit_row(audit)
-            if values is not None and fuses_audit(c):
-                settled = (await c.execute(AUDITED["settle"], {**params, **audit_params(values)})).first() is not None
-                if settled:
-                    await write_audit_row(c, values, written=True)
-                return settled
-            settled = (await c.execute(SETTLE_COMPLETION, params)).rowcount > 0
+            settled = (await c.execute(statement, params)).first() is not None
             if settled and values is not None:
-                await write_audit_row(c, values)
+                await write_audit_row(c, values, written=True)  # its log line
             return settled
 
     async def completions_to_tell(
@@ -301,7 +264,7 @@ class ElicitationRepository:
     ) -> list[ElicitationRecord]:
         """Completed elicitations of `replica_id` that nobody started to tell (a catch-up after a missed event)."""
         statement = (
-            select(elicitations)
+            select(*elicitation_columns)
             .where(
                 text(COMPLETION_PENDING),
                 elicitations.c.replica_id == replica_id,
@@ -324,7 +287,7 @@ class ElicitationRepository:
             update(elicitations)
             .where(elicitations.c.id.in_(orphans), text(COMPLETION_PENDING))
             .values(completion_delivery=CompletionDelivery.UNDELIVERABLE.value)
-            .returning(*elicitations.c)
+            .returning(*elicitation_columns)
         )
         async with self._db.write(conn) as c:
             rows = (await c.execute(statement)).mappings().all()
@@ -364,7 +327,7 @@ class ElicitationRepository:
             update(elicitations)
             .where(elicitations.c.id.in_(due.scalar_subquery()), elicitations.c.status.in_(open_statuses))
             .values(values)
-            .returning(*elicitations.c)
+            .returning(*elicitation_columns)
         )
         async with self._db.write(conn) as c:
             rows = (await c.execute(statement)).mappings().all()

@@ -14,7 +14,7 @@ from service.core.records import ElicitationRecord, FlowRecord
 from .elicitation_rows import from_row as elicitation_from_row
 from .engine import Database
 from .flow_rows import flow_row
-from .tables import elicitations, grants, oauth_flows
+from .tables import elicitation_columns, elicitations, grants, oauth_flows
 
 # The statements every flow runs, built once (building and keying a statement costs more than running it).
 _INSERT = insert(oauth_flows)
@@ -30,7 +30,7 @@ _GRANT_HELD = (
     .label("grant_held")
 )
 _WITH_ELICITATION = (
-    select(oauth_flows, elicitations, _GRANT_HELD)
+    select(oauth_flows, *elicitation_columns, _GRANT_HELD)
     .join(elicitations, elicitations.c.id == oauth_flows.c.elicitation_id)
     .where(oauth_flows.c.state_hash == bindparam("state"))
     .set_label_style(LABEL_STYLE_TABLENAME_PLUS_COL)
@@ -68,7 +68,7 @@ _CLAIM_WITH_ELICITATION = {
     .values(used_at=bindparam("now"))
     .returning(
         *(c.label(f"oauth_flows_{c.name}") for c in oauth_flows.c),
-        *(c.label(f"elicitations_{c.name}") for c in elicitations.c),
+        *(c.label(f"elicitations_{c.name}") for c in elicitation_columns),
         _GRANT_HELD,
     ),
     "sqlite": update(oauth_flows)
@@ -81,7 +81,7 @@ _CLAIM_WITH_ELICITATION = {
             .where(elicitations.c.id == oauth_flows.c.elicitation_id)
             .scalar_subquery()
             .label(f"elicitations_{c.name}")
-            for c in elicitations.c
+            for c in elicitation_columns
         ),
         select(_GRANT_HELD)
         .where(elicitations.c.id == oauth_flows.c.elicitation_id)

@@ -92,7 +92,7 @@ def _from_row(row: RowMapping) -> LoggedEvent:
 
 
 def logged_insert_of(changed: Any) -> Any:
-    """PostgreSQL: a CTE appending the event of `event_*` parameters (`event_params`) for each row of the CTE `changed`,
+    """PostgreSQL: a CTE appending the event of `event_*` parameters (`event_row`) for each row of the CTE `changed`,
     after the log's order lock (as `append` takes it), returning its id: an ending logged in its change's statement.
     That statement must be its transaction's last (the lock is held until the commit)."""
     ordered = select(func.pg_advisory_xact_lock(literal(ORDER_LOCK_KEY, BigInteger)).label("l")).offset(0)
@@ -136,9 +136,9 @@ class OutboxRepository:
         ids = {(logged, kind): id for id, logged, kind in result.all()}
         return [replace(e, id=ids[_key(e)], at=at, origin=self.origin) for e in events]
 
-    def event_params(self, event: ElicitationEvent, at: datetime) -> dict[str, Any]:
-        """`event`'s row as the parameters of a statement with `logged_insert_of`."""
-        return {f"event_{name}": value for name, value in zip(_COLUMNS, _row(event, at, self.origin), strict=True)}
+    def event_row(self, event: ElicitationEvent, at: datetime) -> dict[str, Any]:
+        """`event`'s row as this process appends it, for a change's statement that logs it (`logged_insert_of`)."""
+        return dict(zip(_COLUMNS, _row(event, at, self.origin), strict=True))
 
     def logged(self, event: E, id: int, at: datetime) -> E:
         """`event` as appended with `id` at `at` by this process."""
