@@ -26,9 +26,10 @@ from sqlalchemy.dialects import postgresql
 from service.core.states import CompletionDelivery, ElicitationStatus
 
 from .audit import audit_insert_of, rows_beside, with_audit_row
+from .elicitation_rows import elicitation_columns
 from .grants import ACCOUNT_KEY
 from .outbox import logged_insert_of
-from .tables import audit_events, elicitation_columns, elicitations, grants, oauth_flows
+from .tables import audit_events, elicitations, grants, oauth_flows
 
 # The statements every flow runs, built once (building and keying a statement costs more than running it).
 INSERT = insert(elicitations)

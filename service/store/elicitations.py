@@ -15,6 +15,7 @@ from service.core.records import AuditEntry, ElicitationRecord, FlowRecord, Gran
 from service.core.states import ALLOWED, CompletionDelivery, ElicitationStatus
 
 from .audit import audit_row, log_audit_event, write_audit_row
+from .elicitation_rows import elicitation_columns
 from .elicitation_rows import from_row as _from_row
 from .elicitation_rows import to_row as _to_row
 from .elicitation_sql import CLAIM_COMPLETION, GET, INSERT_FLOW, RELEASE_TELLING
@@ -23,7 +24,7 @@ from .flow_rows import flow_row
 from .grants import GrantRepository
 from .outbox import OutboxRepository
 from .step_writes import Carried, step_writes
-from .tables import COMPLETION_PENDING, elicitation_columns, elicitations, replicas
+from .tables import COMPLETION_PENDING, elicitations, replicas
 
 
 def predecessors(target: ElicitationStatus) -> frozenset[ElicitationStatus]:

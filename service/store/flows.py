@@ -11,10 +11,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from service.core.records import ElicitationRecord, FlowRecord
 
+from .elicitation_rows import elicitation_columns
 from .elicitation_rows import from_row as elicitation_from_row
 from .engine import Database
 from .flow_rows import flow_row
-from .tables import elicitation_columns, elicitations, grants, oauth_flows
+from .tables import elicitations, grants, oauth_flows
 
 # The statements every flow runs, built once (building and keying a statement costs more than running it).
 _INSERT = insert(oauth_flows)

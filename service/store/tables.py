@@ -66,10 +66,9 @@ class UTCDateTime(TypeDecorator[datetime]):
 
 ID = String(64)
 
-# Completed elicitations whose telling is not settled yet (the rows the completion sweeps look for).
 # Open (not terminal) elicitations: the console's pending list and the overview's count (0017).
 OPEN_ELICITATIONS = "status IN ('pending', 'consented', 'verified', 'authorizing')"
-
+# Completed elicitations whose telling is not settled yet (the rows the completion sweeps look for).
 COMPLETION_PENDING = (
     "status = 'completed' AND replica_id IS NOT NULL "
     "AND (completion_delivery IS NULL OR completion_delivery = 'delivering')"
@@ -106,9 +105,7 @@ elicitations = Table(
     # Telling the client that it completed, decided by conditional updates: NULL (not yet), "delivering" (its
     # replica took it and is sending elicitation/complete), "sent", "undeliverable".
     Column("completion_delivery", String(16), nullable=True),
-    # SQLite only (0020): JSON, the rows a step's statement writes beside its change (its audit row, an ending's
-    # event-log row), which triggers insert (`service.store.step_writes`). The last step's; nothing reads it.
-    Column("step_note", Text, nullable=True),
+    Column("step_note", Text, nullable=True),  # SQLite (0020): JSON, a step's rows for triggers (store/step_writes)
     Index(None, "status", "expires_at"),
     Index(None, "connection_key"),
     # Only the completions still to be told, so that the sweeps looking for them stay cheap.
@@ -130,9 +127,6 @@ elicitations = Table(
     # Retention: ended elicitations, oldest change first (0018).
     Index(None, "updated_at"),
 )
-
-# The columns an elicitation's record is read from: every one but `step_note`, which is written, never read.
-elicitation_columns = tuple(c for c in elicitations.c if c.name != "step_note")
 
 oauth_flows = Table(
     "oauth_flows",
