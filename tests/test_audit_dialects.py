@@ -7,6 +7,7 @@ and a user whose name must be escaped in the audit row."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -19,7 +20,7 @@ from service.core.events import ElicitationEvent
 from service.core.records import AuditEntry
 from service.core.states import CompletionDelivery
 from service.store import Store
-from service.store.tables import audit_events, elicitation_events
+from service.store.tables import audit_events, elicitation_events, elicitations
 from service.testing import ScriptedBrowser
 from service.web.server import listening_socket
 
@@ -156,6 +157,15 @@ async def flows_on(deployment: Deployment) -> Trail:
     return {table: sorted(without_random_ids(table_rows, randoms), key=repr) for table, table_rows in rows.items()}
 
 
+async def assert_notes_hold_no_secret(deployment: Deployment) -> None:
+    """The notes SQLite's steps left on the rows hold the audit and event-log rows only, and no secret."""
+    async with deployment.connector.runtime.store.db.reader.connect() as conn:
+        notes = (await conn.execute(select(elicitations.c.step_note))).scalars().all()
+    assert notes and all(set(json.loads(note)) <= {"audit_events", "elicitation_events"} for note in notes)
+    secrets = deployment.provider.secrets_issued()
+    assert secrets and not [secret for secret in secrets for note in notes if secret in note]
+
+
 @pytest.mark.postgres
 async def test_the_audit_trail_and_event_log_are_the_same_on_both_databases(
     deploy_with: Deploy, connector_env: dict[str, str], tmp_path: Any, mock_provider: Any
@@ -163,6 +173,7 @@ async def test_the_audit_trail_and_event_log_are_the_same_on_both_databases(
     async with deploy_with() as on_sqlite:  # the SQLite file of `connector_env`
         assert on_sqlite.connector.runtime.store.db.writer.dialect.name == "sqlite"
         sqlite_trail = await flows_on(on_sqlite)
+        await assert_notes_hold_no_secret(on_sqlite)
     # The first deployment's server closed its socket: the second serves on one of its own.
     with listening_socket("127.0.0.1", 0) as sock:
         port = sock.getsockname()[1]
