@@ -10,13 +10,11 @@ from typing import Any
 
 from sqlalchemy import (
     ColumnElement,
-    Integer,
     bindparam,
     exists,
     func,
     insert,
     literal,
-    literal_column,
     select,
     true,
     update,
@@ -29,7 +27,7 @@ from .audit import audit_insert_of, rows_beside, with_audit_row
 from .elicitation_rows import elicitation_columns
 from .grants import ACCOUNT_KEY
 from .outbox import logged_insert_of
-from .tables import audit_events, elicitations, grants, oauth_flows
+from .tables import audit_events, elicitation_events, elicitations, grants, oauth_flows
 
 # The statements every flow runs, built once (building and keying a statement costs more than running it).
 INSERT = insert(elicitations)
@@ -167,13 +165,9 @@ GET_AUDITED = GET.add_columns(exists(select(_AUDIT_IF_OPEN.c.id)).label("audited
 
 # SQLite: the statements that set `step_note`, whose rows the triggers of migration 0020 insert (`step_writes`).
 NOTED_SETTLE = SETTLED.values(step_note=bindparam("step_note"))
-# The ending's event-log row, which the UPDATE's trigger wrote before the row changed (the elicitation's newest). As
-# text: SQLAlchemy writes RETURNING's columns without their table, and here `id` alone would name the event's.
-_LOGGED_ID = literal_column(
-    "(SELECT logged.id FROM elicitation_events AS logged WHERE logged.elicitation_id = elicitations.id "
-    "ORDER BY logged.id DESC LIMIT 1)",
-    Integer,
-).label("logged_event_id")
+# The ending's event-log row, which the UPDATE's trigger wrote before the row changed: the log's newest, SQLite having
+# one writer at a time (as `OutboxRepository.append` relies on), and found without reading the table.
+_LOGGED_ID = select(func.max(elicitation_events.c.id)).scalar_subquery().label("logged_event_id")
 
 
 @cache
