@@ -5,7 +5,8 @@
 Runs the store calls a connect flow makes (the agent's grant check, the insert with `created`, `consented`, the
 consent page's read with `opened`, the start with `verified` and its flow, the callback's claim, the completion with
 a first grant, `completed` and its event-log row, the telling settled with `completion_sent`), one flow at a time on
-a fresh SQLite file, and reports the process's CPU per flow (`time.process_time`) and the statements per flow.
+a fresh SQLite file, and reports the process's CPU and the wall time per flow (`time.process_time`), the median wall
+time of the completion's transaction (on the callback's path) and the statements per flow.
 With `--code DIR` (a checkout of another revision, e.g. main's in a second worktree; repeatable) each round runs
 every checkout in its own subprocess, alternating, so that the ratios are taken in the same minutes.
 """
@@ -45,6 +46,7 @@ async def one_run(flows: int) -> dict[str, float]:
         migrate(url)
         store = Store.from_url(url)
         seen = [0]
+        completions: list[float] = []  # the completion's transaction (on the callback's path), wall seconds
 
         def count(*_: Any) -> None:
             seen[0] += 1
@@ -130,6 +132,7 @@ async def one_run(flows: int) -> dict[str, float]:
                 updated_at=now,
             )
             ending = ElicitationEvent(rec.id, ElicitationStatus.COMPLETED, rec.connection_key)
+            started_at = time.perf_counter()
             async with store.transaction() as tx:
                 inserted, ended = await store.elicitations.end_with_first_grant(
                     rec.id,
@@ -142,6 +145,7 @@ async def one_run(flows: int) -> dict[str, float]:
                     take_telling=True,
                 )
             assert inserted and ended is not None
+            completions.append(time.perf_counter() - started_at)
             async with store.transaction() as tx:
                 told = AuditEntry("completion_sent", now, rec.id)
                 assert await store.elicitations.settle_completion(rec.id, CompletionDelivery.SENT, tx, audit=told)
@@ -149,6 +153,7 @@ async def one_run(flows: int) -> dict[str, float]:
         for n in range(20):  # warm up: statement caches, the SQLite page cache
             await flow(-1 - n)
         seen[0] = 0
+        completions.clear()
         cpu, wall = time.process_time(), time.perf_counter()
         for n in range(flows):
             await flow(n)
@@ -156,7 +161,12 @@ async def one_run(flows: int) -> dict[str, float]:
         audited = len(await store.audit.list())
         await store.close()
     assert audited == 6 * (flows + 20), audited  # every step's row, once
-    return {"cpu_ms": cpu * 1000 / flows, "wall_ms": wall * 1000 / flows, "statements": seen[0] / flows}
+    return {
+        "cpu_ms": cpu * 1000 / flows,
+        "wall_ms": wall * 1000 / flows,
+        "completion_ms": statistics.median(completions) * 1000,
+        "statements": seen[0] / flows,
+    }
 
 
 def main() -> None:
@@ -182,19 +192,24 @@ def main() -> None:
             results[checkout].append(json.loads(done.stdout.strip().splitlines()[-1]))
             last = results[checkout][-1]
             print(
-                f"  round {round_ + 1} {checkout.name}: {last['cpu_ms']:.2f} ms of CPU, {last['wall_ms']:.2f} ms wall, "
+                f"  round {round_ + 1} {checkout.name}: {last['cpu_ms']:.2f} ms of CPU, {last['wall_ms']:.2f} ms wall "
+                f"(the completion's transaction p50 {last['completion_ms']:.2f} ms), "
                 f"{last['statements']:.1f} statements"
                 f" (load {os.getloadavg()[0]:.1f})"
             )
     first = statistics.median(r["cpu_ms"] for r in results[HERE])
     first_wall = statistics.median(r["wall_ms"] for r in results[HERE])
+    first_completion = statistics.median(r["completion_ms"] for r in results[HERE])
     for checkout, runs in results.items():
         cpu = statistics.median(r["cpu_ms"] for r in runs)
         wall = statistics.median(r["wall_ms"] for r in runs)
+        completion = statistics.median(r["completion_ms"] for r in runs)
         print(
             f"{checkout.name}: median {cpu:.2f} ms of CPU per flow ({min(r['cpu_ms'] for r in runs):.2f}-"
             f"{max(r['cpu_ms'] for r in runs):.2f}), {cpu / first:.2f}x this checkout's; wall {wall:.2f} ms, "
-            f"{wall / first_wall:.2f}x; {runs[0]['statements']:.1f} statements"
+            f"{wall / first_wall:.2f}x; the completion's transaction {completion:.2f} ms, "
+            f"{completion / first_completion:.2f}x; "
+            f"{runs[0]['statements']:.1f} statements"
         )
     print(f"load average at end {os.getloadavg()[0]:.1f}")
 
