@@ -49,7 +49,10 @@ async def worker(database_url: str) -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         # Creating 25,000 pendings a process takes longer than an elicitation's default 10 minutes: none may expire.
-        async with deployment(Path(tmp), database_url, {"CONNECTOR_ELICITATION__TTL_SECONDS": "7200"}) as d:
+        # At most 15 pooled connections a worker (not the default 20): four workers at 20, their listeners and their
+        # heartbeats' own connections reached the server's 100 (the heartbeat, and another client, were refused).
+        settings = {"CONNECTOR_ELICITATION__TTL_SECONDS": "7200", "CONNECTOR_DATABASE__MAX_OVERFLOW": "5"}
+        async with deployment(Path(tmp), database_url, settings) as d:
             await run_flows(d.driver.flow, 10, 2)  # warm up
             say({"ready": 1})
             while line := (await reader.readline()).decode().split():
