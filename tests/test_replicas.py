@@ -29,8 +29,12 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from service import ElicitationStatus
+from service.config import ReplicaSettings
 from service.core.handles import grant_aad
 from service.core.records import TokenSet
+from service.events.bus import LocalBus
+from service.events.replica import Replica
+from service.metrics import Metrics
 from service.store import PoolSettings, Store, migrate
 from service.testing import MockOAuthProvider, ScriptedBrowser, ScriptedClient, spawn_agent
 from service.testing.acp_client import SpawnedAgent
@@ -522,3 +526,28 @@ async def test_the_heartbeat_gets_through_while_requests_hold_every_pooled_conne
             assert [(row[0], row[1]) for row in rows] == [("busy-replica", beat_at)]
         finally:
             await store.close()
+
+
+async def test_a_replica_keeps_beating_while_its_sweep_waits_for_a_pooled_connection() -> None:
+    # The sweep (orphans, gone replicas, catch-up) needs a pooled connection; while requests hold them all it waits
+    # up to the pool's timeout, which is longer than `dead_after_seconds` by default (30 s each). Were the beat
+    # queued behind it, the others would take this live replica for gone (seen under a burst of cancellations).
+    settings = ReplicaSettings(heartbeat_seconds=0.1, dead_after_seconds=0.6)
+    async with fresh_postgres_database(migrated=True) as url:
+        store = Store.from_url(url, PoolSettings(size=1, overflow=0, timeout=30))
+        watcher = Store.from_url(url)
+        replica = Replica(store, LocalBus(), settings, lambda: datetime.now(UTC), Metrics())
+        try:
+            await replica.start()
+            gaps: list[float] = []
+            async with store.db.writer.connect():  # every pooled connection taken for 2 s: the sweep waits
+                for _ in range(20):
+                    await asyncio.sleep(0.1)
+                    async with watcher.db.reader.connect() as conn:
+                        beat = (await conn.execute(text("SELECT heartbeat_at FROM replicas"))).scalar_one()
+                    gaps.append((datetime.now(UTC) - beat).total_seconds())
+            assert max(gaps) < settings.dead_after_seconds, gaps
+        finally:
+            await replica.close()
+            await store.close()
+            await watcher.close()

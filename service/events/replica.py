@@ -1,7 +1,9 @@
 """This process as one of the replicas sharing the database: its id, its heartbeat, and what it sweeps.
 
-Every `heartbeat_seconds` (one bounded task per process, on SQLite and PostgreSQL alike) a replica:
-- records that it is alive (`replicas` row);
+Every `heartbeat_seconds` (two bounded tasks per process, on SQLite and PostgreSQL alike) a replica:
+- records that it is alive (`replicas` row), in a task of its own on a connection outside the pool: work that
+  waits for a pooled connection (the sweep below, while requests hold them all) never delays a beat, or the
+  others would take a live replica for gone;
 - settles as undeliverable the completions whose replica is gone (silent for `dead_after_seconds`): their
   connection went with that process, so `elicitation/complete` can never be sent (`completion_undeliverable`,
   reason `replica_gone`), and removes the rows of gone replicas;
@@ -14,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 
 from service.config import ReplicaSettings
@@ -48,35 +50,41 @@ class Replica:
         self.settings = settings
         self.now = clock
         self.metrics = metrics
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
-        """Announce this replica, then beat until `close`."""
-        await self.store.replicas.beat(self.id, now=self.now())
-        self._task = asyncio.create_task(self._run(), name=f"replica-{self.id}")
+        """Announce this replica, then beat and sweep until `close`."""
+        await self.beat()
+        self._tasks = [
+            asyncio.create_task(self._every_beat(self.beat, "replica heartbeat"), name=f"replica-{self.id}"),
+            asyncio.create_task(self._every_beat(self.sweep, "replica sweep"), name=f"replica-sweep-{self.id}"),
+        ]
 
     async def close(self) -> None:
         """Stop beating and leave: other replicas settle what this one's connections were waiting for."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        if self._tasks:
+            tasks, self._tasks = self._tasks, []
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             with contextlib.suppress(Exception):
                 await self.store.replicas.remove(self.id)
 
-    async def _run(self) -> None:
+    async def _every_beat(self, work: Callable[[], Awaitable[object]], what: str) -> None:
         while True:
             await asyncio.sleep(self.settings.heartbeat_seconds)
             try:
-                await self.tick()
-            except Exception as exc:  # a database outage: log it, and beat again next time
-                log.warning("replica heartbeat failed: %s", type(exc).__name__)
+                await work()
+            except Exception as exc:  # a database outage: log it, and try again next time
+                log.warning("%s failed: %s", what, type(exc).__name__)
 
-    async def tick(self) -> None:
-        now = self.now()
-        await self.store.replicas.beat(self.id, now=now)
-        live_since = now - timedelta(seconds=self.settings.dead_after_seconds)
+    async def beat(self) -> None:
+        await self.store.replicas.beat(self.id, now=self.now())
+
+    async def sweep(self) -> None:
+        live_since = self.now() - timedelta(seconds=self.settings.dead_after_seconds)
         await self.abandon_orphans(live_since)
         await self.store.replicas.remove_gone(live_since=live_since)
         await self.catch_up()
