@@ -30,8 +30,8 @@ from pathlib import Path
 
 import httpx
 
-from bench.harness import machine, percentile
-from bench.proxy import BLOCK, free_port, latencies, wait_up
+from bench.harness import connector_env, free_port, machine, percentile
+from bench.proxy import BLOCK, latencies, wait_up
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "bench-access-token"  # noqa: S105 - what the fake provider accepts as a Bearer token
@@ -146,12 +146,7 @@ async def main(calls: int) -> None:
         api_key = await seed(db_url, vault_key, key.private_jwk())
         log = open(Path(tmp) / "processes.log", "wb")  # noqa: ASYNC230 - closed below
         env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith("CONNECTOR_")},
-            "CONNECTOR_PUBLIC_BASE_URL": f"http://127.0.0.1:{port}",
-            "CONNECTOR_SERVER__PORT": str(port),
-            "CONNECTOR_DATABASE__URL": db_url,
-            "CONNECTOR_VAULT__KEYS": vault_key,
-            "CONNECTOR_PROVIDERS__CATALOG": str(catalog),
+            **connector_env(port, db_url, vault_key, catalog),
             "CONNECTOR_LOG_FORMAT": "json",
             **{f"CONNECTOR_PROVIDER_{n}_CLIENT_{s}": "bench" for n in ("PLAIN", "BOUND") for s in ("ID", "SECRET")},
         }

@@ -32,7 +32,7 @@ from pathlib import Path
 import asyncpg
 import httpx
 
-from bench.harness import REPO, cpu_ms, free_port, machine, percentile
+from bench.harness import REPO, connector_env, cpu_ms, free_port, machine, percentile
 from bench.replicas import read_trace, scratch_database
 from bench.scale_data import dsn
 from service.core.events import ElicitationEvent
@@ -58,13 +58,8 @@ async def replicas(n: int, url: str, trace: Path, workdir: Path) -> AsyncIterato
     for _ in range(n):
         port = free_port()
         env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith("CONNECTOR_")},
+            **connector_env(port, url, vault_key, catalog),
             "CONNECTOR_CONFIG": str(workdir / "connector.toml"),
-            "CONNECTOR_PUBLIC_BASE_URL": f"http://127.0.0.1:{port}",
-            "CONNECTOR_SERVER__PORT": str(port),
-            "CONNECTOR_DATABASE__URL": url,
-            "CONNECTOR_VAULT__KEYS": vault_key,
-            "CONNECTOR_PROVIDERS__CATALOG": str(catalog),
             "CONNECTOR_PROVIDER_BENCH_CLIENT_ID": "bench",
             "CONNECTOR_PROVIDER_BENCH_CLIENT_SECRET": "bench-secret",
             "CONNECTOR_LOG_FORMAT": "json",

@@ -49,7 +49,18 @@ from sqlalchemy.pool import NullPool
 
 from bench.driver import PER_FLOW_USERS, AgentDriver, BenchClient, FlowFn, Result, provider_catalog, run_flows
 from bench.driver import Baseline as BaselineApp
-from bench.harness import PYTHON, REPO, children, cpu_ms, free_port, machine, median, percentile, wait_until_up
+from bench.harness import (
+    PYTHON,
+    REPO,
+    children,
+    connector_env,
+    cpu_ms,
+    free_port,
+    machine,
+    median,
+    percentile,
+    wait_until_up,
+)
 from service.store import migrate
 from service.vault import generate_key
 
@@ -85,14 +96,9 @@ async def connector_agent(
     catalog = workdir / "providers.toml"
     catalog.write_text(provider_catalog(provider))
     env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("CONNECTOR_")},
+        **connector_env(port, database_url, generate_key("bench"), catalog),
         "PYTHONPATH": str(repo),
-        "CONNECTOR_PUBLIC_BASE_URL": f"http://127.0.0.1:{port}",
-        "CONNECTOR_SERVER__PORT": str(port),
-        "CONNECTOR_DATABASE__URL": database_url,
         "CONNECTOR_DATABASE__POOL_SIZE": "20",
-        "CONNECTOR_VAULT__KEYS": generate_key("bench"),
-        "CONNECTOR_PROVIDERS__CATALOG": str(catalog),
         "CONNECTOR_PROVIDER_GITHUB_CLIENT_ID": CLIENT_ID,
         "CONNECTOR_PROVIDER_GITHUB_CLIENT_SECRET": CLIENT_SECRET,
         "CONNECTOR_RATE_LIMIT__ENABLED": "false",

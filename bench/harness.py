@@ -33,6 +33,19 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def connector_env(port: int, database_url: str, vault_keys: str, catalog: Path | str) -> dict[str, str]:
+    """The environment of a connector process serving on loopback `port`: this process's, without any CONNECTOR_*
+    setting of its own, and the deployment's database, vault keys and provider catalog (add the rest to it)."""
+    return {
+        **{k: v for k, v in os.environ.items() if not k.startswith("CONNECTOR_")},
+        "CONNECTOR_PUBLIC_BASE_URL": f"http://127.0.0.1:{port}",
+        "CONNECTOR_SERVER__PORT": str(port),
+        "CONNECTOR_DATABASE__URL": database_url,
+        "CONNECTOR_VAULT__KEYS": vault_keys,
+        "CONNECTOR_PROVIDERS__CATALOG": str(catalog),
+    }
+
+
 async def serve_on_loopback(app: Any, port: int) -> None:
     """Serve an ASGI app on 127.0.0.1:`port` until cancelled (TCP_NODELAY on accepted connections)."""
     async with serving(app, listening_socket("127.0.0.1", port)) as running:

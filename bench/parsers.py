@@ -9,13 +9,13 @@ own refusal). None of the other servers is a dependency: `pip install httptools 
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 import sys
 import tempfile
 from pathlib import Path
 
-from bench.proxy import free_port, seed, wait_up
+from bench.harness import connector_env, free_port
+from bench.proxy import seed, wait_up
 
 MALFORMED = {
     "a control character in a header value": b"GET /v1/grants HTTP/1.1\r\nHost: x\r\nIdempotency-Key: a\x01b\r\n\r\n",
@@ -85,15 +85,7 @@ async def main() -> None:
         processes = []
         with open(Path(tmp) / "servers.log", "wb") as log:  # noqa: ASYNC230 - opened once, before serving
             for name, command in SERVERS.items():
-                env = {
-                    **{k: v for k, v in os.environ.items() if not k.startswith("CONNECTOR_")},
-                    "CONNECTOR_PUBLIC_BASE_URL": f"http://127.0.0.1:{ports[name]}",
-                    "CONNECTOR_SERVER__PORT": str(ports[name]),
-                    "CONNECTOR_DATABASE__URL": db_url,
-                    "CONNECTOR_VAULT__KEYS": vault_key,
-                    "CONNECTOR_PROVIDERS__CATALOG": str(catalog),
-                    "CONNECTOR_LOG_FORMAT": "json",
-                }
+                env = {**connector_env(ports[name], db_url, vault_key, catalog), "CONNECTOR_LOG_FORMAT": "json"}
                 processes.append(
                     await asyncio.create_subprocess_exec(sys.executable, *command, env=env, stdout=log, stderr=log)
                 )

@@ -39,7 +39,6 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import statistics
 import sys
 import tempfile
@@ -51,7 +50,7 @@ from typing import Any
 
 import httpx
 
-from bench.harness import cpu_ms
+from bench.harness import connector_env, cpu_ms, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 CHUNK = b"\x00" * (1 << 20)
@@ -103,12 +102,6 @@ def upstream_app():  # type: ignore[no-untyped-def]
         return StreamingResponse(body(), headers={"content-length": str(mib << 20)})
 
     return Starlette(routes=[Route("/api/small", small), Route("/api/big", big)])
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 async def wait_up(url: str) -> None:
@@ -244,12 +237,7 @@ async def main(
         }
         for name, (command, checkout) in checkouts.items():
             env = {
-                **{k: v for k, v in os.environ.items() if not k.startswith("CONNECTOR_")},
-                "CONNECTOR_PUBLIC_BASE_URL": f"http://127.0.0.1:{ports[name]}",
-                "CONNECTOR_SERVER__PORT": str(ports[name]),
-                "CONNECTOR_DATABASE__URL": db_url,
-                "CONNECTOR_VAULT__KEYS": vault_key,
-                "CONNECTOR_PROVIDERS__CATALOG": str(catalog),
+                **connector_env(ports[name], db_url, vault_key, catalog),
                 "CONNECTOR_PROVIDER_BENCH_CLIENT_ID": "bench",
                 "CONNECTOR_PROVIDER_BENCH_CLIENT_SECRET": "bench-secret",
                 "CONNECTOR_LOG_FORMAT": log_format,

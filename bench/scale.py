@@ -65,7 +65,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
-from bench.harness import REPO, free_port, machine, percentile, wait_until_up
+from bench.harness import REPO, connector_env, free_port, machine, percentile, wait_until_up
 from bench.proxy import TOKEN, latencies
 from bench.scale_data import (
     ISSUER,
@@ -165,12 +165,7 @@ async def sidecars(urls: dict[str, str], workdir: Path) -> AsyncIterator[Sidecar
     for name, url in urls.items():
         port = free_port()
         env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith("CONNECTOR_")},
-            "CONNECTOR_PUBLIC_BASE_URL": f"http://127.0.0.1:{port}",
-            "CONNECTOR_SERVER__PORT": str(port),
-            "CONNECTOR_DATABASE__URL": url,
-            "CONNECTOR_VAULT__KEYS": vault_key,
-            "CONNECTOR_PROVIDERS__CATALOG": str(catalog),
+            **connector_env(port, url, vault_key, catalog),
             "CONNECTOR_PROVIDER_BENCH_CLIENT_ID": "bench",
             "CONNECTOR_PROVIDER_BENCH_CLIENT_SECRET": "bench-secret",
             "CONNECTOR_LOG_FORMAT": "json",
