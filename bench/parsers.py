@@ -1,7 +1,8 @@
 """How the sidecar answers malformed HTTP/1.1 requests under each HTTP parser: h11 (`acp-connector serve`, what
 `tests/test_api_bad_input.py` pins), httptools under uvicorn, and granian's (Rust). Each request is written raw to
 a socket; the table gives the status line and the start of the body (the connector's JSON error, or the server's
-own refusal). None of the other servers is a dependency: `pip install httptools granian` to run it.
+own refusal). None of the other servers is a dependency (`pip install httptools granian`); one not installed is
+left out of the table, with a line on stderr saying what to install.
 
     .venv/bin/python -m bench.parsers
 """
@@ -15,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from bench.harness import connector_env, free_port
-from bench.proxy import seed, wait_up
+from bench.proxy import seed, server_missing, wait_up
 
 MALFORMED = {
     "a control character in a header value": b"GET /v1/grants HTTP/1.1\r\nHost: x\r\nIdempotency-Key: a\x01b\r\n\r\n",
@@ -40,8 +41,11 @@ MALFORMED = {
 }
 SERVERS = {
     "h11 (serve)": ["-m", "service.cli", "serve"],
-    "httptools": [str(Path(__file__).with_name("proxy.py")), "--serve-sidecar", "httptools"],
-    "granian": [str(Path(__file__).with_name("proxy.py")), "--serve-sidecar", "granian"],
+    **{
+        name: [str(Path(__file__).with_name("proxy.py")), "--serve-sidecar", name]
+        for name in ("httptools", "granian")
+        if not server_missing(name)
+    },
 }
 
 
@@ -72,6 +76,10 @@ def answer(port: int, raw: bytes) -> str:
 async def main() -> None:
     from service.vault import generate_key
 
+    for name in ("httptools", "granian"):
+        if need := server_missing(name):
+            print(f"{name}: left out, not installed here ({need})", file=sys.stderr)
+
     with tempfile.TemporaryDirectory() as tmp:
         vault_key = generate_key("k1")
         db_url = f"sqlite+aiosqlite:///{tmp}/bench.db"
@@ -90,8 +98,12 @@ async def main() -> None:
                     await asyncio.create_subprocess_exec(sys.executable, *command, env=env, stdout=log, stderr=log)
                 )
             try:
-                for port in ports.values():
-                    await wait_up(f"http://127.0.0.1:{port}/healthz")
+                for name, port in ports.items():
+                    try:
+                        await wait_up(f"http://127.0.0.1:{port}/healthz")
+                    except RuntimeError:
+                        output = (Path(tmp) / "servers.log").read_text(errors="replace")[-2000:]
+                        raise SystemExit(f"{name} did not come up; the servers' output ends:\n{output}") from None
                 print(f"| request | {' | '.join(SERVERS)} |")
                 print(f"|---|{'---|' * len(SERVERS)}")
                 for what, raw in MALFORMED.items():

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import logging
 import os
 import platform
@@ -60,6 +61,15 @@ ADDED_P50_GOAL_MS = 1.0  # and the latency it adds, p50, on an idle machine
 TOKEN = "bench-access-token"  # noqa: S105 - what the fake provider accepts
 # --servers: the sidecar under other HTTP servers, and the floor of a proxy in Python on each server (`bare_proxy`)
 SERVERS = ("uvloop", "httptools", "httptools-uvloop", "granian", "bare", "bare-granian", "nginx")
+
+
+def server_missing(server: str) -> str | None:
+    """What `server` needs that this machine lacks (a module in this interpreter, a program on PATH), or None."""
+    if server == "nginx":
+        return None if shutil.which("nginx") else "nginx on PATH (e.g. Debian's nginx-light)"
+    needs = [m for m in ("uvloop", "httptools", "granian") if m in server]
+    missing = [m for m in needs if importlib.util.find_spec(m) is None]
+    return f"pip install {' '.join(missing)} (into {sys.prefix})" if missing else None
 
 
 # `acp-connector serve` under cProfile on a CPU clock (the event loop's thread: waiting for the network is not
@@ -508,6 +518,8 @@ if __name__ == "__main__":
     options = parser.parse_args()
     if unknown := set(options.servers) - set(SERVERS):
         parser.error(f"--servers: unknown {', '.join(sorted(unknown))} (known: {', '.join(SERVERS)})")
+    if missing := [f"{name}: {need}" for name in options.servers if (need := server_missing(name))]:
+        parser.error(f"--servers: not installed here: {'; '.join(missing)}")
     if options.upstream:
         serve_upstream(options.upstream)
     elif options.serve_sidecar:
