@@ -84,6 +84,10 @@ async def main() -> None:
         MemoryProbe(Path(probe_dir)).install()
     if trace_to := os.environ.get("BENCH_TRACE"):  # a path: the completion's path marked there (bench/trace.py)
         trace.install(trace_to)
+    if profile_path := os.environ.get("BENCH_PATH_PROFILE"):  # a path: the callback's path profiled there
+        from bench import path_profile  # (bench/path_profile.py)
+
+        path_profile.install(profile_path)
     if gc_log := os.environ.get("BENCH_GC_LOG"):  # a path: every garbage collection logged there (bench/gcprobe.py)
         GcProbe(Path(gc_log)).install()
     connector = Connector.from_settings(load_settings(None))

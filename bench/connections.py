@@ -3,7 +3,8 @@
 SQLAlchemy closes an `AsyncConnection` in a task of its own, shielded from cancellation; the store closes one whose
 block ended normally in the caller's task. One process, the store's SQLite engines (`Database.from_url`), a
 one-statement write transaction and a one-statement read, each way in turn (alternating batches), CPU per operation:
-the event loop's thread (`time.thread_time`) and the whole process (SQLite's thread included).
+the event loop's thread (`time.thread_time`) and the whole process (SQLite's thread included). Also a one-statement
+write with its COMMIT in the statement's trip (`Database.write_alone`) against the store's write (`begun`).
 
     .venv/bin/python -m bench.connections [--batches 9] [--per-batch 500]
 """
@@ -40,6 +41,10 @@ async def main(batches: int, per_batch: int) -> list[str]:
             async with begun(db.writer) as conn:
                 await conn.execute(INSERT)
 
+        async def write_alone() -> None:
+            async with db.write_alone() as conn:
+                await conn.execute(INSERT)
+
         async def read_library() -> None:
             async with db.reader.connect() as conn:
                 await conn.execute(READ)
@@ -51,6 +56,7 @@ async def main(batches: int, per_batch: int) -> list[str]:
         ways: dict[str, Callable[[], Awaitable[None]]] = {
             "write, library's close": write_library,
             "write, store's close": write_store,
+            "write, COMMIT in the statement's trip (`write_alone`)": write_alone,
             "read, library's close": read_library,
             "read, store's close": read_store,
         }
@@ -83,6 +89,12 @@ async def main(batches: int, per_batch: int) -> list[str]:
             f"| {kind}: store / library | {median(loop_us[store]) / median(loop_us[library]):.3f}x "
             f"| {median(process_us[store]) / median(process_us[library]):.3f}x |"
         )
+    alone, store = "write, COMMIT in the statement's trip (`write_alone`)", "write, store's close"
+    rows.append(
+        f"| write: COMMIT in the statement's trip / its own trip | "
+        f"{median(loop_us[alone]) / median(loop_us[store]):.3f}x "
+        f"| {median(process_us[alone]) / median(process_us[store]):.3f}x |"
+    )
     return rows
 
 

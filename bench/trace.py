@@ -21,6 +21,10 @@ in the order a cross-replica completion passes them:
   push.start/end   `elicitation/complete` written on the ACP connection
   answered         the callback's handler returned its redirect
   settled          the telling recorded as sent (with its audit row)
+
+With BENCH_TRACE_FINE=1 also: claim_sql.start/end around the callback's claim statement (`claim_with_elicitation`),
+finish.start/end around the completion (`Elicitations.finish`) and end_sql.start/end around its statements
+(`end_with_first_grant`).
 """
 
 from __future__ import annotations
@@ -79,6 +83,13 @@ def install(path: str) -> None:
     from service.web.browser import BrowserRoutes
 
     _around(BrowserRoutes, "callback", "callback", "answered")
+    if os.environ.get("BENCH_TRACE_FINE"):
+        from service.store.elicitations import ElicitationRepository
+        from service.store.flows import FlowRepository
+
+        _around(FlowRepository, "claim_with_elicitation", "claim_sql.start", "claim_sql.end")
+        _around(ElicitationRepository, "end_with_first_grant", "end_sql.start", "end_sql.end")
+        _around(Elicitations, "finish", "finish.start", "finish.end")
     _around(ProviderGateway, "redeem", "token.start", "token.end")
     _around(ProviderGateway, "exchange_code", None, "exchange.end")
     _around(BrowserFlow, "complete", None, "commit")

@@ -147,3 +147,161 @@ async def test_the_store_transaction_uses_the_same_close(tmp_path: Path) -> None
         assert created == []
     finally:
         await store.close()
+
+
+# -- a write whose statements are each their own transaction (`Database.write_alone`) -------------------------------
+@contextmanager
+def trips_counted() -> Generator[list[str], None, None]:
+    """The functions run on SQLite connections' threads (aiosqlite's `_execute`) inside the block, by name."""
+    import aiosqlite
+
+    trips: list[str] = []
+    original = aiosqlite.Connection._execute
+
+    async def counted(self: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        trips.append(getattr(fn, "__name__", repr(fn)))
+        return await original(self, fn, *args, **kwargs)
+
+    aiosqlite.Connection._execute = counted  # type: ignore[method-assign]
+    try:
+        yield trips
+    finally:
+        aiosqlite.Connection._execute = original  # type: ignore[method-assign]
+
+
+async def _scratch(db: Database) -> list[int]:
+    async with db.read() as conn:
+        return list((await conn.execute(text("SELECT n FROM scratch ORDER BY n"))).scalars().all())
+
+
+async def _writer_in_transaction(db: Database) -> bool:
+    """Whether SQLite's writer connection has a transaction open (it must not, between uses)."""
+    async with pooled(db.writer) as conn:
+        raw = await conn.get_raw_connection()
+        return bool(raw.driver_connection._connection.in_transaction)  # type: ignore[union-attr]
+
+
+async def test_a_write_alone_statement_commits_in_its_own_trip(db: Database) -> None:
+    with trips_counted() as trips:
+        async with db.write_alone() as conn:
+            await conn.execute(text("INSERT INTO scratch VALUES (1)"))
+    if db.dialect == "sqlite":
+        assert trips == ["_run"]  # BEGIN IMMEDIATE, the statement and its COMMIT: one trip, no COMMIT of its own
+        assert not await _writer_in_transaction(db)
+        with trips_counted() as trips:
+            async with db.write() as conn:
+                await conn.execute(text("INSERT INTO scratch VALUES (2)"))
+        assert trips == ["_run", "commit"]  # a transaction of the usual kind: its COMMIT is a trip
+    assert await _scratch(db) == ([1, 2] if db.dialect == "sqlite" else [1])
+
+
+async def test_a_write_alone_statement_stands_when_the_block_raises_after_it(db: Database) -> None:
+    """Each statement is its own transaction, as in PostgreSQL's AUTOCOMMIT: what the block does after it cannot
+    undo it (so only steps whose Python decides nothing after their statement use it)."""
+    with pytest.raises(RuntimeError, match="boom"):
+        async with db.write_alone() as conn:
+            await conn.execute(text("INSERT INTO scratch VALUES (1)"))
+            raise RuntimeError("boom")
+    assert await _scratch(db) == [1]
+    assert db.writer.pool.checkedout() == 0
+
+
+async def test_a_failing_write_alone_statement_leaves_nothing_and_no_transaction(db: Database) -> None:
+    async with db.write() as conn:
+        await conn.execute(text("CREATE TABLE once (n INTEGER PRIMARY KEY)"))
+    with trips_counted() as trips, pytest.raises(Exception, match=r"(?i)unique|duplicate"):
+        async with db.write_alone() as conn:
+            await conn.execute(text("INSERT INTO once VALUES (1), (1)"))  # the first row goes in, the second fails
+    if db.dialect == "sqlite":
+        assert trips == ["_run"]  # rolled back in the statement's trip: the block's rollback finds nothing open
+    async with db.read() as conn:
+        assert (await conn.execute(text("SELECT count(*) FROM once"))).scalar() == 0
+    if db.dialect == "sqlite":
+        assert not await _writer_in_transaction(db)
+    async with db.write() as conn:  # the writer is usable
+        await conn.execute(text("INSERT INTO once VALUES (2)"))
+
+
+async def test_after_a_write_alone_the_next_transaction_commits_only_at_its_end(db: Database) -> None:
+    """The connection goes back to the pool as it came: the next transaction's first statement does not commit."""
+    async with db.write_alone() as conn:
+        await conn.execute(text("INSERT INTO scratch VALUES (1)"))
+    with pytest.raises(RuntimeError, match="boom"):
+        async with db.write() as conn:
+            await conn.execute(text("INSERT INTO scratch VALUES (2)"))
+            raise RuntimeError("boom")
+    assert await _scratch(db) == [1]
+
+
+# A statement that keeps SQLite's thread busy for a while: a cancellation arrives while its trip is in flight.
+_SLOW_INSERT = text(
+    "INSERT INTO scratch SELECT 1 FROM (WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c "
+    "WHERE x < 3000000) SELECT max(x) FROM c)"
+)
+
+
+@pytest.mark.parametrize("way", ["write_alone", "last statement"])
+async def test_cancelled_while_the_trip_that_commits_is_in_flight_leaves_no_half_state(
+    db: Database, way: str
+) -> None:
+    if db.dialect != "sqlite":
+        pytest.skip("SQLite's trips")
+    from service.store.engine import commit_with_rows
+
+    started = asyncio.Event()
+
+    async def write() -> None:
+        if way == "write_alone":
+            async with db.write_alone() as conn:
+                started.set()
+                await conn.execute(_SLOW_INSERT)
+        else:
+            async with db.write() as conn:
+                await conn.execute(text("INSERT INTO scratch VALUES (2)"))
+                commit_with_rows(conn)
+                started.set()
+                await conn.execute(text(f"{_SLOW_INSERT.text} RETURNING n"))
+
+    task = asyncio.create_task(write())
+    await started.wait()
+    await asyncio.sleep(0.05)  # the trip is on SQLite's thread
+    assert not task.done()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert db.writer.pool.checkedout() == 0
+    assert not await _writer_in_transaction(db)
+    async with db.write() as conn:  # the writer is usable, and its next transaction is of the usual kind
+        await conn.execute(text("INSERT INTO scratch VALUES (3)"))
+    rows = await _scratch(db)
+    # The trip ran to its end on the thread: all of the transaction committed, or (had it not begun) none of it.
+    assert rows in ([1, 3], [1, 2, 3], [3])
+    assert (2 in rows) == (1 in rows) or way == "write_alone"
+
+
+async def test_a_last_statement_commits_in_its_trip_only_when_it_returns_a_row(db: Database) -> None:
+    from service.store.engine import commit_with_rows
+
+    with trips_counted() as trips:
+        async with db.write() as conn:
+            await conn.execute(text("INSERT INTO scratch VALUES (1)"))
+            commit_with_rows(conn)
+            returned = (await conn.execute(text("INSERT INTO scratch VALUES (2) RETURNING n"))).scalar()
+    assert returned == 2
+    if db.dialect == "sqlite":
+        assert trips == ["_run", "_run"]  # the second statement carried the COMMIT
+    assert await _scratch(db) == [1, 2]
+    # No row returned: the transaction stays open for what the caller writes instead, and ends with the block (the
+    # mark was for that one statement only).
+    with pytest.raises(RuntimeError, match="boom"):
+        async with db.write() as conn:
+            commit_with_rows(conn)
+            await conn.execute(text("UPDATE scratch SET n = n + 10 WHERE n = 99 RETURNING n"))
+            await conn.execute(text("INSERT INTO scratch VALUES (3) RETURNING n"))
+            raise RuntimeError("boom")
+    assert await _scratch(db) == [1, 2]
+    async with db.write() as conn:
+        commit_with_rows(conn)
+        await conn.execute(text("UPDATE scratch SET n = n + 10 WHERE n = 99 RETURNING n"))
+        await conn.execute(text("INSERT INTO scratch VALUES (3)"))
+    assert await _scratch(db) == [1, 2, 3]

@@ -349,7 +349,7 @@ class Elicitations:
                 grant, written = first_grant
                 audit, ending = self._ending(record, status, event, reason, detail, written, now)
                 inserted, ended = await self.store.elicitations.end_with_first_grant(
-                    record.id, status, ending, grant, now=now, conn=tx, audit=audit, take_telling=take
+                    record.id, status, ending, grant, now=now, conn=tx, audit=audit, take_telling=take, last=True
                 )
             if not inserted:  # `within` first: the audit line says what it wrote, and goes with the transition
                 written = await within(tx) if within is not None else Written()
@@ -363,7 +363,15 @@ class Elicitations:
                         ended = changed, (await self.store.outbox.append([ending], at=now, conn=tx))[0]
                 else:  # the ending logged in the transition's statement where the database can: the last one
                     ended = await self.store.elicitations.end(
-                        record.id, status, ending, reason=reason, now=now, conn=tx, audit=audit, take_telling=take
+                        record.id,
+                        status,
+                        ending,
+                        reason=reason,
+                        now=now,
+                        conn=tx,
+                        audit=audit,
+                        take_telling=take,
+                        last=True,
                     )
             if ended is None and late_event is not None:
                 told = self._told(reason, detail, written)
@@ -494,8 +502,7 @@ class Elicitations:
             elicitation_id=elicitation_id,
             detail={} if sent else {"reason": CONNECTION_CLOSED},
         )
-        async with self.store.transaction() as tx:
-            return await self.store.elicitations.settle_completion(elicitation_id, outcome, conn=tx, audit=told)
+        return await self.store.elicitations.settle_completion(elicitation_id, outcome, audit=told)
 
     # -- audit ------------------------------------------------------------------------------------------
     def entry(

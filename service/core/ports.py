@@ -71,6 +71,7 @@ class ElicitationRepo(Protocol):
         conn: Tx,
         audit: AuditEntry,
         take_telling: bool = False,
+        last: bool = False,
     ) -> tuple[ElicitationRecord, ElicitationEvent] | None: ...
     async def end_with_first_grant(
         self,
@@ -83,6 +84,7 @@ class ElicitationRepo(Protocol):
         conn: Tx,
         audit: AuditEntry,
         take_telling: bool = False,
+        last: bool = False,
     ) -> tuple[bool, tuple[ElicitationRecord, ElicitationEvent] | None]: ...
     async def add_identity_mismatch(self, id: str, *, now: datetime, conn: Tx = None) -> int: ...
     async def claim_completion(self, id: str, replica_id: str, conn: Tx = None) -> datetime | None: ...

@@ -19,12 +19,17 @@ from .elicitation_rows import elicitation_columns
 from .elicitation_rows import from_row as _from_row
 from .elicitation_rows import to_row as _to_row
 from .elicitation_sql import CLAIM_COMPLETION, GET, INSERT_FLOW, RELEASE_TELLING
-from .engine import Database
+from .engine import Database, commit_with_rows
 from .flow_rows import flow_row
 from .grants import GrantRepository
 from .outbox import OutboxRepository
 from .step_writes import Carried, step_writes
 from .tables import COMPLETION_PENDING, elicitations, replicas
+
+
+def _carries_all(carried: Carried, values: Any, flow: FlowRecord | None, ending: ElicitationEvent | None) -> bool:
+    """Whether a transition's statement writes every row that goes with it (nothing for `_write_beside` to write)."""
+    return (values is None or carried.audit) and (flow is None or carried.flow) and (ending is None or carried.ending)
 
 
 def predecessors(target: ElicitationStatus) -> frozenset[ElicitationStatus]:
@@ -112,11 +117,14 @@ class ElicitationRepository:
         conn: AsyncConnection,
         audit: AuditEntry,
         take_telling: bool = False,
+        last: bool = False,
     ) -> tuple[ElicitationRecord, ElicitationEvent] | None:
         """`transition` to a terminal `target` with its audit row, and `ending` appended to the event log when it
         happens, all by one statement (on PostgreSQL it must be the transaction's last: `outbox.append`). The
-        ended record and the event as logged; None when the status did not allow it (nothing written)."""
-        moved = await self._move(id, target, reason, now, None, conn, audit, take_telling, None, ending)
+        ended record and the event as logged; None when the status did not allow it (nothing written).
+        `last`: the caller writes nothing more in `conn`'s transaction when it ends the elicitation, so on SQLite the
+        statement may commit it in its own trip (`commit_with_rows`)."""
+        moved = await self._move(id, target, reason, now, None, conn, audit, take_telling, None, ending, last=last)
         if moved is None:
             return None
         record, logged = moved
@@ -134,15 +142,18 @@ class ElicitationRepository:
         conn: AsyncConnection,
         audit: AuditEntry,
         take_telling: bool = False,
+        last: bool = False,
     ) -> tuple[bool, tuple[ElicitationRecord, ElicitationEvent] | None]:
         """`grant`, a user's first at its provider, inserted unless its account holds one by now
         (`GrantRepository.insert_new`), and only when it went in, `end`: on PostgreSQL in one statement. Whether the
-        grant went in, and what `end` returned."""
+        grant went in, and what `end` returned. `last`: as `end`'s."""
         if not self._steps.carries_grant:
             if await self._grants.insert_new(grant, conn) is None:
                 return False, None
-            return True, await self.end(id, target, ending, now=now, conn=conn, audit=audit, take_telling=take_telling)
-        moved = await self._move(id, target, None, now, None, conn, audit, take_telling, None, ending, grant)
+            return True, await self.end(
+                id, target, ending, now=now, conn=conn, audit=audit, take_telling=take_telling, last=last
+            )
+        moved = await self._move(id, target, None, now, None, conn, audit, take_telling, None, ending, grant, last=last)
         if moved is None:  # the grant may have gone in while the status did not allow the ending (a cancellation)
             return await self._grants.get(grant.id, conn) is not None, None
         record, logged = moved
@@ -162,6 +173,8 @@ class ElicitationRepository:
         flow: FlowRecord | None,
         ending: ElicitationEvent | None,
         grant: GrantRecord | None = None,
+        *,
+        last: bool = False,
     ) -> tuple[ElicitationRecord, ElicitationEvent | None] | None:
         assert not take_telling or (target is ElicitationStatus.COMPLETED and reason is None)
         assert (flow is None and ending is None) or audit is not None
@@ -185,6 +198,8 @@ class ElicitationRepository:
             grant=grant,
         )
         async with self._db.write(conn) as c:
+            if last and conn is not None and _carries_all(carried, values, flow, ending):
+                commit_with_rows(c)  # moved: nothing is left to write in the caller's transaction
             row = (await c.execute(statement, {**params, **more})).mappings().first()
             if row is None:
                 return None
@@ -250,11 +265,11 @@ class ElicitationRepository:
         audit: AuditEntry | None = None,
     ) -> bool:
         """Record how a claimed telling ended (`sent` or `undeliverable`), with `audit`'s row when it is recorded
-        (by its statement); False if it was settled meanwhile."""
+        (by its statement, which is its transaction without `conn`); False if it was settled meanwhile."""
         values = None if audit is None else audit_row(audit)
         statement, more = self._steps.settle(values)
         params = {"elicitation_id": id, "outcome": outcome.value, **more}
-        async with self._db.write(conn) as c:
+        async with self._db.write_alone(conn) as c:
             settled = (await c.execute(statement, params)).first() is not None
             if settled and values is not None:
                 await write_audit_row(c, values, written=True)  # its log line

@@ -158,14 +158,16 @@ class Database:
 
     @asynccontextmanager
     async def write_alone(self, conn: AsyncConnection | None = None) -> AsyncIterator[AsyncConnection]:
-        """For one write statement that is its own transaction (or joins the caller's `conn`). PostgreSQL: in
-        AUTOCOMMIT (the statement is atomic; no BEGIN and COMMIT round trips around it). SQLite: the writer's
-        `BEGIN IMMEDIATE` transaction as always."""
+        """For write statements that are each their own transaction (or join the caller's `conn`): what the block
+        does after a statement cannot undo it. PostgreSQL: in AUTOCOMMIT (the statement is atomic; no BEGIN and
+        COMMIT round trips around it). SQLite: on the writer's connection, each statement with its `BEGIN IMMEDIATE`
+        and its COMMIT in one trip to the connection's thread (`sqlite_driver`: `commit_each`), not two."""
         if conn is not None:
             yield conn
             return
         if self.dialect == "sqlite":
             async with begun(self.writer) as own:
+                commit_each(own)
                 yield own
             return
         async with pooled(self.reader) as own:
@@ -239,6 +241,26 @@ async def _close(conn: AsyncConnection, ended: bool) -> None:
         await conn.close()
     else:
         await conn.__aexit__(None, None, None)  # the library's close: in a task of its own, shielded
+
+
+def commit_each(conn: AsyncConnection) -> None:
+    """SQLite, in a transaction `begun`: each statement from here on commits in its own trip (`sqlite_driver`), until
+    SQLAlchemy's transaction ends. Nothing changes with the stock adapter or on PostgreSQL."""
+    _mark(conn, "commit_each")
+
+
+def commit_with_rows(conn: AsyncConnection) -> None:
+    """SQLite: `conn`'s next statement commits its transaction in its own trip when it returns a row (`sqlite_driver`):
+    for a transaction's last statement when the caller writes nothing more after it if it returned a row. Nothing
+    changes with the stock adapter or on PostgreSQL (the COMMIT when the transaction's block ends)."""
+    _mark(conn, "commit_with_rows")
+
+
+def _mark(conn: AsyncConnection, name: str) -> None:
+    adapter = conn.sync_connection.connection.dbapi_connection if conn.sync_connection is not None else None
+    mark = getattr(adapter, name, None)
+    if mark is not None:
+        mark()
 
 
 def returns_without_io(engine: AsyncEngine) -> bool:

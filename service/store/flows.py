@@ -140,7 +140,7 @@ class FlowRepository:
         holds a grant at its provider (as `get_with_elicitation`). None when any of that does not hold (nothing
         changed then: the caller reads why)."""
         params = {"state": state_hash, "now": now, "provider": provider, "binding": binding_hash}
-        async with self._db.write(conn) as c:
+        async with self._db.write_alone(conn) as c:  # on the callback's path: committed with its statement
             statement = _CLAIM_WITH_ELICITATION[c.dialect.name]
             row = (await c.execute(statement, {**params, "statuses": list(statuses)})).mappings().first()
         return None if row is None else _with_elicitation(row)

@@ -6,8 +6,14 @@ the event loop, the GIL), which under load costs far more than the statement its
 statement (cursor, execute, fetch, close) as one function on that thread, and skips the trip for a rollback when
 no transaction is open. A write transaction's `BEGIN IMMEDIATE` is not a trip of its own either: `begin_immediate()`
 only marks the connection, and the transaction's first statement begins it on the thread, in its own trip. So a
-read is one trip, and a write transaction its statements and the COMMIT. It is handed to SQLAlchemy's own aiosqlite
-dialect as its DBAPI module (`create_async_engine(..., module=one_trip_dbapi())`), and changes nothing else.
+read is one trip, and a write transaction its statements and the COMMIT. A connection marked `commit_each()` (a
+write whose statements are each their own transaction: `Database.write_alone`) runs `BEGIN IMMEDIATE`, the statement
+and its COMMIT in the one trip, or its ROLLBACK when the statement or the COMMIT fails, so SQLite's transaction never
+outlives the trip; the COMMIT SQLAlchemy asks for afterwards finds none open and costs no trip. A transaction's last
+statement may carry its COMMIT too (`commit_with_rows()`: when it returns a row, the caller having nothing more to
+write then; a statement that returns none leaves the transaction open for what the caller does instead). It is handed to
+SQLAlchemy's own aiosqlite dialect as its DBAPI module (`create_async_engine(..., module=one_trip_dbapi())`), and
+changes nothing else.
 
 It relies on `aiosqlite.Connection._execute` (run a function on the connection's thread, as SQLAlchemy's adapter
 itself does for `isolation_level`), its `_connection` (the sqlite3 connection) and SQLAlchemy's aiosqlite adapter
@@ -16,6 +22,7 @@ classes; `one_trip_dbapi()` returns None when they are not as expected, and the 
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from collections import deque
 from typing import Any
@@ -46,16 +53,28 @@ class _Done:
 BEGIN_IMMEDIATE = "BEGIN IMMEDIATE"
 
 
-def _run(conn: sqlite3.Connection, operation: str, parameters: Any, many: bool, begin: bool) -> tuple[_Done, list[Any]]:
+COMMIT_ALWAYS, COMMIT_IF_ROWS = 1, 2  # `commit` of a trip: 0, the statement is one of its transaction's
+
+
+def _run(
+    conn: sqlite3.Connection, operation: str, parameters: Any, many: bool, begin: bool, commit: int
+) -> tuple[_Done, list[Any]]:
     cursor = conn.cursor()
     try:
         if begin:
             cursor.execute(BEGIN_IMMEDIATE)
-        if many:
-            cursor.executemany(operation, parameters)
-        else:
-            cursor.execute(operation, () if parameters is None else parameters)
-        rows = cursor.fetchall() if cursor.description else []
+        try:
+            if many:
+                cursor.executemany(operation, parameters)
+            else:
+                cursor.execute(operation, () if parameters is None else parameters)
+            rows = cursor.fetchall() if cursor.description else []
+            if commit == COMMIT_ALWAYS or (commit == COMMIT_IF_ROWS and rows):
+                conn.commit()
+        except BaseException:
+            if commit and conn.in_transaction:  # a transaction its trip may end ends with it, either way
+                conn.rollback()
+            raise
         return _Done(cursor.description, cursor.rowcount, cursor.lastrowid), rows
     finally:
         cursor.close()
@@ -83,39 +102,69 @@ class _OneTripCursor(AsyncAdapt_aiosqlite_cursor):
         async with adapt._execute_mutex:
             # Taken before the trip: if BEGIN fails there is no transaction, and if the statement fails the
             # transaction is open and the rollback (which asks SQLite, not this flag) ends it.
-            begin, adapt.begin_pending = adapt.begin_pending, False
+            commit = COMMIT_ALWAYS if adapt.committing else COMMIT_IF_ROWS if adapt.commit_if_rows else 0
+            adapt.commit_if_rows = False
+            begin, adapt.begin_pending = adapt.begin_pending or adapt.committing, False
             connection = self._connection
-            if begin:
-                # Until this trip comes back, SQLite may begin the transaction at any moment: a caller cancelled
-                # meanwhile must roll back through the thread (after the BEGIN), not skip it.
+            if begin or commit:
+                # Until this trip comes back, SQLite may begin or end the transaction at any moment: a caller
+                # cancelled meanwhile must roll back through the thread (after the trip), not skip it.
                 adapt.begin_unsettled = True
-            done, rows = await connection._execute(_run, connection._connection, operation, parameters, many, begin)
+            try:
+                done, rows = await connection._execute(
+                    _run, connection._connection, operation, parameters, many, begin, commit
+                )
+            except asyncio.CancelledError:
+                raise  # the trip may still be running: unsettled
+            except BaseException:
+                adapt.begin_unsettled = False  # the trip is over: SQLite says whether a transaction is open
+                raise
             adapt.begin_unsettled = False
         self._cursor = done
         self._rows = deque(rows)
 
 
 class _OneTripConnection(AsyncAdapt_aiosqlite_connection):
-    __slots__ = ("begin_pending", "begin_unsettled")
+    __slots__ = ("begin_pending", "begin_unsettled", "commit_if_rows", "committing")
     _cursor_cls = _OneTripCursor
 
     def __init__(self, dbapi: Any, connection: Any) -> None:
         super().__init__(dbapi, connection)
         self.begin_pending = False
         self.begin_unsettled = False
+        self.committing = False
+        self.commit_if_rows = False
 
     def begin_immediate(self) -> None:
         """Begin a write transaction (`BEGIN IMMEDIATE`) with the next statement, in its trip."""
         self.begin_pending = True
+        self.committing = self.commit_if_rows = False
+
+    def commit_each(self) -> None:
+        """Until SQLAlchemy's transaction ends: each statement is a write transaction of its own, begun (`BEGIN
+        IMMEDIATE`) and committed in its trip, rolled back there if it fails."""
+        self.committing = True
+
+    def commit_with_rows(self) -> None:
+        """The next statement (one of an open transaction's, in SQLAlchemy's) ends the transaction when it returns a
+        row: COMMIT in its trip; else the transaction stays open. A failing statement rolls back in its trip."""
+        self.commit_if_rows = True
 
     def commit(self) -> None:
+        self.committing = self.commit_if_rows = False
         if self.begin_pending:  # begun, but no statement ran: there is nothing to commit
             self.begin_pending = False
+            return
+        # Committed in the statements' trips (`commit_each`): SQLite has no transaction open, and its COMMIT would
+        # be a no-op. Read as `rollback` reads it.
+        connection = self._connection._connection
+        if connection is not None and not connection.in_transaction and not self.begin_unsettled:
             return
         super().commit()
 
     def rollback(self) -> None:
         self.begin_pending = False
+        self.committing = self.commit_if_rows = False
         # Reads run in autocommit and the pool resets a connection after its commit: most rollbacks find no
         # transaction. `in_transaction` is a flag read that SQLite allows from any thread; nothing else runs on
         # this connection while SQLAlchemy rolls it back, unless a cancelled caller left a trip that begins a
