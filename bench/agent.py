@@ -87,7 +87,7 @@ async def main() -> None:
     if profile_path := os.environ.get("BENCH_PATH_PROFILE"):  # a path: the callback's path profiled there
         from bench import path_profile  # (bench/path_profile.py)
 
-        path_profile.install(profile_path)
+        path_profile.install(profile_path, os.environ.get("BENCH_PATH_PROFILE_FROM", "callback"))
     if gc_log := os.environ.get("BENCH_GC_LOG"):  # a path: every garbage collection logged there (bench/gcprobe.py)
         GcProbe(Path(gc_log)).install()
     connector = Connector.from_settings(load_settings(None))

@@ -295,7 +295,7 @@ class Elicitations:
         consented = self.entry(record, "consented", None, now)
         async with self.store.transaction() as tx:
             await self.store.elicitations.transition(
-                record.id, ElicitationStatus.CONSENTED, now=now, conn=tx, audit=consented
+                record.id, ElicitationStatus.CONSENTED, now=now, conn=tx, audit=consented, last=True
             )
 
     async def answered(self, record: ElicitationRecord, answer: ClientAnswer) -> AuthorizationOutcome | None:

@@ -59,6 +59,7 @@ class ElicitationRepo(Protocol):
         audit: AuditEntry | None = None,
         take_telling: bool = False,
         flow: FlowRecord | None = None,
+        last: bool = False,
     ) -> ElicitationRecord | None: ...
     async def end(
         self,

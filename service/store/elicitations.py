@@ -91,6 +91,7 @@ class ElicitationRepository:
         audit: AuditEntry | None = None,
         take_telling: bool = False,
         flow: FlowRecord | None = None,
+        last: bool = False,
     ) -> ElicitationRecord | None:
         """Move the elicitation to `target` if its current status allows it, in one UPDATE.
 
@@ -102,8 +103,9 @@ class ElicitationRepository:
         `claim_completion` would take it, for the replica that completes it and holds its connection.
         `flow` (with `audit`): the OAuth flow the move starts, inserted when the move happens (on PostgreSQL in the
         UPDATE's statement).
+        `last`: as `end`'s.
         """
-        moved = await self._move(id, target, reason, now, from_, conn, audit, take_telling, flow, None)
+        moved = await self._move(id, target, reason, now, from_, conn, audit, take_telling, flow, None, last=last)
         return None if moved is None else moved[0]
 
     async def end(
