@@ -168,7 +168,9 @@ class BrowserFlow:
             # -> VERIFIED -> AUTHORIZING as one UPDATE, audited in it, with the flow. A first start has no flow to
             # supersede; a restart (back button, second click) supersedes the earlier flow.
             to_start = {"now": now, "conn": tx, "audit": verified}
-            if not await store.elicitations.transition(record.id, AUTHORIZING, from_=START_FROM, flow=flow, **to_start):
+            if not await store.elicitations.transition(
+                record.id, AUTHORIZING, from_=START_FROM, flow=flow, last=True, **to_start
+            ):
                 if not await store.elicitations.transition(record.id, AUTHORIZING, from_=RESTART_FROM, **to_start):
                     current = await store.elicitations.get(record.id, conn=tx)  # `record` may be as the page read it
                     raise FlowRefused(CLOSED_CODES.get((current or record).status, "failed"))
