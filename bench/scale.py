@@ -280,7 +280,7 @@ async def stats(url: str, read: Any) -> Any:
 
 async def backlog_worked_off(url: str, within: float = 300.0) -> tuple[int, float]:
     """Wait until the loaded sidecar's sweeper has expired the elicitations the load left open past their expiry (its
-    first passes, 2,000 in batches of 200 with their audit rows, log rows and events: token use timed beside them
+    first pass, 2,000 in batches of 50 with their audit rows, log rows and events: token use timed beside them
     times the sweeper's work in the same process); (how many were due, seconds waited)."""
     engine = create_async_engine(url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
     try:
