@@ -11,22 +11,26 @@ import json
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from sqlalchemy import select
 
 from service import ElicitationStatus, Identity
 from service.core.events import ElicitationEvent
-from service.core.records import AuditEntry
-from service.core.states import CompletionDelivery
+from service.core.records import AuditEntry, ElicitationRecord
+from service.core.states import START_FROM, CompletionDelivery
 from service.store import Store
-from service.store.tables import audit_events, elicitation_events, elicitations
+from service.store.flow_rows import flow_row
+from service.store.grant_rows import to_row as grant_row
+from service.store.tables import audit_events, elicitation_events, elicitations, grants, oauth_flows
 from service.testing import ScriptedBrowser
 from service.web.server import listening_socket
 
 from .conftest import Deploy, Deployment, deploy, fresh_postgres_database
 from .flow_support import Pending, asking, status_of
-from .test_store import NOW, elicitation, store  # noqa: F401 - `store`: the fixture, on both databases
+from .test_store import NOW, elicitation, flow, store  # noqa: F401 - `store`: the fixture, on both databases
+from .test_store import grant as a_grant
 
 Trail = dict[str, list[tuple[Any, ...]]]
 
@@ -101,6 +105,8 @@ async def trail(deployment: Deployment, ids: list[str]) -> Trail:
     async with connector_store.db.reader.connect() as conn:
         audited = (await conn.execute(select(audit_events).order_by(audit_events.c.id))).mappings().all()
         logged = (await conn.execute(select(elicitation_events).order_by(elicitation_events.c.id))).mappings().all()
+        started = (await conn.execute(select(oauth_flows).order_by(oauth_flows.c.created_at))).mappings().all()
+        given = (await conn.execute(select(grants).order_by(grants.c.created_at))).mappings().all()
     for row in audited:
         record = await connector_store.elicitations.get(row["elicitation_id"])
         assert record is not None
@@ -125,6 +131,43 @@ async def trail(deployment: Deployment, ids: list[str]) -> Trail:
             (place[row["elicitation_id"]], row["connection_key"], row["status"], row["kind"], row["detail"])
             for row in logged
             if row["elicitation_id"] in place
+        ],
+        # The flows and grants the steps wrote (SQLite: carried by the step's note, 0021); times, the random nonce
+        # and the ciphertexts (the vault's random nonces) compared by what they are.
+        "oauth_flows": [
+            (
+                place[row["elicitation_id"]],
+                row["verifier_key_id"],
+                type(row["verifier_ciphertext"]),
+                len(row["verifier_ciphertext"]),
+                row["nonce"] is not None,
+                row["expected_issuer"],
+                urlsplit(row["redirect_uri"]).path,
+                row["created_at"] < row["expires_at"],
+                row["used_at"] is not None,
+            )
+            for row in started
+            if row["elicitation_id"] in place
+        ],
+        "grants": [
+            (
+                row["id"],
+                row["identity_subject"],
+                row["provider"],
+                row["provider_account_id"],
+                row["scopes"],
+                row["refused_scopes"],
+                row["token_key_id"],
+                type(row["token_ciphertext"]),
+                row["token_expires_at"] is not None,
+                row["created_at"] <= row["updated_at"],
+                row["health_status"],
+                row["refresh_failures"],
+                row["tenant"],
+                row["account_label"],
+                row["account_name"],
+            )
+            for row in given
         ],
     }
 
@@ -162,6 +205,7 @@ async def assert_notes_hold_no_secret(deployment: Deployment) -> None:
     async with deployment.connector.runtime.store.db.reader.connect() as conn:
         notes = (await conn.execute(select(elicitations.c.step_note))).scalars().all()
     assert notes and all(set(json.loads(note)) <= {"audit_events", "elicitation_events"} for note in notes)
+    assert await carried_copies(deployment.connector.runtime.store) == []  # the flows' and the grant's (0021)
     secrets = deployment.provider.secrets_issued()
     assert secrets and not [secret for secret in secrets for note in notes if secret in note]
 
@@ -188,7 +232,8 @@ async def test_the_audit_trail_and_event_log_are_the_same_on_both_databases(
     assert events.count("created") == 7 and events.count("completion_sent") == 2, events
     assert "mallory\\x01" in [row[3] for row in sqlite_trail["audit_events"]]  # escaped, on both
     assert len(sqlite_trail["elicitation_events"]) == 7  # one ending each (the last cancelled as `asking` ends)
-    for table in ("audit_events", "elicitation_events"):
+    assert len(sqlite_trail["oauth_flows"]) == 2 and len(sqlite_trail["grants"]) == 1
+    for table in ("audit_events", "elicitation_events", "oauth_flows", "grants"):
         assert len(sqlite_trail[table]) == len(postgres_trail[table]), table
         for on_sqlite_row, on_pg_row in zip(sqlite_trail[table], postgres_trail[table], strict=True):
             assert on_sqlite_row == on_pg_row, table
@@ -247,3 +292,114 @@ async def test_a_steps_rows_are_written_once_and_only_when_its_change_happens(st
     (logged,) = await store.outbox.after(0)
     assert logged == replace(ending, id=ended[1].id, at=NOW, origin=store.outbox.origin)
     assert ended[1].id == logged.id
+
+
+async def stored_row(in_store: Store, table: Any, id: str) -> dict[str, Any]:
+    async with in_store.db.reader.connect() as conn:
+        return dict((await conn.execute(select(table).where(table.c.id == id))).mappings().one())
+
+
+async def carried_copies(in_store: Store) -> list[tuple[Any, ...]]:
+    """What SQLite's carrying steps would leave on the elicitations: a note naming a flow or a grant, a blob."""
+    async with in_store.db.reader.connect() as conn:
+        rows = (await conn.execute(select(elicitations.c.step_note, elicitations.c.step_blob))).all()
+    return [
+        (note, blob)
+        for note, blob in rows
+        if blob is not None or (note is not None and set(json.loads(note)) - {"audit_events", "elicitation_events"})
+    ]
+
+
+async def test_a_steps_flow_and_first_grant_go_in_with_it_and_leave_no_copy(store: Store) -> None:  # noqa: F811
+    """The flow a step starts and a user's first grant are written by the step's statement (SQLite: its note and
+    `step_blob`, migration 0021), every field as given, the ciphertexts byte for byte; nothing of them stays on the
+    elicitation; a move its status does not allow writes no flow; a first grant goes in without its ending when the
+    status does not allow the ending, and neither does when its account holds a grant by now."""
+    rec = elicitation()
+
+    def entry(event: str, of: ElicitationRecord = rec) -> AuditEntry:
+        return AuditEntry(event, NOW, of.id, of.identity, of.provider)
+
+    await store.elicitations.insert(rec, audit=entry("created"))
+    started = flow(rec.id)
+    refused = replace(started, id="refused-flow", state_hash="refused-state")
+    # The elicitation is pending: completed is not allowed from there, so no flow and no audit row.
+    assert not await store.elicitations.transition(
+        rec.id, ElicitationStatus.COMPLETED, now=NOW, audit=entry("verified"), flow=refused
+    )
+    with pytest.raises(Boom):  # a step whose transaction rolls back leaves no flow
+        async with store.transaction() as tx:
+            assert await store.elicitations.transition(
+                rec.id,
+                ElicitationStatus.AUTHORIZING,
+                now=NOW,
+                from_=START_FROM,
+                conn=tx,
+                audit=entry("verified"),
+                flow=refused,
+            )
+            raise Boom
+    moved = await store.elicitations.transition(
+        rec.id, ElicitationStatus.AUTHORIZING, now=NOW, from_=START_FROM, audit=entry("verified"), flow=started
+    )
+    assert moved is not None and moved.status is ElicitationStatus.AUTHORIZING
+    assert await stored_row(store, oauth_flows, started.id) == flow_row(started)
+    async with store.db.reader.connect() as conn:
+        flow_ids = (await conn.execute(select(oauth_flows.c.id))).scalars().all()
+    assert flow_ids == [started.id]
+    assert await carried_copies(store) == []
+
+    given = a_grant(created_at=NOW, updated_at=NOW, account_label="work", account_name="Alice at work")
+    ending = ElicitationEvent(rec.id, ElicitationStatus.COMPLETED, rec.connection_key)
+    async with store.transaction() as tx:
+        inserted, ended = await store.elicitations.end_with_first_grant(
+            rec.id, ElicitationStatus.COMPLETED, ending, given, now=NOW, conn=tx, audit=entry("completed")
+        )
+    assert inserted and ended is not None and ended[0].status is ElicitationStatus.COMPLETED
+    assert await stored_row(store, grants, given.id) == grant_row(given)
+    assert await store.grants.get(given.id) == given
+    assert await carried_copies(store) == []
+
+    # Another elicitation for the same account: it holds a grant by now, so neither the grant nor the ending.
+    other = elicitation()
+    await store.elicitations.insert(other)
+    await store.elicitations.transition(other.id, ElicitationStatus.AUTHORIZING, now=NOW, from_=START_FROM)
+    same_account = a_grant(scopes=("repo",))
+    async with store.transaction() as tx:
+        assert await store.elicitations.end_with_first_grant(
+            other.id,
+            ElicitationStatus.COMPLETED,
+            replace(ending, elicitation_id=other.id),
+            same_account,
+            now=NOW,
+            conn=tx,
+            audit=entry("completed", other),
+        ) == (False, None)
+    assert await store.grants.get(same_account.id) is None
+    assert await store.grants.get(given.id) == given
+    assert (await store.elicitations.get(other.id)) == replace(other, status=ElicitationStatus.AUTHORIZING)
+
+    # Cancelled meanwhile: the grant the user gave goes in, the elicitation stays cancelled.
+    await store.elicitations.transition(other.id, ElicitationStatus.CANCELLED, now=NOW)
+    another_account = a_grant(account="2002")
+    async with store.transaction() as tx:
+        assert await store.elicitations.end_with_first_grant(
+            other.id,
+            ElicitationStatus.COMPLETED,
+            replace(ending, elicitation_id=other.id),
+            another_account,
+            now=NOW,
+            conn=tx,
+            audit=entry("completed", other),
+        ) == (True, None)
+    assert await store.grants.get(another_account.id) == another_account
+    assert (await store.elicitations.get(other.id)).status is ElicitationStatus.CANCELLED  # type: ignore[union-attr]
+    assert await carried_copies(store) == []
+
+    assert [(a.event, a.elicitation_id) for a in await store.audit.list()] == [
+        ("created", rec.id),
+        ("verified", rec.id),
+        ("completed", rec.id),
+    ]
+    (logged,) = await store.outbox.after(0)
+    assert logged.id == ended[1].id and logged.status is ElicitationStatus.COMPLETED

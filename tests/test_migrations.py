@@ -86,12 +86,17 @@ def trigger_names(conn: Connection) -> set[str]:
 
 
 async def test_sqlite_writes_a_steps_rows_through_triggers_at_the_head(url: str) -> None:
-    """The triggers that insert a step's audit and event-log rows from its note (0020) are there on SQLite, after a
-    downgrade and upgrade too (a migration that rebuilds `elicitations` on SQLite would drop them); PostgreSQL has
+    """The triggers that insert a step's audit and event-log rows from its note (0020), and the flow row and first
+    grant it carries, then clear what it carried (0021), are there on SQLite, after a downgrade and upgrade too (a
+    migration that rebuilds `elicitations` on SQLite would drop them); each downgrade drops its own. PostgreSQL has
     none (its steps write those rows in CTEs)."""
-    expected = {"elicitations_step_inserted", "elicitations_step_updated"} if url.startswith("sqlite") else set()
+    on_sqlite = url.startswith("sqlite")
+    of_0020 = {"elicitations_step_inserted", "elicitations_step_updated"} if on_sqlite else set()
+    expected = of_0020 | ({"elicitations_step_carried", "elicitations_step_cleared"} if on_sqlite else set())
     migrate(url)
     assert await run_sync_on(url, trigger_names) == expected
+    await asyncio.to_thread(command.downgrade, alembic_config(url), "0020")
+    assert await run_sync_on(url, trigger_names) == of_0020
     await asyncio.to_thread(command.downgrade, alembic_config(url), "0019")
     assert await run_sync_on(url, trigger_names) == set()
     migrate(url)

@@ -15,11 +15,12 @@ import pytest
 from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
-from sqlalchemy import MetaData, Table, insert, select, text, update
+from sqlalchemy import MetaData, Table, insert, inspect, select, text, update
 
 from service import AuthorizationStatus, ElicitationStatus, GrantEvent, GrantEventKind, GrantStatus, Identity
 from service.core.agent_api import tenant_of
 from service.core.records import AuditEntry, GrantRecord
+from service.core.states import START_FROM
 from service.core.webhooks import WebhookEndpoints, WebhookPolicy
 from service.store import Store, alembic_config, head_revision, migrate, tables
 from service.store.schema import OLDEST_SCHEMA_REVISION, declared_oldest_code_revision, script_location
@@ -181,6 +182,7 @@ PREVIOUS_RELEASE_LACKS = {
     "0013": {"elicitations": ("connection_values",)},
     "0019": {"grants": ("account_label", "account_name"), "elicitations": ("account",)},
     "0020": {"elicitations": ("step_note",)},
+    "0021": {"elicitations": ("step_blob",)},
 }
 
 
@@ -526,5 +528,76 @@ async def test_the_previous_release_works_on_the_step_note_and_its_triggers(data
                 triggers = listed.scalars().all()
         assert kept == sorted([mine.id, "old-release-elicitation"])
         assert triggers == []
+    finally:
+        await store.close()
+
+
+async def test_the_previous_release_works_on_the_carried_rows_and_their_triggers(database_url: str) -> None:
+    """0021 is expand-only: the previous release moves elicitations with the notes it writes (audit rows only,
+    copied by 0020's triggers), and inserts its flow rows and grants itself, without naming `step_blob`; 0021's
+    triggers neither insert a row for its statements nor clear its notes. This one's steps carry theirs. Downgrading
+    to 0020 drops 0021's triggers and the column, keeps every row and 0020's triggers."""
+    from service.store.audit import audit_row
+    from service.store.flow_rows import flow_row
+    from service.store.grant_rows import to_row as grant_row
+    from service.store.step_writes import SqliteSteps
+
+    from .test_store import elicitation, flow, grant
+
+    script = ScriptDirectory.from_config(alembic_config())
+    assert declared_oldest_code_revision(script, "0021") == declared_oldest_code_revision(script, "0020")
+    assert OLDEST_SCHEMA_REVISION >= "0021"  # this code's steps carry the flow row and a first grant on SQLite
+    migrate(database_url)
+    old_elicitations = as_before("0021", tables.elicitations)
+    store = Store.from_url(database_url)
+    sqlite = store.engine.dialect.name == "sqlite"
+    try:
+        mine, theirs = elicitation(), elicitation(id="old-release-elicitation")
+        mine_flow, their_flow = flow(mine.id), flow(theirs.id)
+        await store.elicitations.insert(mine)
+        async with store.engine.begin() as conn:  # the previous release starts a flow of its own: 0020's statements
+            row = (await conn.execute(select(old_elicitations).where(old_elicitations.c.id == mine.id))).mappings()
+            await conn.execute(insert(old_elicitations).values({**row.one(), "id": theirs.id}))
+            moved = update(old_elicitations).where(old_elicitations.c.id == theirs.id)
+            values: dict[str, object] = {"status": ElicitationStatus.AUTHORIZING.value}
+            if sqlite:  # its step's audit row, in the note 0020's trigger copies
+                audit = audit_row(AuditEntry("verified", NOW, theirs.id, theirs.identity, "github"))
+                values["step_note"] = SqliteSteps(conn.dialect).note(audit)
+            await conn.execute(moved.values(values))
+            await conn.execute(insert(tables.oauth_flows).values(flow_row(their_flow)))
+            await conn.execute(insert(tables.grants).values(grant_row(grant(account="old-release"))))
+        entry = AuditEntry("verified", NOW, mine.id, mine.identity, "github")
+        assert await store.elicitations.transition(
+            mine.id, ElicitationStatus.AUTHORIZING, now=NOW, from_=START_FROM, audit=entry, flow=mine_flow
+        )
+        async with store.engine.connect() as conn:
+            flows = (await conn.execute(select(tables.oauth_flows))).mappings().all()
+            notes = dict((await conn.execute(select(tables.elicitations.c.id, tables.elicitations.c.step_note))).all())
+            blobs = (await conn.execute(select(tables.elicitations.c.step_blob))).scalars().all()
+            held = (await conn.execute(select(tables.grants.c.provider_account_id))).scalars().all()
+        assert sorted((dict(f) for f in flows), key=lambda f: f["id"]) == sorted(
+            [flow_row(mine_flow), flow_row(their_flow)], key=lambda f: f["id"]
+        )
+        assert held == ["old-release"] and blobs == [None, None]
+        assert notes[theirs.id] == values.get("step_note") and notes[mine.id] is None  # theirs kept, mine cleared
+        audited = [(a.event, a.elicitation_id) for a in await store.audit.list()]
+        assert sorted(audited) == sorted([("verified", mine.id), *([("verified", theirs.id)] if sqlite else [])])
+    finally:
+        await store.close()
+
+    await asyncio.to_thread(command.downgrade, alembic_config(database_url), "0020")
+    store = Store.from_url(database_url)
+    try:
+        async with store.engine.connect() as conn:
+            kept = sorted((await conn.execute(select(old_elicitations.c.id))).scalars().all())
+            flow_ids = sorted((await conn.execute(select(tables.oauth_flows.c.id))).scalars().all())
+            columns = {c["name"] for c in await conn.run_sync(lambda c: inspect(c).get_columns("elicitations"))}
+            triggers = []
+            if sqlite:
+                listed = await conn.execute(text("SELECT name FROM sqlite_master WHERE type = 'trigger'"))
+                triggers = sorted(listed.scalars().all())
+        assert kept == sorted([mine.id, theirs.id]) and flow_ids == sorted([mine_flow.id, their_flow.id])
+        assert "step_blob" not in columns and "step_note" in columns
+        assert triggers == (["elicitations_step_inserted", "elicitations_step_updated"] if sqlite else [])
     finally:
         await store.close()

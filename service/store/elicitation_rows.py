@@ -13,8 +13,9 @@ from service.core.states import ElicitationStatus
 from .engine import dump_json, load_json
 from .tables import elicitations
 
-# The columns a record is read from: every one but `step_note`, which SQLite's steps write and nothing reads.
-elicitation_columns = tuple(c for c in elicitations.c if c.name != "step_note")
+# The columns a record is read from: every one but `step_note` and `step_blob`, which SQLite's steps write and nothing
+# reads.
+elicitation_columns = tuple(c for c in elicitations.c if c.name not in ("step_note", "step_blob"))
 
 
 def to_row(rec: ElicitationRecord) -> dict[str, Any]:

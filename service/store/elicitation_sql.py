@@ -1,7 +1,8 @@
 """The statements of the elicitation repository, built once (building and keying a statement costs more than
 running it). A step's statement also writes the rows that go with its change: on PostgreSQL in data-modifying CTEs
 (its audit row, the flow it starts, the ending it logs, a first grant), on SQLite through the triggers that read the
-`step_note` it sets (its audit row, the ending it logs). Which a step runs is decided in `step_writes`."""
+`step_note` it sets (its audit row, the ending it logs, the flow it starts, a first grant). Which a step runs is decided
+in `step_writes`."""
 
 from __future__ import annotations
 
@@ -73,9 +74,9 @@ SETTLED = SETTLE_COMPLETION.returning(elicitations.c.id)
 
 
 # PostgreSQL: the same with the step's audit row in the statement (a data-modifying CTE, `with_audit_row`).
-# Every column `_to_row` gives (those left out start NULL or 0 and change later; `step_note` is SQLite's): a column
-# added to the table without a value there makes this insert fail loudly rather than store NULL.
-_LEFT_OUT = ("identity_mismatches", "completion_delivery", "step_note")
+# Every column `_to_row` gives (those left out start NULL or 0 and change later; `step_note` and `step_blob` are
+# SQLite's): a column added to the table without a value there makes this insert fail loudly rather than store NULL.
+_LEFT_OUT = ("identity_mismatches", "completion_delivery", "step_note", "step_blob")
 _ROW_COLUMNS = [c.name for c in elicitations.c if c.name not in _LEFT_OUT]
 AUDITED = {
     "insert": with_audit_row(
@@ -170,10 +171,21 @@ NOTED_SETTLE = SETTLED.values(step_note=bindparam("step_note"))
 _LOGGED_ID = select(func.max(elicitation_events.c.id)).scalar_subquery().label("logged_event_id")
 
 
+# SQLite: a user's first grant goes in with its ending only while its account holds none (the grant's key columns as
+# parameters `grants_<column>`), as `first_grant` on PostgreSQL; the trigger copying it decides nothing.
+_NO_GRANT_HELD = ~exists().where(*(grants.c[n] == bindparam(f"grants_{n}") for n in ACCOUNT_KEY))
+
+
 @cache
-def noted_transition(*, reason: bool, taking: bool, logged: bool) -> Any:
-    """SQLite: the transition setting the step's note; returning the id of the ending's event-log row (`logged`)."""
+def noted_transition(*, reason: bool, taking: bool, logged: bool, carrying: bool, granting: bool) -> Any:
+    """SQLite: the transition setting the step's note; returning the id of the ending's event-log row (`logged`).
+    `carrying`: the note carries a row whose ciphertext is `step_blob` (the flow it starts, a first grant: migration
+    0021), `granting`: a first grant, the move only while its account holds none."""
     statement = transition_statement(reason=reason, taking=taking).values(step_note=bindparam("step_note"))
+    if carrying:
+        statement = statement.values(step_blob=bindparam("step_blob"))
+    if granting:
+        statement = statement.where(_NO_GRANT_HELD)
     return statement.returning(_LOGGED_ID) if logged else statement
 
 

@@ -41,7 +41,7 @@ class ElicitationRepository:
     def __init__(self, db: Database, outbox: OutboxRepository, grants: GrantRepository) -> None:
         self._db = db
         self._outbox = outbox  # where `end` logs an ending
-        self._grants = grants  # where `end_with_first_grant` inserts its grant (SQLite)
+        self._grants = grants  # where `end_with_first_grant` inserts a grant its ending did not
         self._steps = step_writes(db.writer.dialect)  # how a step's statement writes its audit row and the others
 
     async def insert(
@@ -101,8 +101,8 @@ class ElicitationRepository:
         `audit` is written when the move happens, by the UPDATE's statement (`step_writes`).
         `take_telling` (a completion, without `reason`): the telling of the completion is taken in the same UPDATE, as
         `claim_completion` would take it, for the replica that completes it and holds its connection.
-        `flow` (with `audit`): the OAuth flow the move starts, inserted when the move happens (on PostgreSQL in the
-        UPDATE's statement).
+        `flow` (with `audit`): the OAuth flow the move starts, inserted when the move happens, by the UPDATE's
+        statement.
         `last`: as `end`'s.
         """
         moved = await self._move(id, target, reason, now, from_, conn, audit, take_telling, flow, None, last=last)
@@ -147,17 +147,13 @@ class ElicitationRepository:
         last: bool = False,
     ) -> tuple[bool, tuple[ElicitationRecord, ElicitationEvent] | None]:
         """`grant`, a user's first at its provider, inserted unless its account holds one by now
-        (`GrantRepository.insert_new`), and only when it went in, `end`: on PostgreSQL in one statement. Whether the
-        grant went in, and what `end` returned. `last`: as `end`'s."""
-        if not self._steps.carries_grant:
-            if await self._grants.insert_new(grant, conn) is None:
-                return False, None
-            return True, await self.end(
-                id, target, ending, now=now, conn=conn, audit=audit, take_telling=take_telling, last=last
-            )
+        (`GrantRepository.insert_new`), and only when it went in, `end`: in one statement. Whether the grant went in,
+        and what `end` returned. `last`: as `end`'s."""
         moved = await self._move(id, target, None, now, None, conn, audit, take_telling, None, ending, grant, last=last)
-        if moved is None:  # the grant may have gone in while the status did not allow the ending (a cancellation)
-            return await self._grants.get(grant.id, conn) is not None, None
+        if moved is None:  # the grant goes in though the status did not allow the ending (a cancellation)
+            if self._steps.grant_without_ending:  # it did, unless its account held one
+                return await self._grants.get(grant.id, conn) is not None, None
+            return await self._grants.insert_new(grant, conn) is not None, None
         record, logged = moved
         assert logged is not None
         return True, (record, logged)

@@ -41,7 +41,7 @@ MIGRATE_COMMAND = "acp-connector migrate"
 
 # The oldest schema revision this code runs against. Raise it (to the head) in the release whose code starts
 # to use something a migration adds: tests/test_rolling_upgrade.py runs the whole flow on a database at it.
-OLDEST_SCHEMA_REVISION = "0020"  # 0020: the step note and its triggers (SQLite writes audit rows through them)
+OLDEST_SCHEMA_REVISION = "0021"  # 0021: SQLite's steps carry the flow row and a first grant (through triggers)
 
 
 def script_location() -> Path:

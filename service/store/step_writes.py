@@ -5,8 +5,10 @@ was opened) and writes its audit row with the change; some steps also write the 
 row of their ending, a user's first grant. Each is written exactly when the change happens, by its statement:
 - PostgreSQL (`PostgresSteps`): data-modifying CTEs in the change's statement write all of them.
 - SQLite (`SqliteSteps`) has no data-modifying CTE: the change's statement sets `elicitations.step_note`, a JSON
-  object holding the audit row and the ending's event-log row as stored, and triggers insert them (migration 0020:
-  they copy, they decide nothing). The flow row and the grant are statements of their own in the step's transaction.
+  object holding the audit row, the ending's event-log row, the flow it starts and a first grant as stored, and
+  triggers insert them (migrations 0020 and 0021: they copy, they decide nothing). A flow's or a grant's ciphertext,
+  which JSON cannot hold, goes in `elicitations.step_blob`; the note that carries such a row and the blob are cleared
+  by a trigger in the same statement, so no copy stays on the elicitation.
 
 The repository (`ElicitationRepository`) asks this module for a step's statement and parameters and writes what the
 statement did not (`Carried`).
@@ -38,9 +40,12 @@ from .elicitation_sql import (
 from .engine import dump_json
 from .flow_rows import flow_row
 from .grant_rows import to_row as grant_row
-from .tables import audit_events, oauth_flows
+from .grants import ACCOUNT_KEY
+from .tables import audit_events, elicitation_events, grants, oauth_flows
 
 Row = Mapping[str, Any]
+# SQLite: the rows a step's note may carry, each with its ciphertext column (bound as `step_blob`, migration 0021).
+_CARRIED = {oauth_flows.name: "verifier_ciphertext", grants.name: "token_ciphertext"}
 # A statement and the parameters it takes (beside the change's own, for a transition or a settle).
 Step = tuple[Any, dict[str, Any]]
 
@@ -54,8 +59,9 @@ class Carried(NamedTuple):
 
 
 class StepWrites(ABC):
-    # A user's first grant is inserted by its ending's statement (else the caller inserts it first).
-    carries_grant: ClassVar[bool]
+    # A user's first grant is inserted by its ending's statement also when the ending does not happen (else the caller
+    # inserts it then).
+    grant_without_ending: ClassVar[bool]
     # The consent page's statement returns the elicitation also when it writes no `opened` row (else the caller
     # reads it then).
     opening_reads: ClassVar[bool]
@@ -89,7 +95,7 @@ class StepWrites(ABC):
 
 
 class PostgresSteps(StepWrites):
-    carries_grant = True
+    grant_without_ending = True
     opening_reads = True
 
     def insert(self, row: Row, audit: Row | None) -> Step:
@@ -127,20 +133,29 @@ class PostgresSteps(StepWrites):
 
 
 class SqliteSteps(StepWrites):
-    carries_grant = False
+    grant_without_ending = False
     opening_reads = False
 
     def __init__(self, dialect: Dialect) -> None:
-        # A time as SQLite stores it (text), which the triggers copy from the note unchanged.
-        stored = audit_events.c.at.type.dialect_impl(dialect).bind_processor(dialect)
-        assert stored is not None
-        self._stored_time: Callable[[datetime], str] = stored
+        # Values as SQLite stores them (a time as text), which the triggers copy from the note unchanged.
+        self._stored: dict[str, dict[str, Callable[[Any], Any]]] = {
+            table.name: {c.name: p for c in table.c if (p := c.type.dialect_impl(dialect).bind_processor(dialect))}
+            for table in (audit_events, elicitation_events, oauth_flows, grants)
+        }
 
-    def note(self, audit: Row, ending: Row | None = None) -> str:
-        """The `step_note` of a step: its audit row and its ending's event-log row, as the triggers insert them."""
-        note = {"audit_events": {**audit, "at": self._stored_time(audit["at"])}}
+    def _as_stored(self, table: str, row: Row, left_out: str | None = None) -> dict[str, Any]:
+        stored = self._stored[table]
+        return {k: v if v is None or k not in stored else stored[k](v) for k, v in row.items() if k != left_out}
+
+    def note(self, audit: Row, ending: Row | None = None, carried: Row | None = None) -> str:
+        """The `step_note` of a step: its audit row, its ending's event-log row and the row it `carried` (of the
+        `_CARRIED` tables, without its ciphertext), as the triggers insert them."""
+        note = {"audit_events": self._as_stored("audit_events", audit)}
         if ending is not None:
-            note["elicitation_events"] = {**ending, "at": self._stored_time(ending["at"])}
+            note["elicitation_events"] = self._as_stored("elicitation_events", ending)
+        if carried is not None:
+            ((table, row),) = carried.items()
+            note[table] = self._as_stored(table, row, _CARRIED[table])
         return dump_json(note)
 
     def insert(self, row: Row, audit: Row | None) -> Step:
@@ -159,11 +174,24 @@ class SqliteSteps(StepWrites):
         ending: Row | None,
         grant: GrantRecord | None,
     ) -> tuple[Step, Carried]:
-        assert grant is None, "the caller inserts the grant first (carries_grant)"
         if audit is None:
+            assert flow is None and grant is None
             return (transition_statement(reason=reason, taking=taking), {}), Carried(False, False, False)
-        statement = noted_transition(reason=reason, taking=taking, logged=ending is not None)
-        return (statement, {"step_note": self.note(audit, ending)}), Carried(True, False, ending is not None)
+        assert flow is None or grant is None, "a step carries one row with a ciphertext"
+        carried: dict[str, Row] | None = None
+        params: dict[str, Any] = {}
+        if flow is not None:
+            carried = {oauth_flows.name: flow_row(flow)}
+        if grant is not None:
+            carried = {grants.name: grant_row(grant)}
+            params.update({f"grants_{k}": v for k, v in carried[grants.name].items() if k in ACCOUNT_KEY})
+        if carried is not None:
+            ((table, row),) = carried.items()
+            params["step_blob"] = row[_CARRIED[table]]
+        params["step_note"] = self.note(audit, ending, carried)
+        logged, carrying, granting = ending is not None, carried is not None, grant is not None
+        statement = noted_transition(reason=reason, taking=taking, logged=logged, carrying=carrying, granting=granting)
+        return (statement, params), Carried(True, flow is not None, ending is not None)
 
     def settle(self, audit: Row | None) -> Step:
         return (SETTLED, {}) if audit is None else (NOTED_SETTLE, {"step_note": self.note(audit)})

@@ -106,6 +106,7 @@ elicitations = Table(
     # replica took it and is sending elicitation/complete), "sent", "undeliverable".
     Column("completion_delivery", String(16), nullable=True),
     Column("step_note", Text, nullable=True),  # SQLite (0020): JSON, a step's rows for triggers (store/step_writes)
+    Column("step_blob", LargeBinary, nullable=True),  # SQLite (0021): the ciphertext of a row a step carries
     Index(None, "status", "expires_at"),
     Index(None, "connection_key"),
     # Only the completions still to be told, so that the sweeps looking for them stay cheap.
