@@ -10,7 +10,6 @@ import asyncio
 import json
 from collections.abc import Callable
 from dataclasses import replace
-from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -19,8 +18,7 @@ from sqlalchemy import select
 
 from service import ElicitationStatus, Identity
 from service.core.events import ElicitationEvent
-from service.core.health import GrantHealth, GrantStatus, HealthReason
-from service.core.records import AuditEntry, ElicitationRecord, GrantRecord
+from service.core.records import AuditEntry, ElicitationRecord
 from service.core.states import START_FROM, CompletionDelivery
 from service.store import Store
 from service.store.flow_rows import flow_row
@@ -405,79 +403,3 @@ async def test_a_steps_flow_and_first_grant_go_in_with_it_and_leave_no_copy(stor
     ]
     (logged,) = await store.outbox.after(0)
     assert logged.id == ended[1].id and logged.status is ElicitationStatus.COMPLETED
-
-
-async def test_a_grant_given_again_is_upserted_with_its_ending_as_upsert_stores_it(store: Store) -> None:  # noqa: F811
-    """Where the store can (SQLite, `replaces_grant_in_step`), a grant given again is upserted by the completion's
-    statement in its account's place, stored as `GrantRepository.upsert` stores it (`stored_in_place` says how,
-    beforehand, for the audit line and the event), the ciphertext byte for byte, nothing left on the elicitation;
-    stored also when the status does not allow the ending; and a grant not stored as said fails the transaction."""
-    if not store.elicitations.replaces_grant_in_step:
-        pytest.skip("PostgreSQL upserts a grant given again by a statement of its own (`renewal.store_given`)")
-    health = GrantHealth(
-        GrantStatus.NEEDS_USER,
-        HealthReason.REVOKED,
-        changed_at=NOW,
-        last_refresh_at=NOW - timedelta(hours=2),
-        last_failure_at=NOW - timedelta(hours=1),
-        next_attempt_at=NOW + timedelta(minutes=5),
-        failures=2,
-    )
-    earlier = NOW - timedelta(days=3)
-    old = {"created_at": earlier, "updated_at": earlier, "health": health, "account_label": "old", "account_name": "a"}
-    new = {"scopes": ("repo",), "token_ciphertext": b"\x00new", "account_label": "new", "account_name": "b"}
-    # The same change by `upsert`, on another account, as what the step must store.
-    await store.grants.upsert(a_grant(account="by-upsert", **old))
-    by_upsert = await store.grants.upsert(a_grant(account="by-upsert", **new))
-    previous = await store.grants.upsert(a_grant(**old))
-    given = a_grant(**new)
-    stored = store.grants.stored_in_place(given, previous)
-    assert stored.id == previous.id and stored.created_at == earlier and stored.token_ciphertext == b"\x00new"
-
-    rec = elicitation()
-    await store.elicitations.insert(rec)
-    await store.elicitations.transition(rec.id, ElicitationStatus.AUTHORIZING, now=NOW, from_=START_FROM)
-    entry = AuditEntry("completed", NOW, rec.id, rec.identity, rec.provider, {"grant_id": stored.id})
-    ending = ElicitationEvent(rec.id, ElicitationStatus.COMPLETED, rec.connection_key)
-
-    async def end(stored_as: GrantRecord) -> Any:
-        async with store.transaction() as tx:
-            return await store.elicitations.end_replacing_grant(
-                rec.id, ElicitationStatus.COMPLETED, ending, given, stored_as, now=NOW, conn=tx, audit=entry
-            )
-
-    with pytest.raises(RuntimeError):  # said to be stored as a new grant though its account holds one
-        await end(given)
-    assert await store.grants.get(previous.id) == previous and await store.grants.get(given.id) is None
-    assert (await store.elicitations.get(rec.id)).status is ElicitationStatus.AUTHORIZING  # type: ignore[union-attr]
-
-    ended = await end(stored)
-    assert ended is not None and ended[0].status is ElicitationStatus.COMPLETED
-    assert await store.grants.get(previous.id) == stored
-    assert await store.grants.get(given.id) is None
-    assert await stored_row(store, grants, previous.id) == grant_row(stored)
-    same = {k: v for k, v in grant_row(stored).items() if k not in ("id", "provider_account_id")}
-    assert same == {k: v for k, v in grant_row(by_upsert).items() if k not in ("id", "provider_account_id")}
-    assert await carried_copies(store) == []
-    assert [(a.event, a.detail) for a in await store.audit.list()] == [("completed", {"grant_id": previous.id})]
-    assert [e.id for e in await store.outbox.after(0)] == [ended[1].id]
-
-    # Ended meanwhile: the grant given again is stored all the same, the ending is not.
-    again = replace(given, id="given-again", scopes=("repo", "gist"), token_ciphertext=b"\x01again")
-    async with store.transaction() as tx:
-        assert (
-            await store.elicitations.end_replacing_grant(
-                rec.id,
-                ElicitationStatus.COMPLETED,
-                ending,
-                again,
-                store.grants.stored_in_place(again, stored),
-                now=NOW,
-                conn=tx,
-                audit=entry,
-            )
-            is None
-        )
-    assert await store.grants.get(previous.id) == store.grants.stored_in_place(again, stored)
-    assert len(await store.audit.list()) == 1 and len(await store.outbox.after(0)) == 1
-    assert await carried_copies(store) == []

@@ -25,10 +25,9 @@ from .flow_support import Ask, asking, events
 # What a flow costs, exactly: the agent's grant check, and per step its state change with its audit row (issue 32 aims
 # at 8; what each statement is, is listed when a count differs). The flow row goes in with Continue's step, a user's
 # first grant at the provider with the completion's (SQLite: carried by the step's note, migration 0021); asked
-# again, the earlier grant is read in the completion's transaction and replaced: on SQLite by the completion's
-# statement, on PostgreSQL by a statement of its own (`renewal.store_given`).
+# again, the earlier grant is read in the completion's transaction and replaced by a statement of its own.
 FIRST_GRANT = {"sqlite": 8, "postgresql": 8}
-ASKED_AGAIN = {"sqlite": 9, "postgresql": 10}
+ASKED_AGAIN = {"sqlite": 10, "postgresql": 10}
 # What a statement that writes a step's audit row says: on PostgreSQL it inserts the row (a data-modifying CTE); on
 # SQLite it sets the step's note, whose row a trigger inserts (no INSERT of its own).
 WRITES_AUDIT = {"postgresql": "INSERT INTO audit_events", "sqlite": "step_note"}

@@ -1,13 +1,12 @@
-"""SQLite: the OAuth flow a step starts and the grant a completion stores written by the step's statement, by triggers.
+"""SQLite: the OAuth flow a step starts and a user's first grant written by the step's own statement, through triggers.
 
 0020 lets a step's UPDATE write its audit and event-log rows through triggers that copy its `step_note`; the flow row
-started at Continue and the grant stored at the completion stayed statements of their own, because each holds a
-ciphertext (the PKCE verifier's, the tokens') that JSON cannot hold (SQLite 3.40 has no unhex()). Here the step's
+started at Continue and the first grant stored at the completion stayed statements of their own, because each holds
+a ciphertext (the PKCE verifier's, the tokens') that JSON cannot hold (SQLite 3.40 has no unhex()). Here the step's
 UPDATE also carries them (`service.store.step_writes`):
 
-    step_note: {..., "oauth_flows": {every column but verifier_ciphertext}}       (Continue)
-               {..., "grants": {every column but token_ciphertext}}               (a first grant's completion)
-               {..., "grants_upserted": {every column but token_ciphertext}}      (a grant given again)
+    step_note: {..., "oauth_flows": {every column but verifier_ciphertext}}   (Continue)
+               {..., "grants": {every column but token_ciphertext}}           (a first grant's completion)
     step_blob: the row's ciphertext (a BLOB bound as is)
 
 and two triggers do the rest. `elicitations_step_carried` (BEFORE UPDATE OF step_note, beside 0020's) inserts the
@@ -16,14 +15,13 @@ row with the ciphertext taken from `step_blob`; `elicitations_step_cleared` (AFT
 elicitation once the statement is done. Both fire only for a note that carries such a row. They copy and clear; they
 decide nothing: whether the step happens, and for a first grant that its account holds none (`NOT EXISTS`), are the
 statement's WHERE (a trigger's INSERT of a grant that was not the first would fail the statement, not replace one).
-A grant given again is upserted as `GrantRepository.upsert` does (`REPLACED`: the same columns), in the place of the
-account's grant the step's transaction read. A statement that fails undoes its triggers' rows and clears with it.
+A statement that fails undoes its triggers' rows and clears with it.
 
 `elicitations.step_blob` is added on both databases (one schema); PostgreSQL never sets it and has no triggers.
 
 Expand only: code of the previous revision never names `step_blob` nor puts these keys in a note, so the new triggers
 never fire for its statements, and it writes its flow rows and grants itself as before. This revision's code needs
-them on SQLite (without them the flow row and the grant would not be written), so it declares this revision its
+them on SQLite (without them the flow row and the first grant would not be written), so it declares this revision its
 oldest schema (`service.store.schema.OLDEST_SCHEMA_REVISION`). The downgrade drops the two triggers and the column;
 0020's triggers stay.
 
@@ -80,42 +78,18 @@ GRANT_COLUMNS = (
     "account_label",
     "account_name",
 )
-# A grant given again replaces its account's (`GrantRepository.upsert`): its key, and what it replaces.
-ACCOUNT_KEY = ("identity_issuer", "identity_subject", "provider", "tenant", "provider_account_id")
-REPLACED = (
-    "scopes",
-    "refused_scopes",
-    "token_key_id",
-    "token_ciphertext",
-    "token_expires_at",
-    "updated_at",
-    "health_status",
-    "health_reason",
-    "health_changed_at",
-    "next_refresh_at",
-    "refresh_failures",
-    "account_label",
-    "account_name",
-)
-_UPSERT = f"ON CONFLICT ({', '.join(ACCOUNT_KEY)}) DO UPDATE SET {', '.join(f'{c} = excluded.{c}' for c in REPLACED)}"
-# Each key a note may carry: the table its row goes in, its columns, the column its ciphertext goes to (from
-# `step_blob`), and what is done when its account holds a grant (nothing: the statement fails, for a first grant).
-CARRIED = {
-    "oauth_flows": ("oauth_flows", FLOW_COLUMNS, "verifier_ciphertext", ""),
-    "grants": ("grants", GRANT_COLUMNS, "token_ciphertext", ""),
-    "grants_upserted": ("grants", GRANT_COLUMNS, "token_ciphertext", _UPSERT),
-}
+# Each table's row in the note, and the column its ciphertext goes to (from `step_blob`).
+CARRIED = {"oauth_flows": (FLOW_COLUMNS, "verifier_ciphertext"), "grants": (GRANT_COLUMNS, "token_ciphertext")}
 TRIGGERS = ("elicitations_step_carried", "elicitations_step_cleared")
-_CARRIES = " OR ".join(f"json_type(NEW.step_note, '$.{key}') IS NOT NULL" for key in CARRIED)
+_CARRIES = " OR ".join(f"json_type(NEW.step_note, '$.{table}') IS NOT NULL" for table in CARRIED)
 
 
-def _copy(key: str) -> str:
-    """The trigger statement inserting the note's row under `key` with `step_blob` as its ciphertext, if it has one."""
-    table, columns, blob, on_conflict = CARRIED[key]
-    values = ", ".join(f"json_extract(NEW.step_note, '$.{key}.{c}')" for c in columns)
+def _copy(table: str, columns: Sequence[str], blob: str) -> str:
+    """The trigger statement inserting the note's row of `table` with `step_blob` as its ciphertext, if it has one."""
+    values = ", ".join(f"json_extract(NEW.step_note, '$.{table}.{c}')" for c in columns)
     return (
         f"INSERT INTO {table} ({', '.join(columns)}, {blob}) SELECT {values}, NEW.step_blob "
-        f"WHERE json_type(NEW.step_note, '$.{key}') IS NOT NULL {on_conflict};"
+        f"WHERE json_type(NEW.step_note, '$.{table}') IS NOT NULL;"
     )
 
 
@@ -127,7 +101,7 @@ def upgrade() -> None:
     op.add_column("elicitations", sa.Column("step_blob", sa.LargeBinary(), nullable=True))
     if not _sqlite():
         return
-    copies = " ".join(_copy(key) for key in CARRIED)
+    copies = " ".join(_copy(table, columns, blob) for table, (columns, blob) in CARRIED.items())
     op.execute(
         f"CREATE TRIGGER {TRIGGERS[0]} BEFORE UPDATE OF step_note ON elicitations WHEN {_CARRIES} BEGIN {copies} END"
     )

@@ -22,7 +22,7 @@ from .identity import Identity
 from .lifecycle import Elicitations, Written
 from .ports import Provider, ProviderGateway, Store, Tx, Vault
 from .records import OFFLINE_ACCESS, AuditEntry, ElicitationRecord, FlowRecord, GrantRecord, Intent, TokenSet
-from .renewal import record_recovery, replacement, store_given
+from .renewal import store_given
 from .settings import FlowSettings
 from .states import RESTART_FROM, START_FROM, ElicitationStatus
 
@@ -371,16 +371,9 @@ class BrowserFlow:
             )
             return written(given.stored, given.refreshable, given.logged)
 
-        async def replace_grant(tx: Tx) -> tuple[GrantRecord, GrantRecord, Written]:  # `store_grant` but its upsert
-            given = await replacement(self.store, self.vault, grant, tokens, conn=tx, label=named.given)
-            stored = self.store.grants.stored_in_place(given.grant, given.previous)
-            logged = await record_recovery(self.store, given.previous, stored, now=now, conn=tx)
-            return given.grant, stored, written(stored, given.refreshable, logged)
-
         # A user's first grant at the provider goes in with the completion, `store_grant` only when the account has
-        # one by now (where the store can, its upsert goes in with the completion too: `replace_grant`). The agent may
-        # have cancelled while the user was at the provider. The user did authorize, so the grant is kept (written
-        # either way), but the cancelled elicitation stays cancelled and resumes nothing.
+        # one by now. The agent may have cancelled while the user was at the provider. The user did authorize, so the
+        # grant is kept (written either way), but the cancelled elicitation stays cancelled and resumes nothing.
         completed = await self.elicitations.finish(
             record,
             ElicitationStatus.COMPLETED,
@@ -389,7 +382,6 @@ class BrowserFlow:
             within=store_grant,
             late_event="completed_after_cancel",
             first_grant=None if held else (grant, written(grant, tokens.refresh_token is not None)),
-            replacing=replace_grant,
         )
         if completed is None:
             return await self.elicitations.get(record.id) or record

@@ -325,7 +325,6 @@ class Elicitations:
         within: Callable[[Tx], Awaitable[Written]] | None = None,
         late_event: str | None = None,
         first_grant: tuple[GrantRecord, Written] | None = None,
-        replacing: Callable[[Tx], Awaitable[tuple[GrantRecord, GrantRecord, Written]]] | None = None,
     ) -> ElicitationRecord | None:
         """Move to a terminal status if the current one allows it: the transition, its audit line and its entry in
         the event log in one transaction, then the event published. The ended record; None when something else
@@ -338,9 +337,6 @@ class Elicitations:
         line and the event. When the transition did not happen, `late_event` (if any) is audited instead of `event`.
         `first_grant`: a grant for a user who held none at the provider a moment ago, and what `within` would say of
         it: inserted with the ending (`end_with_first_grant`), `within` running only when its account has one by now.
-        `replacing` (with `close_flows=False`), where the store can (`replaces_grant_in_step`), instead of `within`:
-        what `within` would write but for the grant's upsert, the grant to upsert, the grant as it will be stored
-        and what `within` would say; the upsert goes in with the ending (`end_replacing_grant`), written either way.
         """
         now = self.now()
         # A completion this replica tells (it holds the connection): the telling is taken in the completing UPDATE,
@@ -348,31 +344,14 @@ class Elicitations:
         take = status is ElicitationStatus.COMPLETED and reason is None and record.replica_id == self.replica_id
         async with self.store.transaction() as tx:
             ended: tuple[ElicitationRecord, ElicitationEvent] | None = None
-            written, granted = Written(), False
+            written, inserted = Written(), False
             if first_grant is not None:  # in the ending's statement where the database can
                 grant, written = first_grant
                 audit, ending = self._ending(record, status, event, reason, detail, written, now)
-                granted, ended = await self.store.elicitations.end_with_first_grant(
+                inserted, ended = await self.store.elicitations.end_with_first_grant(
                     record.id, status, ending, grant, now=now, conn=tx, audit=audit, take_telling=take, last=True
                 )
-            if not granted and replacing is not None and self.store.elicitations.replaces_grant_in_step:
-                assert not close_flows
-                given, in_place, written = await replacing(tx)
-                audit, ending = self._ending(record, status, event, reason, detail, written, now)
-                ended = await self.store.elicitations.end_replacing_grant(
-                    record.id,
-                    status,
-                    ending,
-                    given,
-                    in_place,
-                    now=now,
-                    conn=tx,
-                    audit=audit,
-                    take_telling=take,
-                    last=True,
-                )
-                granted = True
-            if not granted:  # `within` first: the audit line says what it wrote, and goes with the transition
+            if not inserted:  # `within` first: the audit line says what it wrote, and goes with the transition
                 written = await within(tx) if within is not None else Written()
                 audit, ending = self._ending(record, status, event, reason, detail, written, now)
                 if close_flows:

@@ -46,28 +46,6 @@ async def store_given(
     stored = None if held else await store.grants.insert_new(grant, conn=conn)
     if stored is not None:
         return Given(stored, tokens.refresh_token is not None, [])
-    replacing = await replacement(store, vault, grant, tokens, conn=conn, label=label)
-    stored = await store.grants.upsert(replacing.grant, conn=conn)
-    logged = await record_recovery(store, replacing.previous, stored, now=now, conn=conn)
-    return Given(stored, replacing.refreshable, logged)
-
-
-@dataclass(frozen=True, slots=True)
-class Replacement:
-    """A grant given again, to be upserted in its account's place: as written, the account's grant it replaces (as
-    read in the transaction; None: none), and whether it can be refreshed."""
-
-    grant: GrantRecord
-    previous: GrantRecord | None
-    refreshable: bool
-
-
-async def replacement(
-    store: Store, vault: Vault, grant: GrantRecord, tokens: TokenSet, *, conn: Tx, label: str | None = None
-) -> Replacement:
-    """`grant` (sealing `tokens`) as `store_given` upserts it for a user who may hold grants at the provider: the
-    user's grants there read in the caller's transaction, the account's refresh token carried over, its label
-    kept unless the user gave one (`label`) and made unique among the user's accounts (`accounts.label_for`)."""
     grants = await store.grants.find(grant.identity, grant.provider, conn, tenants=(grant.tenant,))
     previous = next((g for g in grants if g.provider_account_id == grant.provider_account_id), None)
     named = label_for(label, previous, grant.account_name, grant.provider_account_id, grants)
@@ -77,7 +55,9 @@ async def replacement(
         aad = grant_aad(grant.identity.issuer, grant.identity.subject, grant.provider, grant.provider_account_id)
         key_id, blob = vault.encrypt_json(carried.to_json(), aad=aad)
         grant = replace(grant, token_key_id=key_id, token_ciphertext=blob)
-    return Replacement(grant, previous, carried.refresh_token is not None)
+    stored = await store.grants.upsert(grant, conn=conn)
+    logged = await record_recovery(store, previous, stored, now=now, conn=conn)
+    return Given(stored, carried.refresh_token is not None, logged)
 
 
 def carried_over(tokens: TokenSet, previous: GrantRecord | None, vault: Vault) -> TokenSet:

@@ -171,28 +171,21 @@ NOTED_SETTLE = SETTLED.values(step_note=bindparam("step_note"))
 _LOGGED_ID = select(func.max(elicitation_events.c.id)).scalar_subquery().label("logged_event_id")
 
 
-# SQLite: the grant of the grant's account (its key columns as parameters `grants_<column>`). A user's first grant
-# goes in with its ending only while its account holds none, as `first_grant` on PostgreSQL; a grant given again
-# only while the account's grant is the one the caller read (`stored_grant_id`: its id, or the new grant's when it
-# read none). The triggers copying them decide nothing.
-_ACCOUNTS_GRANT = select(grants.c.id).where(*(grants.c[n] == bindparam(f"grants_{n}") for n in ACCOUNT_KEY))
-_NO_GRANT_HELD = ~exists(_ACCOUNTS_GRANT)
-_IN_PLACE_READ = func.coalesce(_ACCOUNTS_GRANT.scalar_subquery(), bindparam("grants_id")) == bindparam(
-    "stored_grant_id"
-)
+# SQLite: a user's first grant goes in with its ending only while its account holds none (the grant's key columns as
+# parameters `grants_<column>`), as `first_grant` on PostgreSQL; the trigger copying it decides nothing.
+_NO_GRANT_HELD = ~exists().where(*(grants.c[n] == bindparam(f"grants_{n}") for n in ACCOUNT_KEY))
 
 
 @cache
-def noted_transition(*, reason: bool, taking: bool, logged: bool, carrying: bool, granting: str | None) -> Any:
+def noted_transition(*, reason: bool, taking: bool, logged: bool, carrying: bool, granting: bool) -> Any:
     """SQLite: the transition setting the step's note; returning the id of the ending's event-log row (`logged`).
-    `carrying`: the note carries a row whose ciphertext is `step_blob` (the flow it starts, a grant: migration 0021);
-    `granting`: "first" (the move only while its account holds none) or "replacing" (only while its account's grant
-    is the one read)."""
+    `carrying`: the note carries a row whose ciphertext is `step_blob` (the flow it starts, a first grant: migration
+    0021), `granting`: a first grant, the move only while its account holds none."""
     statement = transition_statement(reason=reason, taking=taking).values(step_note=bindparam("step_note"))
     if carrying:
         statement = statement.values(step_blob=bindparam("step_blob"))
-    if granting is not None:
-        statement = statement.where(_NO_GRANT_HELD if granting == "first" else _IN_PLACE_READ)
+    if granting:
+        statement = statement.where(_NO_GRANT_HELD)
     return statement.returning(_LOGGED_ID) if logged else statement
 
 

@@ -158,43 +158,6 @@ class ElicitationRepository:
         assert logged is not None
         return True, (record, logged)
 
-    @property
-    def replaces_grant_in_step(self) -> bool:
-        """Whether `end_replacing_grant` may be used here (SQLite: one writer, so what the transaction read of the
-        account's grant holds until it commits)."""
-        return self._steps.replaces_grant
-
-    async def end_replacing_grant(
-        self,
-        id: str,
-        target: ElicitationStatus,
-        ending: ElicitationEvent,
-        grant: GrantRecord,
-        stored: GrantRecord,
-        *,
-        now: datetime,
-        conn: AsyncConnection,
-        audit: AuditEntry,
-        take_telling: bool = False,
-        last: bool = False,
-    ) -> tuple[ElicitationRecord, ElicitationEvent] | None:
-        """`grant` upserted (`GrantRepository.upsert`), stored as `stored` (`GrantRepository.stored_in_place`, from
-        the account's grant as this transaction read it), and `end`, in one statement (`replaces_grant_in_step`),
-        which ends it only while the account's grant is `stored`'s (none when `stored` is `grant`). Else, or when the
-        status does not allow the ending, the grant is upserted by a statement of its own, and when that did not store
-        `stored` this raises (the transaction is to be rolled back). What `end` returns. `last`: as `end`'s."""
-        assert self._steps.replaces_grant
-        moved = await self._move(
-            id, target, None, now, None, conn, audit, take_telling, None, ending, grant, stored, last=last
-        )
-        if moved is None:
-            if (await self._grants.upsert(grant, conn)) != stored:
-                raise RuntimeError("a grant was not stored as its account's grant read in the transaction said")
-            return None
-        record, logged = moved
-        assert logged is not None
-        return record, logged
-
     async def _move(
         self,
         id: str,
@@ -208,7 +171,6 @@ class ElicitationRepository:
         flow: FlowRecord | None,
         ending: ElicitationEvent | None,
         grant: GrantRecord | None = None,
-        stored: GrantRecord | None = None,
         *,
         last: bool = False,
     ) -> tuple[ElicitationRecord, ElicitationEvent | None] | None:
@@ -232,10 +194,7 @@ class ElicitationRepository:
             flow=flow,
             ending=None if ending is None else self._outbox.event_row(ending, now),
             grant=grant,
-            replacing=stored is not None,
         )
-        if stored is not None:
-            params["stored_grant_id"] = stored.id
         async with self._db.write(conn) as c:
             if last and conn is not None and _carries_all(carried, values, flow, ending):
                 commit_with_rows(c)  # moved: nothing is left to write in the caller's transaction

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator, Collection
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, cast
+from typing import Any
 
 from sqlalchemy import bindparam, delete, func, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
@@ -48,15 +48,6 @@ _REPLACED_ON_CONFLICT = (
 )
 
 
-def stored_in_place(rec: GrantRecord, previous: GrantRecord | None) -> GrantRecord:
-    """`rec` as the upsert stores it in the place of `previous`, its account's grant (None: it holds none): the
-    columns `_REPLACED_ON_CONFLICT` names from `rec`, the others kept from `previous`."""
-    if previous is None:
-        return rec
-    new, old = _to_row(rec), _to_row(previous)
-    return _from_row(cast(Any, {k: new[k] if k in _REPLACED_ON_CONFLICT else old[k] for k in new}))
-
-
 def _writes(insert: Any) -> tuple[Any, Any]:
     """The upsert, and the insert of a grant for an account that holds none (nothing written when it does)."""
     new, key = insert(grants), list(ACCOUNT_KEY)
@@ -92,10 +83,6 @@ class GrantRepository:
         async with self._db.write(conn) as c:
             row = (await c.execute(_WRITES[c.dialect.name][0], _to_row(rec))).mappings().one()
         return _from_row(row)
-
-    def stored_in_place(self, rec: GrantRecord, previous: GrantRecord | None) -> GrantRecord:
-        """`rec` as `upsert` stores it when its account's grant is `previous` (None: none)."""
-        return stored_in_place(rec, previous)
 
     async def insert_new(self, rec: GrantRecord, conn: AsyncConnection | None = None) -> GrantRecord | None:
         """Insert the grant unless its account holds one already: the stored record, or None (nothing written)."""

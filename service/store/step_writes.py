@@ -5,12 +5,10 @@ was opened) and writes its audit row with the change; some steps also write the 
 row of their ending, a user's first grant. Each is written exactly when the change happens, by its statement:
 - PostgreSQL (`PostgresSteps`): data-modifying CTEs in the change's statement write all of them.
 - SQLite (`SqliteSteps`) has no data-modifying CTE: the change's statement sets `elicitations.step_note`, a JSON
-  object holding the audit row, the ending's event-log row, the flow it starts and a grant it stores (a first one
-  inserted, one given again upserted) as stored, and triggers insert them (migrations 0020 and 0021: they copy, they
-  decide nothing). A flow's or a grant's ciphertext, which JSON cannot hold, goes in `elicitations.step_blob`; the
-  note that carries such a row and the blob are cleared by a trigger in the same statement, so no copy stays on the
-  elicitation. A grant given again is upserted so only here (`replaces_grant`): one writer, so the account's grant
-  the transaction read is the one it replaces, and what it will be is known before the statement.
+  object holding the audit row, the ending's event-log row, the flow it starts and a first grant as stored, and
+  triggers insert them (migrations 0020 and 0021: they copy, they decide nothing). A flow's or a grant's ciphertext,
+  which JSON cannot hold, goes in `elicitations.step_blob`; the note that carries such a row and the blob are cleared
+  by a trigger in the same statement, so no copy stays on the elicitation.
 
 The repository (`ElicitationRepository`) asks this module for a step's statement and parameters and writes what the
 statement did not (`Carried`).
@@ -46,12 +44,8 @@ from .grants import ACCOUNT_KEY
 from .tables import audit_events, elicitation_events, grants, oauth_flows
 
 Row = Mapping[str, Any]
-# Each key of a note that carries a row: its table and its ciphertext column (bound as `step_blob`, migration 0021).
-_CARRIED = {
-    "oauth_flows": (oauth_flows.name, "verifier_ciphertext"),
-    "grants": (grants.name, "token_ciphertext"),  # a first grant: inserted
-    "grants_upserted": (grants.name, "token_ciphertext"),  # a grant given again: upserted
-}
+# SQLite: the rows a step's note may carry, each with its ciphertext column (bound as `step_blob`, migration 0021).
+_CARRIED = {oauth_flows.name: "verifier_ciphertext", grants.name: "token_ciphertext"}
 # A statement and the parameters it takes (beside the change's own, for a transition or a settle).
 Step = tuple[Any, dict[str, Any]]
 
@@ -71,9 +65,6 @@ class StepWrites(ABC):
     # The consent page's statement returns the elicitation also when it writes no `opened` row (else the caller
     # reads it then).
     opening_reads: ClassVar[bool]
-    # A grant given again can be upserted by its ending's statement, in the place of its account's grant as the
-    # transaction read it (`transition`'s `replacing`); else the caller upserts it first.
-    replaces_grant: ClassVar[bool]
 
     @abstractmethod
     def insert(self, row: Row, audit: Row | None) -> Step:
@@ -94,11 +85,9 @@ class StepWrites(ABC):
         flow: FlowRecord | None,
         ending: Row | None,
         grant: GrantRecord | None,
-        replacing: bool = False,
     ) -> tuple[Step, Carried]:
         """A status change (`reason`, `taking`: as `transition_statement`) with its `audit` row, the `flow` it starts,
-        the event-log row of its `ending` (`OutboxRepository.event_row`), the first `grant` it stores (`replacing`:
-        the `grant` upserted, `replaces_grant`, while its account's grant has the id `stored_grant_id`)."""
+        the event-log row of its `ending` (`OutboxRepository.event_row`), the first `grant` it stores."""
 
     @abstractmethod
     def settle(self, audit: Row | None) -> Step:
@@ -108,7 +97,6 @@ class StepWrites(ABC):
 class PostgresSteps(StepWrites):
     grant_without_ending = True
     opening_reads = True
-    replaces_grant = False
 
     def insert(self, row: Row, audit: Row | None) -> Step:
         return (INSERT, dict(row)) if audit is None else (AUDITED["insert"], {**row, **audit_params(audit)})
@@ -125,9 +113,7 @@ class PostgresSteps(StepWrites):
         flow: FlowRecord | None,
         ending: Row | None,
         grant: GrantRecord | None,
-        replacing: bool = False,
     ) -> tuple[Step, Carried]:
-        assert not replacing, "replaces_grant"
         if audit is None:
             return (transition_statement(reason=reason, taking=taking), {}), Carried(False, False, False)
         params = audit_params(audit)
@@ -149,7 +135,6 @@ class PostgresSteps(StepWrites):
 class SqliteSteps(StepWrites):
     grant_without_ending = False
     opening_reads = False
-    replaces_grant = True
 
     def __init__(self, dialect: Dialect) -> None:
         # Values as SQLite stores them (a time as text), which the triggers copy from the note unchanged.
@@ -169,9 +154,8 @@ class SqliteSteps(StepWrites):
         if ending is not None:
             note["elicitation_events"] = self._as_stored("elicitation_events", ending)
         if carried is not None:
-            ((key, row),) = carried.items()
-            table, ciphertext = _CARRIED[key]
-            note[key] = self._as_stored(table, row, ciphertext)
+            ((table, row),) = carried.items()
+            note[table] = self._as_stored(table, row, _CARRIED[table])
         return dump_json(note)
 
     def insert(self, row: Row, audit: Row | None) -> Step:
@@ -189,7 +173,6 @@ class SqliteSteps(StepWrites):
         flow: FlowRecord | None,
         ending: Row | None,
         grant: GrantRecord | None,
-        replacing: bool = False,
     ) -> tuple[Step, Carried]:
         if audit is None:
             assert flow is None and grant is None
@@ -200,17 +183,14 @@ class SqliteSteps(StepWrites):
         if flow is not None:
             carried = {oauth_flows.name: flow_row(flow)}
         if grant is not None:
-            given = grant_row(grant)
-            carried = {"grants_upserted" if replacing else "grants": given}
-            params.update({f"grants_{k}": v for k, v in given.items() if k in (*ACCOUNT_KEY, "id")})
+            carried = {grants.name: grant_row(grant)}
+            params.update({f"grants_{k}": v for k, v in carried[grants.name].items() if k in ACCOUNT_KEY})
         if carried is not None:
-            ((key, row),) = carried.items()
-            params["step_blob"] = row[_CARRIED[key][1]]
+            ((table, row),) = carried.items()
+            params["step_blob"] = row[_CARRIED[table]]
         params["step_note"] = self.note(audit, ending, carried)
-        granting = None if grant is None else "replacing" if replacing else "first"
-        statement = noted_transition(
-            reason=reason, taking=taking, logged=ending is not None, carrying=carried is not None, granting=granting
-        )
+        logged, carrying, granting = ending is not None, carried is not None, grant is not None
+        statement = noted_transition(reason=reason, taking=taking, logged=logged, carrying=carrying, granting=granting)
         return (statement, params), Carried(True, flow is not None, ending is not None)
 
     def settle(self, audit: Row | None) -> Step:

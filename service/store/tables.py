@@ -102,7 +102,8 @@ elicitations = Table(
     Column("connection_values", Text, nullable=True),
     # JSON object: which account it is for (0019; service.core.accounts.AccountAsk); NULL: a first one, none named.
     Column("account", Text, nullable=True),
-    # Telling the client it completed (conditional updates): NULL, "delivering" (its replica), "sent", "undeliverable".
+    # Telling the client that it completed, decided by conditional updates: NULL (not yet), "delivering" (its
+    # replica took it and is sending elicitation/complete), "sent", "undeliverable".
     Column("completion_delivery", String(16), nullable=True),
     Column("step_note", Text, nullable=True),  # SQLite (0020): JSON, a step's rows for triggers (store/step_writes)
     Column("step_blob", LargeBinary, nullable=True),  # SQLite (0021): the ciphertext of a row a step carries
