@@ -240,10 +240,9 @@ _SLOW_INSERT = text(
 )
 
 
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)  # SQLite's trips
 @pytest.mark.parametrize("way", ["write_alone", "last statement"])
 async def test_cancelled_while_the_trip_that_commits_is_in_flight_leaves_no_half_state(db: Database, way: str) -> None:
-    if db.dialect != "sqlite":
-        pytest.skip("SQLite's trips")
     from service.store.engine import commit_with_rows
 
     started = asyncio.Event()
