@@ -34,8 +34,7 @@ import httpx
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from bench.flow import postgres_database
-from bench.harness import REPO, free_port, machine, median, percentile
+from bench.harness import REPO, free_port, machine, median, percentile, postgres_database
 from service.core.paging import Position
 from service.store import migrate
 from service.vault import generate_key

@@ -32,8 +32,8 @@ from pathlib import Path
 import asyncpg
 import httpx
 
-from bench.harness import REPO, connector_env, cpu_ms, free_port, machine, percentile
-from bench.replicas import read_trace, scratch_database
+from bench.harness import REPO, connector_env, cpu_ms, free_port, machine, percentile, postgres_database
+from bench.replicas import read_trace
 from bench.scale_data import dsn
 from service.core.events import ElicitationEvent
 from service.core.states import ElicitationStatus
@@ -189,7 +189,7 @@ async def main(counts: list[int], events: int, rate: float) -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         install(str(Path(tmp) / "sender.log"))  # this process's NOTIFYs are marked in each count's trace below
-        async with scratch_database(admin_url) as url:
+        async with postgres_database(admin_url, prefix="connector_bench") as url:
             migrate(url)
             for n in counts:
                 retarget(str(Path(tmp) / f"trace-{n}.log"))

@@ -43,9 +43,6 @@ from acp import PROTOCOL_VERSION
 from acp.client.connection import ClientSideConnection
 from acp.schema import ClientCapabilities, ElicitationCapabilities, ElicitationUrlCapabilities
 from acp.transports import spawn_stdio_transport
-from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import create_async_engine
-from sqlalchemy.pool import NullPool
 
 from bench.driver import PER_FLOW_USERS, AgentDriver, BenchClient, FlowFn, Result, provider_catalog, run_flows
 from bench.driver import Baseline as BaselineApp
@@ -59,6 +56,7 @@ from bench.harness import (
     machine,
     median,
     percentile,
+    postgres_database,
     wait_until_up,
 )
 from service.store import migrate
@@ -68,20 +66,6 @@ CLIENT_ID, CLIENT_SECRET = "bench-client", "bench-secret-" + uuid.uuid4().hex
 
 
 # -- deployment ----------------------------------------------------------------------------------------------------
-@contextlib.asynccontextmanager
-async def postgres_database(admin_url: str) -> AsyncIterator[str]:
-    name = f"bench_{uuid.uuid4().hex[:10]}"
-    admin = create_async_engine(admin_url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
-    try:
-        async with admin.connect() as conn:
-            await conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-        try:
-            yield make_url(admin_url).set(database=name).render_as_string(hide_password=False)
-        finally:
-            async with admin.connect() as conn:
-                await conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.dispose()
 
 
 @contextlib.asynccontextmanager

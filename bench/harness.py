@@ -15,12 +15,16 @@ import statistics
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import AsyncIterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.pool import NullPool
 
 from service.web.server import listening_socket, serving
 
@@ -104,6 +108,24 @@ async def wait_until_up(url: str, within: float = 30.0) -> None:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{url} did not come up within {within:g} s") from None
                 await asyncio.sleep(0.05)
+
+
+@contextlib.asynccontextmanager
+async def postgres_database(admin_url: str, prefix: str = "bench") -> AsyncIterator[str]:
+    """A PostgreSQL database of its own on `admin_url`'s server, for the block; dropped afterwards (its
+    connections closed by force)."""
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    admin = create_async_engine(admin_url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    try:
+        async with admin.connect() as conn:
+            await conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+        try:
+            yield make_url(admin_url).set(database=name).render_as_string(hide_password=False)
+        finally:
+            async with admin.connect() as conn:
+                await conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await admin.dispose()
 
 
 def percentile(values: Sequence[float], q: float) -> float:

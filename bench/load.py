@@ -47,8 +47,7 @@ from sqlalchemy.engine.base import OptionEngine
 
 from bench.agent import BenchAgent
 from bench.driver import PER_FLOW_USERS, USER_ISSUER, AgentDriver, BenchClient, provider_catalog, run_flows
-from bench.flow import postgres_database
-from bench.harness import machine, median, rss_bytes
+from bench.harness import machine, median, postgres_database, rss_bytes
 from service import Connector, ElicitationStatus, Identity, RequestScope, load_settings
 from service.store import migrate
 from service.testing import MockOAuthProvider, memory_transport_pair

@@ -23,8 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.flow import postgres_database
-from bench.harness import REPO, machine
+from bench.harness import REPO, machine, postgres_database
 from service.store import migrate
 
 # Unanswered asks a worker keeps in flight while it creates its pendings: a window, not batches with a pause

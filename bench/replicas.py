@@ -30,7 +30,6 @@ import socket
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -41,10 +40,10 @@ from typing import Any
 import httpx
 from acp import text_block
 from sqlalchemy import text
-from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
+from bench.harness import postgres_database
 from service import Connector, Identity, load_settings
 from service.core.handles import grant_aad
 from service.core.records import TokenSet
@@ -67,22 +66,6 @@ def free_port() -> int:
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
-
-
-@asynccontextmanager
-async def scratch_database(admin_url: str) -> AsyncIterator[str]:
-    name = f"connector_bench_{uuid.uuid4().hex[:12]}"
-    admin = create_async_engine(admin_url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
-    try:
-        async with admin.connect() as conn:
-            await conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-        try:
-            yield make_url(admin_url).set(database=name).render_as_string(hide_password=False)
-        finally:
-            async with admin.connect() as conn:
-                await conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.dispose()
 
 
 class TimedClient(ScriptedClient):
@@ -380,7 +363,7 @@ async def main(flows: int, rounds: int) -> None:
         return
     provider = MockOAuthProvider(refresh_delay=0.05)
     with tempfile.TemporaryDirectory() as tmp:
-        async with provider.serve_http(), scratch_database(admin_url) as database_url:
+        async with provider.serve_http(), postgres_database(admin_url, prefix="connector_bench") as database_url:
             migrate(database_url)
             catalog = Path(tmp) / "providers.toml"
             entry = provider.catalog_entry()

@@ -56,7 +56,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
-from bench.harness import connector_env, free_port, machine, median, percentile, wait_until_up
+from bench.harness import connector_env, free_port, machine, median, percentile, postgres_database, wait_until_up
 from bench.proxy import seed
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -119,18 +119,8 @@ async def database(kind: str, tmp: Path, index: int) -> AsyncIterator[str]:
     admin_url = os.environ.get("BENCH_POSTGRES_URL") or os.environ.get("CONNECTOR_TEST_POSTGRES_URL")
     if not admin_url:
         raise SystemExit("PostgreSQL: set BENCH_POSTGRES_URL or CONNECTOR_TEST_POSTGRES_URL")
-    name = f"bench_sweeper_{os.getpid()}_{index}"
-    admin = create_async_engine(admin_url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
-    try:
-        async with admin.connect() as conn:
-            await conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-        try:
-            yield make_url(admin_url).set(database=name).render_as_string(hide_password=False)
-        finally:
-            async with admin.connect() as conn:
-                await conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await admin.dispose()
+    async with postgres_database(admin_url, prefix="bench_sweeper") as url:
+        yield url
 
 
 def _sqlite_probe(path: str, stop: threading.Event, out: list[tuple[float, float]]) -> None:
