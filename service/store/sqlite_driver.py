@@ -155,10 +155,7 @@ class _OneTripConnection(AsyncAdapt_aiosqlite_connection):
         if self.begin_pending:  # begun, but no statement ran: there is nothing to commit
             self.begin_pending = False
             return
-        # Committed in the statements' trips (`commit_each`): SQLite has no transaction open, and its COMMIT would
-        # be a no-op. Read as `rollback` reads it.
-        connection = self._connection._connection
-        if connection is not None and not connection.in_transaction and not self.begin_unsettled:
+        if self._nothing_open():  # committed in the statements' trips (`commit_each`, `commit_with_rows`)
             return
         super().commit()
 
@@ -166,14 +163,19 @@ class _OneTripConnection(AsyncAdapt_aiosqlite_connection):
         self.begin_pending = False
         self.committing = self.commit_if_rows = False
         # Reads run in autocommit and the pool resets a connection after its commit: most rollbacks find no
-        # transaction. `in_transaction` is a flag read that SQLite allows from any thread; nothing else runs on
-        # this connection while SQLAlchemy rolls it back, unless a cancelled caller left a trip that begins a
-        # transaction on its way (`begin_unsettled`): then the rollback is queued behind it.
-        connection = self._connection._connection
-        if connection is not None and not connection.in_transaction and not self.begin_unsettled:
+        # transaction.
+        if self._nothing_open():
             return
         self.begin_unsettled = False
         super().rollback()
+
+    def _nothing_open(self) -> bool:
+        """SQLite has no transaction open on this connection, so a COMMIT or ROLLBACK would be a no-op and needs no
+        trip. `in_transaction` is a flag read that SQLite allows from any thread; nothing else runs on the connection
+        meanwhile, unless a cancelled caller left a trip that begins or ends a transaction on its way
+        (`begin_unsettled`): then the COMMIT or ROLLBACK is queued behind it."""
+        connection = self._connection._connection
+        return connection is not None and not connection.in_transaction and not self.begin_unsettled
 
 
 class _OneTripDbapi(AsyncAdapt_aiosqlite_dbapi):

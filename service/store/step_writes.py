@@ -147,14 +147,14 @@ class SqliteSteps(StepWrites):
         stored = self._stored[table]
         return {k: v if v is None or k not in stored else stored[k](v) for k, v in row.items() if k != left_out}
 
-    def note(self, audit: Row, ending: Row | None = None, carried: Row | None = None) -> str:
-        """The `step_note` of a step: its audit row, its ending's event-log row and the row it `carried` (of the
-        `_CARRIED` tables, without its ciphertext), as the triggers insert them."""
+    def note(self, audit: Row, ending: Row | None = None, carried: tuple[str, Row] | None = None) -> str:
+        """The `step_note` of a step: its audit row, its ending's event-log row and the row it `carried` (a table of
+        `_CARRIED` and its row, without its ciphertext), as the triggers insert them."""
         note = {"audit_events": self._as_stored("audit_events", audit)}
         if ending is not None:
             note["elicitation_events"] = self._as_stored("elicitation_events", ending)
         if carried is not None:
-            ((table, row),) = carried.items()
+            table, row = carried
             note[table] = self._as_stored(table, row, _CARRIED[table])
         return dump_json(note)
 
@@ -178,15 +178,15 @@ class SqliteSteps(StepWrites):
             assert flow is None and grant is None
             return (transition_statement(reason=reason, taking=taking), {}), Carried(False, False, False)
         assert flow is None or grant is None, "a step carries one row with a ciphertext"
-        carried: dict[str, Row] | None = None
+        carried: tuple[str, Row] | None = None
         params: dict[str, Any] = {}
         if flow is not None:
-            carried = {oauth_flows.name: flow_row(flow)}
+            carried = oauth_flows.name, flow_row(flow)
         if grant is not None:
-            carried = {grants.name: grant_row(grant)}
-            params.update({f"grants_{k}": v for k, v in carried[grants.name].items() if k in ACCOUNT_KEY})
+            carried = grants.name, grant_row(grant)
+            params.update({f"grants_{k}": v for k, v in carried[1].items() if k in ACCOUNT_KEY})
         if carried is not None:
-            ((table, row),) = carried.items()
+            table, row = carried
             params["step_blob"] = row[_CARRIED[table]]
         params["step_note"] = self.note(audit, ending, carried)
         logged, carrying, granting = ending is not None, carried is not None, grant is not None
