@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import re
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import Column, Connection, Index, MetaData, String, inspect, text
+from sqlalchemy import Column, Connection, Index, Integer, MetaData, String, inspect, text
 from sqlalchemy.engine import make_url
 
 from service.core.errors import SchemaNotCurrent
@@ -101,6 +102,24 @@ async def test_sqlite_writes_a_steps_rows_through_triggers_at_the_head(url: str)
     assert await run_sync_on(url, trigger_names) == set()
     migrate(url)
     assert await run_sync_on(url, trigger_names) == expected
+
+
+def test_sqlite_step_triggers_copy_every_column_of_the_rows_they_write(tmp_path: Path) -> None:
+    """The triggers (0020, 0021) name the columns they copy from a step's note: a column added to one of those tables
+    later must be added to its trigger too, or SQLite would store it NULL while PostgreSQL's CTE stores its value.
+    Every column but a generated id is copied, at the head."""
+    path = tmp_path / "connector.db"
+    migrate(f"sqlite+aiosqlite:///{path}")
+    with sqlite3.connect(path) as conn:
+        bodies = [sql for (sql,) in conn.execute("SELECT sql FROM sqlite_master WHERE type = 'trigger'")]
+    copied: dict[str, set[str]] = {}
+    for body in bodies:
+        for table, columns in re.findall(r"INSERT INTO (\w+) \(([^)]*)\)", body):
+            copied.setdefault(table, set()).update(c.strip() for c in columns.split(","))
+    assert set(copied) == {"audit_events", "elicitation_events", "oauth_flows", "grants"}
+    for table, columns in copied.items():
+        generated = {c.name for c in metadata.tables[table].primary_key if isinstance(c.type, Integer)}
+        assert columns == {c.name for c in metadata.tables[table].c} - generated, table
 
 
 async def test_the_schema_comparison_notices_a_drift(url: str) -> None:
