@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import sqlite3
 import stat
 import sys
 import threading
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy.engine import make_url
 
 from service import Identity, verify_webhook
 from service.client import WebhookVerificationError
@@ -346,3 +348,77 @@ def test_retiring_a_key_takes_it_out_of_the_key_file(tmp_path: Path) -> None:
     with pytest.raises(VaultError, match="would hold no key"):
         remove_from_key_file(path, "key-b")
     assert KeyRing.from_file(path).key_ids == ("key-b",)
+
+
+def sqlite_files(database_url: str) -> bytes:
+    """The bytes of a SQLite database's files: the database, its write-ahead log and the log's index."""
+    database = Path(make_url(database_url).database or "")
+    return b"".join(path.read_bytes() for path in sorted(database.parent.glob(database.name + "*")))
+
+
+def found_in(files: bytes, blobs: list[bytes]) -> list[bytes]:
+    """The blobs any 16 bytes of which (their start, middle or end) are in `files`."""
+    return [blob for blob in blobs if any(blob[at : at + 16] in files for at in (0, len(blob) // 2, len(blob) - 16))]
+
+
+SQLITE_ONLY = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)  # its own files
+
+
+@SQLITE_ONLY
+async def test_after_retiring_a_key_no_ciphertext_under_it_is_left_in_the_sqlite_files(
+    store: Store, database_url: str, tmp_path: Path
+) -> None:
+    """A copy of the database taken after `keys retire` holds nothing the retired key opens: not the records
+    `keys rotate` rewrote, not the page images written before them into the log."""
+    await seed(store, vault(KEY_A), 200)
+    old = [grant.token_ciphertext for grant in await all_grants(store)]
+    env = cli_env(database_url, f"{KEY_B},{KEY_A}")
+    for command in (("rotate",), ("retire", "key-a")):
+        code, _, err = await keys_command(tmp_path, env, *command)
+        assert code == 0, err
+        assert "write-ahead log" not in err
+    new = [grant.token_ciphertext for grant in await all_grants(store)]
+    files = sqlite_files(database_url)
+    assert found_in(files, new) == new  # the scan reads where the records are
+    assert found_in(files, old) == []
+
+
+@SQLITE_ONLY
+async def test_a_deleted_grant_leaves_no_ciphertext_in_the_sqlite_file(store: Store, database_url: str) -> None:
+    await seed(store, vault(KEY_A), 200)
+    grants = await all_grants(store)
+    for grant in grants[::4]:  # disconnected: spread over the pages, which keep their other records
+        assert await store.grants.delete(grant.id)
+    assert await store.db.truncate_write_ahead_log() is True
+    files = sqlite_files(database_url)
+    kept = [grant.token_ciphertext for index, grant in enumerate(grants) if index % 4]
+    assert found_in(files, kept) == kept
+    assert found_in(files, [grant.token_ciphertext for grant in grants[::4]]) == []
+
+
+async def test_retiring_a_key_again_only_truncates_the_log(store: Store, database_url: str, tmp_path: Path) -> None:
+    code, _, err = await keys_command(tmp_path, cli_env(database_url, KEY_B), "retire", "key-a")
+    assert code == 1 and "no key key-a in the ring or the database" in err
+    await store.audit.record("key_retired", detail={"key_id": "key-a"})
+    code, _, err = await keys_command(tmp_path, cli_env(database_url, KEY_B), "retire", "key-a")
+    assert code == 0, err
+    assert [e.detail for e in await store.audit.list(event="key_retired")] == [{"key_id": "key-a"}]
+
+
+@SQLITE_ONLY
+@pytest.mark.duration(7)
+async def test_retiring_a_key_while_the_log_is_held_says_to_run_it_again(
+    store: Store, database_url: str, tmp_path: Path
+) -> None:
+    reader = sqlite3.connect(make_url(database_url).database or "", isolation_level=None)
+    try:
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM grants").fetchall()  # a snapshot the checkpoint must wait for
+        await store.audit.record("key_retired", detail={"key_id": "key-a"})  # past it: the log has a frame to keep
+        code, _, err = await keys_command(tmp_path, cli_env(database_url, KEY_B), "retire", "key-a")
+    finally:
+        reader.close()
+    assert code == 0, err
+    assert "write-ahead log" in err and "run `acp-connector keys retire key-a` again when the connector is idle" in err
+    code, _, err = await keys_command(tmp_path, cli_env(database_url, KEY_B), "retire", "key-a")
+    assert code == 0 and "write-ahead log" not in err, err

@@ -87,7 +87,8 @@ def register(commands: Commands) -> None:
             "Refuse while any grant, webhook signing secret or sign-in in progress is encrypted under KEY_ID,\n"
             "or while it is the active key. Otherwise record a key_retired audit event and take it out of\n"
             "vault.key_file when it is there; a key given in CONNECTOR_VAULT__KEYS must then be removed there by\n"
-            "the operator."
+            "the operator. On SQLite, then checkpoint the write-ahead log and truncate it (run again for a key\n"
+            "already retired, it does only this)."
         ),
         examples=["acp-connector keys retire k-20250101-ab12"],
     )
@@ -220,6 +221,7 @@ def run_rotate(invocation: Invocation) -> int:
 
 def run_retire(invocation: Invocation) -> int:
     from ..rotation import key_usage
+    from ..store import display_url
     from ..vault import remove_from_key_file
 
     key_id: str = invocation.args.key_id
@@ -233,7 +235,9 @@ def run_retire(invocation: Invocation) -> int:
 
     async def retire(store: Store) -> str | None:
         used = (await key_usage(store, datetime.now(UTC))).get(key_id)
-        if used is None and key_id not in vault.ring:
+        # Run again for a key already retired (and gone from the ring), it only truncates SQLite's log once more.
+        retired_before = used is None and key_id not in vault.ring and await _retired_before(store, key_id)
+        if used is None and key_id not in vault.ring and not retired_before:
             raise CliError(
                 f"keys retire: no key {key_id} in the ring or the database", "`acp-connector keys status` lists them"
             )
@@ -242,7 +246,14 @@ def run_retire(invocation: Invocation) -> int:
                 f"{used.grants} grants, {used.webhook_secrets} webhook secrets and "
                 f"{used.open_flows + used.open_verifications} sign-ins in progress are encrypted under it"
             )
-        await store.audit.record("key_retired", detail={"key_id": key_id})
+        if not retired_before:
+            await store.audit.record("key_retired", detail={"key_id": key_id})
+        # SQLite's log may still hold page images written under the key (secure_delete zeroes the file's records).
+        if await store.db.truncate_write_ahead_log() is False:
+            invocation.note(
+                f"SQLite's write-ahead log ({display_url(store.db.url)}-wal) was in use and may still hold records "
+                f"written under {key_id}: run `acp-connector keys retire {key_id}` again when the connector is idle"
+            )
         return None
 
     refusal = invocation.with_store(retire)
@@ -259,3 +270,7 @@ def run_retire(invocation: Invocation) -> int:
     else:
         invocation.note(f"{key_id} is retired (it is not in the ring)")
     return 0
+
+
+async def _retired_before(store: Store, key_id: str) -> bool:
+    return any(event.detail == {"key_id": key_id} for event in await store.audit.list(event="key_retired"))

@@ -42,6 +42,10 @@ SQLITE_PRAGMAS = (
     # reader per concurrent request that was most of what a long-running process gained per flow. The pages come
     # back from the OS's file cache, which holds the file once for all connections, at a microsecond or so each.
     f"PRAGMA cache_size=-{SQLITE_CACHE_KIB}",
+    # A deleted or rewritten record's bytes are zeroed, not left in the page's or the file's free space: a grant
+    # re-encrypted by `keys rotate` (or deleted, or carried through a step's note) leaves no ciphertext under the
+    # old key behind for a retired key to open in a copy of the file.
+    "PRAGMA secure_delete=ON",
 )
 
 
@@ -189,6 +193,16 @@ class Database:
             )
         async with self._unpooled.connect() as own:
             yield own
+
+    async def truncate_write_ahead_log(self) -> bool | None:
+        """SQLite: checkpoint the write-ahead log into the database and truncate it to nothing, so no page image
+        written before now stays in the `-wal` file (zeroed records included). True when done, False when another
+        connection held it past the busy timeout; None on PostgreSQL, which has no such file of its own."""
+        if self.dialect != "sqlite" or _sqlite_file(self.writer.url) is None:
+            return None
+        async with pooled(self.reader) as conn:
+            busy = (await conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")).one()[0]  # (busy, frames, done)
+        return not busy
 
     async def dispose(self) -> None:
         if self._unpooled is not None:
