@@ -51,7 +51,7 @@ from typing import Any
 
 import httpx
 
-from bench.harness import connector_env, cpu_ms, free_port
+from bench.harness import connector_env, cpu_ms, free_port, percentile, wait_until_up
 
 ROOT = Path(__file__).resolve().parent.parent
 CHUNK = b"\x00" * (1 << 20)
@@ -114,17 +114,6 @@ def upstream_app():  # type: ignore[no-untyped-def]
     return Starlette(routes=[Route("/api/small", small), Route("/api/big", big)])
 
 
-async def wait_up(url: str) -> None:
-    async with httpx.AsyncClient(timeout=1) as probe:
-        for _ in range(1200):  # 60 s: a loaded machine, a profiled sidecar
-            try:
-                await probe.get(url)
-                return
-            except httpx.HTTPError:
-                await asyncio.sleep(0.05)
-    raise RuntimeError(f"{url} did not come up")
-
-
 async def seed(db_url: str, vault_key: str) -> str:
     """An API key and a grant of the bench user at the `bench` provider, written as the sidecar would."""
     from service import Identity
@@ -155,11 +144,6 @@ async def seed(db_url: str, vault_key: str) -> str:
         return key
     finally:
         await store.close()
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 async def latencies(
@@ -258,9 +242,9 @@ async def main(
                 *command, env=env, cwd=checkout, stdout=log, stderr=log
             )
         try:
-            await wait_up(f"{upstream}/api/small")
+            await wait_until_up(f"{upstream}/api/small", within=60)  # a loaded machine, a profiled sidecar
             for port in ports.values():
-                await wait_up(f"http://127.0.0.1:{port}/healthz")
+                await wait_until_up(f"http://127.0.0.1:{port}/healthz", within=60)
             direct_headers = {"Authorization": f"Bearer {TOKEN}"}
             proxy_headers = {
                 "Authorization": f"Bearer {api_key}",
@@ -323,7 +307,7 @@ async def main(
     print("```")
     for name, (samples, spent_by) in measured.items():
         spent = ", ".join(f"{process} {ms:.2f}" for process, ms in spent_by.items())
-        print(f"{name:8s} {statistics.median(samples):7.2f} / {percentile(samples, 0.99):7.2f}   CPU: {spent}")
+        print(f"{name:8s} {statistics.median(samples):7.2f} / {percentile(samples, 99):7.2f}   CPU: {spent}")
     print("```")
 
 

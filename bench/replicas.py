@@ -26,7 +26,6 @@ import contextlib
 import json
 import os
 import platform
-import socket
 import sys
 import tempfile
 import time
@@ -43,7 +42,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
-from bench.harness import postgres_database
+from bench.harness import free_port, percentile, postgres_database
 from service import Connector, Identity, load_settings
 from service.core.handles import grant_aad
 from service.core.records import TokenSet
@@ -55,17 +54,6 @@ from service.vault import generate_key
 REPO = Path(__file__).resolve().parents[1]
 USER = Identity("https://login.example.com", "bench-user")
 USES_PER_REPLICA = 500
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
 
 
 class TimedClient(ScriptedClient):
