@@ -149,6 +149,12 @@ class ElicitationRepository:
         """`grant`, a user's first at its provider, inserted unless its account holds one by now
         (`GrantRepository.insert_new`), and only when it went in, `end`: in one statement. Whether the grant went in,
         and what `end` returned. `last`: as `end`'s."""
+        if not self._steps.carries(grant):  # its own statement first, the ending only when it went in
+            if await self._grants.insert_new(grant, conn) is None:
+                return False, None
+            return True, await self.end(
+                id, target, ending, now=now, conn=conn, audit=audit, take_telling=take_telling, last=last
+            )
         moved = await self._move(id, target, None, now, None, conn, audit, take_telling, None, ending, grant, last=last)
         if moved is None:  # the grant goes in though the status did not allow the ending (a cancellation)
             if self._steps.grant_without_ending:  # it did, unless its account held one

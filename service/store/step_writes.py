@@ -8,7 +8,8 @@ row of their ending, a user's first grant. Each is written exactly when the chan
   object holding the audit row, the ending's event-log row, the flow it starts and a first grant as stored, and
   triggers insert them (migrations 0020 and 0021: they copy, they decide nothing). A flow's or a grant's ciphertext,
   which JSON cannot hold, goes in `elicitations.step_blob`; the note that carries such a row and the blob are cleared
-  by a trigger in the same statement, so no copy stays on the elicitation.
+  by a trigger in the same statement, so no copy stays on the elicitation. A row holding a text that the triggers
+  would not copy as it is (a NUL: `json_extract` ends a text there) is not carried: the repository writes it.
 
 The repository (`ElicitationRepository`) asks this module for a step's statement and parameters and writes what the
 statement did not (`Carried`).
@@ -16,6 +17,7 @@ statement did not (`Carried`).
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from datetime import datetime
@@ -46,6 +48,9 @@ from .tables import audit_events, elicitation_events, grants, oauth_flows
 Row = Mapping[str, Any]
 # SQLite: the rows a step's note may carry, each with its ciphertext column (bound as `step_blob`, migration 0021).
 _CARRIED = {oauth_flows.name: "verifier_ciphertext", grants.name: "token_ciphertext"}
+# Text that SQLite's JSON functions do not give back as it was bound: json_extract ends a text at a NUL, and a lone
+# surrogate (held escaped in the note) would come back as bytes that are not UTF-8.
+_NOT_AS_IS = re.compile("[\x00\ud800-\udfff]")
 # A statement and the parameters it takes (beside the change's own, for a transition or a settle).
 Step = tuple[Any, dict[str, Any]]
 
@@ -65,6 +70,10 @@ class StepWrites(ABC):
     # The consent page's statement returns the elicitation also when it writes no `opened` row (else the caller
     # reads it then).
     opening_reads: ClassVar[bool]
+
+    @abstractmethod
+    def carries(self, grant: GrantRecord) -> bool:
+        """Whether a first grant's ending (`transition` with `grant`) can insert it (else the caller does, first)."""
 
     @abstractmethod
     def insert(self, row: Row, audit: Row | None) -> Step:
@@ -97,6 +106,9 @@ class StepWrites(ABC):
 class PostgresSteps(StepWrites):
     grant_without_ending = True
     opening_reads = True
+
+    def carries(self, grant: GrantRecord) -> bool:
+        return True
 
     def insert(self, row: Row, audit: Row | None) -> Step:
         return (INSERT, dict(row)) if audit is None else (AUDITED["insert"], {**row, **audit_params(audit)})
@@ -158,6 +170,15 @@ class SqliteSteps(StepWrites):
             note[table] = self._as_stored(table, row, _CARRIED[table])
         return dump_json(note)
 
+    @staticmethod
+    def _as_is(row: Row) -> bool:
+        """Whether the note would carry `row`'s texts as they are (a row holding one that it would not is written by
+        a statement of its own)."""
+        return not any(isinstance(v, str) and _NOT_AS_IS.search(v) for v in row.values())
+
+    def carries(self, grant: GrantRecord) -> bool:
+        return self._as_is(grant_row(grant))
+
     def insert(self, row: Row, audit: Row | None) -> Step:
         return INSERT, (dict(row) if audit is None else {**row, "step_note": self.note(audit)})
 
@@ -180,10 +201,11 @@ class SqliteSteps(StepWrites):
         assert flow is None or grant is None, "a step carries one row with a ciphertext"
         carried: tuple[str, Row] | None = None
         params: dict[str, Any] = {}
-        if flow is not None:
-            carried = oauth_flows.name, flow_row(flow)
+        if flow is not None and self._as_is(started := flow_row(flow)):  # else `_write_beside` inserts it
+            carried = oauth_flows.name, started
         if grant is not None:
             carried = grants.name, grant_row(grant)
+            assert self._as_is(carried[1]), "a grant the note cannot carry is inserted by the caller (`carries`)"
             params.update({f"grants_{k}": v for k, v in carried[1].items() if k in ACCOUNT_KEY})
         if carried is not None:
             table, row = carried
@@ -191,7 +213,7 @@ class SqliteSteps(StepWrites):
         params["step_note"] = self.note(audit, ending, carried)
         logged, carrying, granting = ending is not None, carried is not None, grant is not None
         statement = noted_transition(reason=reason, taking=taking, logged=logged, carrying=carrying, granting=granting)
-        return (statement, params), Carried(True, flow is not None, ending is not None)
+        return (statement, params), Carried(True, flow is not None and carrying, ending is not None)
 
     def settle(self, audit: Row | None) -> Step:
         return (SETTLED, {}) if audit is None else (NOTED_SETTLE, {"step_note": self.note(audit)})
