@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 import pytest
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 
 from service import ElicitationStatus, Identity
 from service.core.events import ElicitationEvent
@@ -440,3 +441,65 @@ async def test_a_carried_row_whose_text_holds_a_nul_is_stored_as_given(store: St
     assert [a.event for a in await store.audit.list()] == ["created", "verified", "completed"]
     (logged,) = await store.outbox.after(0)
     assert logged.id == ended[1].id
+
+
+async def test_a_step_whose_carried_row_breaks_a_constraint_writes_nothing(store: Store) -> None:  # noqa: F811
+    """The flow a step starts cannot go in (its state's hash is another flow's): the step's statement fails as a whole
+    on both databases (SQLite: the trigger's INSERT aborts the UPDATE), so the elicitation is not moved and neither
+    its audit row nor anything of the flow is written, nor left on the elicitation."""
+    taken, rec = elicitation(), elicitation()
+    for one in (taken, rec):
+        await store.elicitations.insert(one)
+    held = flow(taken.id)
+    await store.flows.insert(held)
+    clashing = flow(rec.id, state_hash=held.state_hash)
+    with pytest.raises(IntegrityError):
+        async with store.transaction() as tx:
+            await store.elicitations.transition(
+                rec.id,
+                ElicitationStatus.AUTHORIZING,
+                now=NOW,
+                from_=START_FROM,
+                conn=tx,
+                audit=AuditEntry("verified", NOW, rec.id, rec.identity, rec.provider),
+                flow=clashing,
+                last=True,
+            )
+    assert await store.elicitations.get(rec.id) == rec
+    assert await store.audit.list() == []
+    async with store.db.reader.connect() as conn:
+        flow_ids = (await conn.execute(select(oauth_flows.c.id))).scalars().all()
+        notes = (await conn.execute(select(elicitations.c.step_note, elicitations.c.step_blob))).all()
+    assert flow_ids == [held.id]
+    assert notes == [(None, None), (None, None)]
+
+
+async def test_a_carried_row_with_nulls_and_unusual_text_is_stored_as_given(store: Store) -> None:  # noqa: F811
+    """The flow of a provider without PKCE nor OpenID (no verifier, no nonce, no issuer: NULL in the note and in
+    `step_blob`) and a first grant without expiry, with no scope, a label in four scripts at the column's length and a
+    name of quotes and backslashes: every field stored as given, on both databases."""
+    rec = elicitation(scopes=())
+
+    def entry(event: str) -> AuditEntry:
+        return AuditEntry(event, NOW, rec.id, rec.identity, rec.provider)
+
+    await store.elicitations.insert(rec, audit=entry("created"))
+    bare = replace(flow(rec.id), verifier_key_id=None, verifier_ciphertext=None, nonce=None, expected_issuer=None)
+    assert await store.elicitations.transition(
+        rec.id, ElicitationStatus.AUTHORIZING, now=NOW, from_=START_FROM, audit=entry("verified"), flow=bare
+    )
+    assert await stored_row(store, oauth_flows, bare.id) == flow_row(bare)
+    assert await carried_copies(store) == []  # cleared though it carried no ciphertext
+    label = ("Arbeit Δ 仕事 🚀 " * 16)[:128]
+    given = a_grant(
+        scopes=(), token_expires_at=None, account_label=label, account_name="a \"b\" \\c\\ 'd' $.x", account="0"
+    )
+    ending = ElicitationEvent(rec.id, ElicitationStatus.COMPLETED, rec.connection_key)
+    async with store.transaction() as tx:
+        inserted, ended = await store.elicitations.end_with_first_grant(
+            rec.id, ElicitationStatus.COMPLETED, ending, given, now=NOW, conn=tx, audit=entry("completed")
+        )
+    assert inserted and ended is not None
+    assert await stored_row(store, grants, given.id) == grant_row(given)
+    assert await store.grants.get(given.id) == given
+    assert await carried_copies(store) == []
