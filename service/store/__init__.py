@@ -14,7 +14,7 @@ from .api import ApiElicitationRepository, ApiKeyRepository
 from .audit import PENDING_AUDIT_LOG, AuditRepository, log_audit_event
 from .console import AuditFilter, ConsoleRepository, GrantCounts, GrantFilter
 from .elicitations import ElicitationRepository
-from .engine import Database, PoolSettings, begun, connected, create_engine, display_url
+from .engine import Database, PoolSettings, begun, connected, create_engine, database_busy, display_url
 from .flows import FlowRepository
 from .grants import GrantRepository
 from .outbox import OutboxRepository
@@ -46,6 +46,7 @@ __all__ = [
     "WebhookRepository",
     "alembic_config",
     "create_engine",
+    "database_busy",
     "display_url",
     "head_revision",
     "migrate",

@@ -14,6 +14,7 @@ Reads and writes go different ways (`Database`):
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from typing import Any
 from sqlalchemy import event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as SqlalchemyTimeout
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool, QueuePool
 
@@ -344,6 +346,22 @@ def unavailable(url: str | URL, exc: BaseException) -> DatabaseUnavailable:
         f"cannot open the database at {display_url(url)}: {reason} "
         "(check database.url / CONNECTOR_DATABASE__URL, and that the database server is running)"
     )
+
+
+SQLITE_BUSY_MESSAGES = ("database is locked", "database table is locked", "database is busy")
+POSTGRES_BUSY_STATES = frozenset({"53300", "57P03"})  # too many connections; the server is starting or stopping
+
+
+def database_busy(exc: BaseException) -> bool:
+    """Whether `exc` says the database could not take the statement now, not that anything is wrong with it: SQLite's
+    lock held by another process past `busy_timeout`, no pooled connection free within `pool_timeout`, PostgreSQL
+    out of connections or starting up. Worth answering "try again" (503) rather than "internal error"."""
+    if isinstance(exc, SqlalchemyTimeout):  # the pool's wait for a connection
+        return True
+    cause = exc.orig if isinstance(exc, DBAPIError) else exc
+    if isinstance(cause, sqlite3.OperationalError):
+        return str(cause).startswith(SQLITE_BUSY_MESSAGES)
+    return getattr(cause, "sqlstate", None) in POSTGRES_BUSY_STATES
 
 
 @asynccontextmanager

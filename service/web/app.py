@@ -30,7 +30,7 @@ from ..core.verification import IdentityStep
 from ..identity import IdentityVerifier, VerifierRoute
 from ..metrics import Metrics
 from ..rate_limiter import RateLimiter
-from ..store import Store
+from ..store import Store, database_busy
 from ..util.clock import Clock
 from ..vault import Vault
 from .admin import AdminParts, admin_routes
@@ -52,6 +52,7 @@ from .security import BrowserBinding
 log = logging.getLogger("service.web")
 
 STATIC = Path(__file__).parent / "static"
+DATABASE_BUSY_RETRY_AFTER = "1"  # seconds: SQLite's lock or a pooled connection is usually free again by then
 
 
 class WebParts(ApiParts, AdminParts, Protocol):
@@ -156,6 +157,13 @@ def create_app(parts: WebParts, *, console_only: bool = False) -> Starlette:
         return settings.public_base_url + path + (f"?{query}" if query else "")
 
     async def server_error(request: Request, exc: Exception) -> Response:
+        if database_busy(exc):  # the world, not a bug: no stack, and the client may try again
+            cause = getattr(exc, "orig", None) or exc  # the driver's words, without SQLAlchemy's statement text
+            reason = (str(cause).splitlines() or [type(cause).__name__])[0]
+            log.warning("the database was busy on %s %s: %s", request.method, request.url.path, reason)
+            response = await refused(request, FlowRefused("database_busy"))
+            response.headers["Retry-After"] = DATABASE_BUSY_RETRY_AFTER
+            return response
         log.error("unhandled error on %s %s: %s", request.method, request.url.path, type(exc).__name__, exc_info=exc)
         return await refused(request, FlowRefused("internal_error"))
 

@@ -85,6 +85,12 @@ REFUSALS: dict[str, Refusal] = {
     "not_found": Refusal(404, "Not found", "There is nothing at this address."),
     "method_not_allowed": Refusal(405, "Method not allowed", "There is nothing at this address."),
     "internal_error": Refusal(500, "Something went wrong", "The connector hit an internal error. Try the link again."),
+    "database_busy": Refusal(
+        503,
+        "Busy",
+        "The connector is too busy to finish this step right now. Try again in a moment.",
+        api_sentence="The connector's database was busy and this request did not finish; retry after Retry-After.",
+    ),
     # The credential form (an API key typed on the connector's page).
     "credential_form_invalid": Refusal(
         400, "Form not open", "This form is not open for this browser. Open the agent's link again to start over."
