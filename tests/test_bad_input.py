@@ -119,6 +119,27 @@ async def test_nul_bytes_and_oversized_names_are_refused_before_the_store(deploy
         assert await status_of(deployment, pending.elicitation_id) is ElicitationStatus.CONSENTED
 
 
+@pytest.mark.parametrize("account_id", ["1001\x00alice", "1001\nalice", "9" * 256])
+async def test_a_provider_naming_an_account_id_the_grants_cannot_hold_is_refused(
+    deployment: Deployment, account_id: str
+) -> None:
+    """A NUL once made PostgreSQL answer 500 and SQLite store a cut id; a longer one than the column, 500 on
+    PostgreSQL. Refused as the provider's bad answer (502) before anything is stored."""
+    store = deployment.connector.runtime.store
+    deployment.provider.account = {**deployment.provider.account, "id": account_id}
+    async with asking(deployment) as ask, ScriptedBrowser() as browser:
+        pending = await ask()
+        await consented(deployment, pending.elicitation_id)
+        before = await row_counts(store)
+        final = await browser.authorize(pending.url)
+        assert final.status_code == 502, final.text
+        assert final.headers["x-connector-error"] == "provider_bad_response"
+        assert "Traceback" not in final.text
+        assert await status_of(deployment, pending.elicitation_id) == ElicitationStatus.FAILED
+    after = await row_counts(store)
+    assert after["grants"] == before["grants"] == 0
+
+
 @pytest.mark.filterwarnings("ignore::service.core.audit_events.UnregisteredAuditEvent")  # made-up event names
 async def test_audit_fields_are_bounded_to_their_columns(deployment: Deployment) -> None:
     audit = deployment.connector.runtime.store.audit

@@ -16,12 +16,34 @@ from .endpoint import endpoint_error
 from .resolved import ResolvedProvider
 
 
+ACCOUNT_ID_MAX_LENGTH = 255  # grants.provider_account_id
+
+
 async def fetch_account(
     entry: ResolvedProvider,
     http: httpx.AsyncClient,
     token: TokenSet,
     id_claims: Mapping[str, Any] | None = None,
     dpop: Dpop | None = None,
+) -> tuple[str, dict[str, Any]]:
+    """Who the token belongs to: (provider account id, profile), the id one the grants can hold as it is (printable,
+    at most `ACCOUNT_ID_MAX_LENGTH` characters; `provider_bad_response` otherwise, before anything is stored)."""
+    account_id, profile = await _fetch_account(entry, http, token, id_claims, dpop)
+    if not 0 < len(account_id) <= ACCOUNT_ID_MAX_LENGTH or not account_id.isprintable():
+        raise ProviderError(
+            f"{entry.display_name} named an account id this connector cannot store (empty, longer than "
+            f"{ACCOUNT_ID_MAX_LENGTH} characters, or holding control characters)",
+            code="provider_bad_response",
+        )
+    return account_id, profile
+
+
+async def _fetch_account(
+    entry: ResolvedProvider,
+    http: httpx.AsyncClient,
+    token: TokenSet,
+    id_claims: Mapping[str, Any] | None,
+    dpop: Dpop | None,
 ) -> tuple[str, dict[str, Any]]:
     """Who the token belongs to: (provider account id, profile).
 
