@@ -15,7 +15,6 @@ from .dpop import Dpop
 from .endpoint import endpoint_error
 from .resolved import ResolvedProvider
 
-
 ACCOUNT_ID_MAX_LENGTH = 255  # grants.provider_account_id
 
 
