@@ -4,6 +4,7 @@ limited while they stream (413) and never spooled to disk. The `/v1` API's bad i
 
 from __future__ import annotations
 
+import asyncio
 import os
 import tempfile
 from collections.abc import AsyncIterator
@@ -12,11 +13,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service import ElicitationStatus
+from service import ElicitationStatus, Identity, SessionScope
 from service.store.audit import TRUNCATED
 from service.testing import ScriptedBrowser
 
-from .acp_peers import eventually, status_is
+from .acp_peers import RecordingClient, connect, eventually, status_is
 from .conftest import Deploy, Deployment
 from .flow_support import asking, status_of
 from .raw_http_support import raw_exchange, row_counts, status_of_raw
@@ -138,6 +139,33 @@ async def test_a_provider_naming_an_account_id_the_grants_cannot_hold_is_refused
         assert await status_of(deployment, pending.elicitation_id) == ElicitationStatus.FAILED
     after = await row_counts(store)
     assert after["grants"] == before["grants"] == 0
+
+
+@pytest.mark.parametrize(
+    ("user", "problem"),
+    [
+        (Identity("https://login.example.com", "mallory\x00alice"), "subject holds a control character"),
+        (Identity("https://login.example.com\n", "alice"), "issuer holds a control character"),
+        (Identity("https://login.example.com", "a" * 513), "subject is longer than 512 characters"),
+    ],
+)
+async def test_an_agent_naming_a_user_the_store_cannot_hold_gets_a_clear_error(
+    deployment: Deployment, user: Identity, problem: str
+) -> None:
+    """The embedded API (over a real ACP connection) refuses what the /v1 API refuses as invalid_input: a NUL once
+    made PostgreSQL fail and SQLite's step triggers store a cut subject, another user's."""
+    store = deployment.connector.runtime.store
+    before = await row_counts(store)
+    wire = await connect(deployment.connector, deployment.local_user, RecordingClient(answer="accept"))
+    assert wire.agent.conn is not None
+    with pytest.raises(ValueError, match=f"the user's identity cannot be stored: its {problem}"):
+        await asyncio.wait_for(  # refused at once: it never gets as far as asking the client and waiting
+            deployment.connector.request_authorization(
+                wire.agent.conn, user=user, provider="github", scopes=["repo"], scope=SessionScope("sess-1")
+            ),
+            10,
+        )
+    assert await row_counts(store) == before
 
 
 @pytest.mark.filterwarnings("ignore::service.core.audit_events.UnregisteredAuditEvent")  # made-up event names

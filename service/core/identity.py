@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..util.text import printable
+
+IDENTITY_PART_MAX = 512  # the width of the identity columns (issuer, subject)
+
 
 @dataclass(frozen=True, slots=True)
 class Identity:
@@ -21,3 +25,14 @@ class Identity:
 
     def __str__(self) -> str:
         return f"{self.subject}@{self.issuer}"
+
+
+def identity_problem(identity: Identity) -> str | None:
+    """Why `identity` cannot be stored as it is (None: it can): a part longer than `IDENTITY_PART_MAX` characters, or
+    holding a control character (which PostgreSQL refuses and SQLite's JSON functions cut at)."""
+    for name, part in (("issuer", identity.issuer), ("subject", identity.subject)):
+        if len(part) > IDENTITY_PART_MAX:
+            return f"{name} is longer than {IDENTITY_PART_MAX} characters"
+        if not printable(part):
+            return f"{name} holds a control character"
+    return None

@@ -25,7 +25,7 @@ from .credentials import credential_message
 from .errors import FlowRefused
 from .events import ElicitationEvent, GrantChange, GrantChanged, GrantEvent
 from .handles import new_id
-from .identity import Identity
+from .identity import Identity, identity_problem
 from .outcomes import (
     AuthorizationOutcome,
     AuthorizationStatus,
@@ -142,7 +142,11 @@ class Elicitations:
         """The user's grants at `provider` that `tenant` sees (those `seen` holds when they were read for the same
         tenants, else read now and kept in `seen`), and of those the grants (newest first) of the account a request
         for `account` means (`accounts.choose`: none when the named account is not held; AccountChoiceNeeded when it
-        names none and the user holds several)."""
+        names none and the user holds several). ValueError for a user no grant or elicitation can be stored for
+        (`identity_problem`; the /v1 API refuses such a user earlier, as invalid_input): every request asks here
+        first."""
+        if (problem := identity_problem(user)) is not None:
+            raise ValueError(f"the user's identity cannot be stored: its {problem}")
         tenants = self.sharing.visible(tenant)
         grants = seen.grants if seen is not None and seen.grants is not None and seen.tenants == tenants else None
         if grants is None:

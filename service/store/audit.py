@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import builtins
 import logging
-import re
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -26,6 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from service.core.audit_events import checked_event
 from service.core.identity import Identity
 from service.core.records import AuditEntry, AuditRecord, ElicitationRecord
+from service.util.text import CONTROL_CHARACTER
 
 from .engine import Database, dump_json, load_json
 from .tables import audit_events
@@ -60,12 +60,11 @@ SECRET_DETAIL_KEYS = frozenset(
 
 TRUNCATED = "…[truncated]"
 MAX_DETAIL_STRING = 512
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
 def bounded(value: str, limit: int) -> str:
     """`value` with control characters escaped, cut to at most `limit` characters ending in TRUNCATED."""
-    escaped = _CONTROL.sub(
+    escaped = CONTROL_CHARACTER.sub(
         lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256 else f"\\u{ord(m.group()):04x}", value
     )
     if len(escaped) <= limit:

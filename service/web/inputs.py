@@ -27,6 +27,7 @@ from starlette.responses import Response
 from starlette.types import Scope
 
 from ..core.errors import FlowRefused
+from ..util.text import printable
 
 log = logging.getLogger("service.web")
 
@@ -89,16 +90,6 @@ FORM_FIELDS: dict[str, Rule] = {"csrf": CSRF, "action": CHOICE}
 # The credential form: its binding and ticket, and the values typed (any other name: TEXT, at most 4096 characters).
 CREDENTIAL_FORM_FIELDS: dict[str, Rule] = {"csrf": CSRF, "ticket": HANDLE}
 MAX_CREDENTIAL_FORM_BODY = 16 * 1024
-
-
-# Unicode's "Cc" (C0, DEL, C1) and "Cs" (surrogates) categories, exactly: one regex scan instead of a
-# `unicodedata.category` call per character (every path and query of every request is checked).
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
-
-
-def printable(value: str) -> bool:
-    """No control character (C0, DEL, C1 and other Unicode "Cc"/"Cs" characters: NUL, CR, LF, lone surrogates)."""
-    return _CONTROL.search(value) is None
 
 
 def invalid(problem: str) -> FlowRefused:

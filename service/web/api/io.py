@@ -9,7 +9,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from service.core.agent_api import AgentApi
-from service.core.identity import Identity
+from service.core.identity import IDENTITY_PART_MAX, Identity
 from service.core.records import ApiKeyRecord
 
 from ..inputs import invalid, read_json_object
@@ -55,9 +55,6 @@ def query_text(request: Request, name: str, *, required: bool = False) -> str | 
     if value is None and required:
         raise invalid(f"the query parameter '{name}' is required")
     return value
-
-
-IDENTITY_PART_MAX = 512
 
 
 def identity_of(issuer: str | None, subject: str | None, *, where: str) -> Identity:
