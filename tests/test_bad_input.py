@@ -144,8 +144,8 @@ async def test_a_provider_naming_an_account_id_the_grants_cannot_hold_is_refused
 @pytest.mark.parametrize(
     ("user", "problem"),
     [
-        (Identity("https://login.example.com", "mallory\x00alice"), "subject holds a control character"),
-        (Identity("https://login.example.com\n", "alice"), "issuer holds a control character"),
+        (Identity("https://login.example.com", "mallory\x00alice"), "subject holds a NUL or an unpaired surrogate"),
+        (Identity("https://login.example.com\ud800", "alice"), "issuer holds a NUL or an unpaired surrogate"),
         (Identity("https://login.example.com", "a" * 513), "subject is longer than 512 characters"),
     ],
 )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..util.text import printable
+from ..util.text import storable
 
 IDENTITY_PART_MAX = 512  # the width of the identity columns (issuer, subject)
 
@@ -29,10 +29,10 @@ class Identity:
 
 def identity_problem(identity: Identity) -> str | None:
     """Why `identity` cannot be stored as it is (None: it can): a part longer than `IDENTITY_PART_MAX` characters, or
-    holding a control character (which PostgreSQL refuses and SQLite's JSON functions cut at)."""
+    holding a NUL or an unpaired surrogate (`util.text.storable`)."""
     for name, part in (("issuer", identity.issuer), ("subject", identity.subject)):
         if len(part) > IDENTITY_PART_MAX:
             return f"{name} is longer than {IDENTITY_PART_MAX} characters"
-        if not printable(part):
-            return f"{name} holds a control character"
+        if not storable(part):
+            return f"{name} holds a NUL or an unpaired surrogate"
     return None

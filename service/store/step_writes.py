@@ -17,7 +17,6 @@ statement did not (`Carried`).
 
 from __future__ import annotations
 
-import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from datetime import datetime
@@ -26,6 +25,7 @@ from typing import Any, ClassVar, NamedTuple
 from sqlalchemy import Dialect
 
 from service.core.records import FlowRecord, GrantRecord
+from service.util.text import storable
 
 from .audit import audit_params
 from .elicitation_sql import (
@@ -48,9 +48,6 @@ from .tables import audit_events, elicitation_events, grants, oauth_flows
 Row = Mapping[str, Any]
 # SQLite: the rows a step's note may carry, each with its ciphertext column (bound as `step_blob`, migration 0021).
 _CARRIED = {oauth_flows.name: "verifier_ciphertext", grants.name: "token_ciphertext"}
-# Text that SQLite's JSON functions do not give back as it was bound: json_extract ends a text at a NUL, and a lone
-# surrogate (held escaped in the note) would come back as bytes that are not UTF-8.
-_NOT_AS_IS = re.compile("[\x00\ud800-\udfff]")
 # A statement and the parameters it takes (beside the change's own, for a transition or a settle).
 Step = tuple[Any, dict[str, Any]]
 
@@ -174,7 +171,7 @@ class SqliteSteps(StepWrites):
     def _as_is(row: Row) -> bool:
         """Whether the note would carry `row`'s texts as they are (a row holding one that it would not is written by
         a statement of its own)."""
-        return not any(isinstance(v, str) and _NOT_AS_IS.search(v) for v in row.values())
+        return all(storable(v) for v in row.values() if isinstance(v, str))
 
     def carries(self, grant: GrantRecord) -> bool:
         return self._as_is(grant_row(grant))
