@@ -19,7 +19,7 @@ from sqlalchemy.exc import IntegrityError
 
 from service import ElicitationStatus, Identity
 from service.core.events import ElicitationEvent
-from service.core.records import AuditEntry, ElicitationRecord
+from service.core.records import AuditEntry, ElicitationRecord, GrantRecord
 from service.core.states import START_FROM, CompletionDelivery
 from service.store import Store
 from service.store.flow_rows import flow_row
@@ -311,6 +311,20 @@ async def carried_copies(in_store: Store) -> list[tuple[Any, ...]]:
     ]
 
 
+async def complete_with_first_grant(
+    in_store: Store, rec: ElicitationRecord, given: GrantRecord, audit: AuditEntry
+) -> tuple[ElicitationEvent, Any]:
+    """`rec` completed with `given`, the user's first grant at its provider, in one transaction, both happening: the
+    ending's event and what `end_with_first_grant` ended with (the record and the event-log row)."""
+    ending = ElicitationEvent(rec.id, ElicitationStatus.COMPLETED, rec.connection_key)
+    async with in_store.transaction() as tx:
+        inserted, ended = await in_store.elicitations.end_with_first_grant(
+            rec.id, ElicitationStatus.COMPLETED, ending, given, now=NOW, conn=tx, audit=audit
+        )
+    assert inserted and ended is not None and ended[0].status is ElicitationStatus.COMPLETED
+    return ending, ended
+
+
 async def test_a_steps_flow_and_first_grant_go_in_with_it_and_leave_no_copy(store: Store) -> None:  # noqa: F811
     """The flow a step starts and a user's first grant are written by the step's statement (SQLite: its note and
     `step_blob`, migration 0021), every field as given, the ciphertexts byte for byte; nothing of them stays on the
@@ -351,12 +365,7 @@ async def test_a_steps_flow_and_first_grant_go_in_with_it_and_leave_no_copy(stor
     assert await carried_copies(store) == []
 
     given = a_grant(created_at=NOW, updated_at=NOW, account_label="work", account_name="Alice at work")
-    ending = ElicitationEvent(rec.id, ElicitationStatus.COMPLETED, rec.connection_key)
-    async with store.transaction() as tx:
-        inserted, ended = await store.elicitations.end_with_first_grant(
-            rec.id, ElicitationStatus.COMPLETED, ending, given, now=NOW, conn=tx, audit=entry("completed")
-        )
-    assert inserted and ended is not None and ended[0].status is ElicitationStatus.COMPLETED
+    ending, ended = await complete_with_first_grant(store, rec, given, entry("completed"))
     assert await stored_row(store, grants, given.id) == grant_row(given)
     assert await store.grants.get(given.id) == given
     assert await carried_copies(store) == []
@@ -428,12 +437,7 @@ async def test_a_carried_row_whose_text_holds_a_nul_is_stored_as_given(store: St
     assert await stored_row(store, oauth_flows, started.id) == flow_row(started)
 
     given = a_grant(identity=user, account="1001\x00", account_label="work\x00", account_name="Mallory\x00")
-    ending = ElicitationEvent(rec.id, ElicitationStatus.COMPLETED, rec.connection_key)
-    async with store.transaction() as tx:
-        inserted, ended = await store.elicitations.end_with_first_grant(
-            rec.id, ElicitationStatus.COMPLETED, ending, given, now=NOW, conn=tx, audit=entry("completed")
-        )
-    assert inserted and ended is not None and ended[0].status is ElicitationStatus.COMPLETED
+    _, ended = await complete_with_first_grant(store, rec, given, entry("completed"))
     assert await stored_row(store, grants, given.id) == grant_row(given)
     assert await store.grants.find(cut_to, given.provider) == []
     assert await store.grants.find(user, given.provider) == [given]
