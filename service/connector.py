@@ -24,7 +24,7 @@ from .core.identity import Identity
 from .core.outcomes import GrantInfo
 from .core.records import ElicitationRecord
 from .core.tenants import EMBEDDED_TENANT
-from .tokens import grant_auth
+from .tokens import grant_auth, secret_headers
 from .util.clock import Clock
 
 if TYPE_CHECKING:
@@ -145,7 +145,8 @@ class Connector(AgentCalls):
         the user gave it (or its profile name). Without it, the user's one account there is used; a user holding
         several raises `AccountChoiceNeeded` (naming them by label). NotAuthorized when no grant answers.
 
-        Requests to any other host are refused before they are sent, so the token cannot be steered elsewhere.
+        Requests to any other host are refused before they are sent, and a redirect followed to another host goes
+        without the token (nor the API's own token header, nor a key's), so the token cannot be steered elsewhere.
         The client runs over the provider's long-lived connection pool, so opening one per call is cheap;
         `client_kwargs` are httpx client options (`timeout`, `headers`, ...), except those of a connection pool
         (`verify`, `limits`, `http2`, ...), which `[providers]` sets once for all.
@@ -160,7 +161,10 @@ class Connector(AgentCalls):
             raise NotAuthorized(f"{user} has no {resolved.display_name} grant{which} with scopes {list(scopes)}")
         resolved = runtime.tokens.bound(grant, resolved)  # the API base may be the grant's (an instance URL)
         auth = grant_auth(runtime.tokens, grant.id, resolved)
-        async with runtime.providers.api_client(resolved, auth=auth, client_kwargs=client_kwargs) as client:
+        secrets = secret_headers(resolved)
+        async with runtime.providers.api_client(
+            resolved, auth=auth, secret_headers=secrets, client_kwargs=client_kwargs
+        ) as client:
             yield client
 
     async def disconnect(self, user: Identity, provider: str) -> int:

@@ -316,14 +316,23 @@ async def serve_app(app: Starlette) -> AsyncIterator[str]:
 
 
 async def seed_grant(
-    store: Store, vault_keys: str, user: Identity, provider: str, access_token: str, tenant: str = "agent-a"
+    store: Store,
+    vault_keys: str,
+    user: Identity,
+    provider: str,
+    access_token: str,
+    tenant: str = "agent-a",
+    *,
+    api_key: str | None = None,
 ) -> GrantRecord:
     """A stored grant for `user` at `provider`, as the callback would store it (encrypted, never expiring), made
-    through `tenant` (by default `make_key`'s)."""
+    through `tenant` (by default `make_key`'s); with `api_key`, a credential entry's grant holding it (`api_key`)."""
     ring = load_key_ring([vault_keys], None, None)
     assert ring is not None
     now = datetime.now(UTC)
     tokens = TokenSet(access_token, "Bearer", None, None, ("read",))
+    if api_key is not None:
+        tokens = TokenSet.of_credential("api_key", {"api_key": api_key}, now=now.timestamp())
     key_id, blob = Vault(ring).encrypt_json(
         tokens.to_json(), aad=grant_aad(user.issuer, user.subject, provider, "acct-1")
     )

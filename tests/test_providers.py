@@ -702,7 +702,7 @@ def test_pool_options_are_refused_for_an_api_client() -> None:
     gateway = ProviderGateway(load_catalog(SHIPPED, env=creds("github")))
     provider = ResolvedProvider.from_entry(gateway.entry("github"))
     with pytest.raises(TypeError, match="verify"):
-        gateway.api_client(provider, auth=httpx.BasicAuth("a", "b"), client_kwargs={"verify": False})
+        gateway.api_client(provider, auth=httpx.BasicAuth("a", "b"), secret_headers=(), client_kwargs={"verify": False})
 
 
 def test_provider_variables_are_settings_and_an_environment_only_provider_is_pointed_out() -> None:

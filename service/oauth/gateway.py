@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, TypeVar
@@ -158,11 +158,21 @@ class ProviderGateway:
         return self.http.client(provider.name)
 
     def api_client(
-        self, provider: ResolvedProvider, *, auth: httpx.Auth, client_kwargs: Mapping[str, Any]
+        self,
+        provider: ResolvedProvider,
+        *,
+        auth: httpx.Auth,
+        secret_headers: Collection[str],
+        client_kwargs: Mapping[str, Any],
     ) -> httpx.AsyncClient:
-        """A client for the provider's API over its pool, with `auth` (close it after use; the pool stays)."""
+        """A client for the provider's API over its pool, with `auth`, which writes the grant's secret into
+        `secret_headers` (close it after use; the pool stays)."""
         return self.http.api_client(
-            provider.name, base_url=provider.api_base_url or "", auth=auth, client_kwargs=client_kwargs
+            provider.name,
+            base_url=provider.api_base_url or "",
+            auth=auth,
+            secret_headers=secret_headers,
+            client_kwargs=client_kwargs,
         )
 
     def connection_values(self, name: str, given: Mapping[str, str] | None) -> dict[str, str]:

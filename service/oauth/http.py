@@ -2,7 +2,8 @@
 
 Token, revocation, userinfo, discovery and key requests use the provider's long-lived `httpx.AsyncClient`.
 `api_client` gives `Connector.http()` a light client over the same pool: its `base_url` and `auth` are its own,
-the connections and the TLS context are shared, and closing it leaves the pool open. `aclose` closes every pool.
+the connections and the TLS context are shared, closing it leaves the pool open, and a redirect it follows to another
+origin goes without the headers that carry the grant's secret. `aclose` closes every pool.
 
 The long-lived client has no auth, follows no redirect, keeps no cookie and has no event hook, so the layers of
 `httpx.AsyncClient.send` for those (an auth flow, a redirect loop, the cookie jar parsing every answer) do nothing
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import time
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -47,17 +48,29 @@ class HttpSettings:
         )
 
 
-class _Borrowed(httpx.AsyncBaseTransport):
-    """A provider's pool lent to a short-lived client: closing the client does not close the pool."""
+class _ApiTransport(httpx.AsyncBaseTransport):
+    """The transport of a client that carries a grant's secret to the provider's API. A request for another origin
+    (a redirect followed: httpx keeps every header on it but Authorization) goes without the headers that carry it.
+    A provider's pool is lent (`lent`): closing the client does not close the pool."""
 
-    def __init__(self, pool: httpx.AsyncBaseTransport) -> None:
-        self._pool = pool
+    def __init__(
+        self, inner: httpx.AsyncBaseTransport, origin: httpx.URL, secret_headers: Collection[str], *, lent: bool
+    ) -> None:
+        self._inner = inner
+        self._home = (origin.scheme, origin.host, origin.port)
+        self._secret_headers = tuple(secret_headers)
+        self._lent = lent
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        return await self._pool.handle_async_request(request)
+        url = request.url
+        if (url.scheme, url.host, url.port) != self._home:
+            for name in self._secret_headers:
+                request.headers.pop(name, None)
+        return await self._inner.handle_async_request(request)
 
     async def aclose(self) -> None:
-        return None
+        if not self._lent:
+            await self._inner.aclose()
 
 
 class _PooledClient(httpx.AsyncClient):
@@ -132,9 +145,17 @@ class ProviderHttp:
         return client
 
     def api_client(
-        self, name: str, *, base_url: str, auth: httpx.Auth, client_kwargs: Mapping[str, Any]
+        self,
+        name: str,
+        *,
+        base_url: str,
+        auth: httpx.Auth,
+        secret_headers: Collection[str],
+        client_kwargs: Mapping[str, Any],
     ) -> httpx.AsyncClient:
-        """A client for one use of the provider's API, over the provider's pool (close it when done)."""
+        """A client for one use of the provider's API, over the provider's pool (close it when done). `auth` writes
+        the grant's secret into `secret_headers`: a redirect followed to another origin than `base_url`'s goes
+        without them."""
         refused = _POOL_OPTIONS.intersection(client_kwargs)
         if refused:
             raise TypeError(
@@ -142,10 +163,11 @@ class ProviderHttp:
                 "([providers] http_* settings)"
             )
         kwargs = dict(client_kwargs)
-        transport = kwargs.pop("transport", None)
-        if transport is None:
+        given = kwargs.pop("transport", None)
+        if given is None:
             self.client(name)
-            transport = _Borrowed(self._pools[name])
+        inner = self._pools[name] if given is None else given
+        transport = _ApiTransport(inner, httpx.URL(base_url), secret_headers, lent=given is None)
         kwargs.setdefault("timeout", self.settings.timeout)
         return httpx.AsyncClient(base_url=base_url, auth=auth, transport=transport, **kwargs)
 

@@ -1,9 +1,9 @@
 """Using a stored grant: `TokenAccess` (find, decrypt, refresh single-flight, disconnect), the auth that carries a
-grant (`GrantAuth` for OAuth tokens, `CredentialAuth` for API keys; `grant_auth` picks), and `ProactiveRefresh`
-(tokens of grants in use refreshed ahead of their expiry)."""
+grant (`GrantAuth` for OAuth tokens, `CredentialAuth` for API keys; `grant_auth` picks; `secret_headers` names the
+headers they write it into), and `ProactiveRefresh` (tokens of grants in use refreshed ahead of their expiry)."""
 
 from .access import REFRESH_AHEAD_MAX_SECONDS, REFRESH_AHEAD_SHARE, TokenAccess, refresh_margin
-from .auth import CredentialAuth, GrantAuth, api_origin, grant_auth
+from .auth import CredentialAuth, GrantAuth, api_origin, grant_auth, secret_headers
 from .proactive import ProactiveRefresh
 from .refresh import EventBus, grant_aad_of
 
@@ -19,4 +19,5 @@ __all__ = [
     "grant_aad_of",
     "grant_auth",
     "refresh_margin",
+    "secret_headers",
 ]

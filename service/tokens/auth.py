@@ -119,3 +119,14 @@ def grant_auth(tokens: TokenAccess, grant_id: str, provider: ResolvedProvider) -
     if provider.entry.is_credential:
         return CredentialAuth(tokens, grant_id, provider)
     return GrantAuth(tokens, grant_id, provider)
+
+
+def secret_headers(provider: ResolvedProvider) -> frozenset[str]:
+    """The request headers `grant_auth`'s auth may write a grant's secret into at `provider` (lower case): the
+    API's token header, Authorization and DPoP; a credential entry's header and HTTP Basic injections."""
+    if provider.entry.is_credential:
+        injections = spec_of(provider.entry).inject
+        return frozenset(
+            "authorization" if i.style == "basic" else i.header.lower() for i in injections if i.style != "query"
+        )
+    return frozenset({provider.quirks.api_auth.header.lower(), "authorization", "dpop"})

@@ -1,0 +1,211 @@
+"""The token proxy and `Connector.http()` against a real provider API on loopback that records what it received: the
+token reaches the API's host and no other (a redirect is not followed with it), the agent cannot set the API's token
+header, what the API answers does not hand the token back, and sizes and times stay within the `[api]` limits."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from service import Identity
+from service.testing import MockKeyedApi
+
+from .api_support import make_key, user_headers
+from .conftest import Deploy, Deployment, write_catalog
+from .sidecar_support import seed_grant, serve_app
+
+USER = Identity("https://login.example.com", "proxied")
+TOKEN = "upstream-test-access-token"  # the seeded grant's access token, looked for where it must not be
+SLOW_SECONDS = 30.0  # how long the API's slow answers would take: far past every limit the tests set
+
+
+@dataclass
+class Received:
+    """What an API on loopback was sent."""
+
+    requests: list[tuple[str, str, list[tuple[str, str]], int]] = field(default_factory=list)
+
+    def headers(self) -> Iterator[tuple[str, str]]:
+        for _, _, headers, _ in self.requests:
+            yield from headers
+
+
+def recording_api(received: Received, elsewhere: str) -> Starlette:
+    """The provider's API: records every request, and answers by path (`redirect`: to `elsewhere`; `echo`: with a
+    cookie and a challenge holding the token it was sent; `big`: 200 kB; `slow`: headers, then 5 bytes every 0.5 s;
+    `hang`: nothing for SLOW_SECONDS)."""
+
+    async def anything(request: Request) -> Response:
+        body = len(await request.body())
+        headers = [(name.decode(), value.decode()) for name, value in request.headers.raw]
+        received.requests.append((request.method, request.scope["raw_path"].decode(), headers, body))
+        what = request.url.path.rsplit("/", 1)[-1]
+        if what == "redirect":
+            return Response(status_code=302, headers={"location": f"{elsewhere}/landed"})
+        if what == "big":
+            return StreamingResponse(_chunks(20, b"x" * 10_000, 0), headers={"content-length": "200000"})
+        if what == "slow":
+            return StreamingResponse(_chunks(20, b"x" * 5, 0.5), headers={"content-length": "100"})  # 10 s
+        if what == "hang":  # until the connector closes the connection (the next message is its disconnect)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(request.receive(), SLOW_SECONDS)
+        sent = " ".join(value for name, value in headers if name in ("authorization", "x-shop-token", "x-api-key"))
+        return JSONResponse(
+            {"received": body},
+            headers={"set-cookie": f"echo={sent}", "www-authenticate": f'Bearer error="invalid_token", got="{sent}"'},
+        )
+
+    return Starlette(routes=[Route("/{rest:path}", anything, methods=["GET", "POST", "PUT", "DELETE", "TRACE"])])
+
+
+async def _chunks(count: int, chunk: bytes, pause: float) -> AsyncIterator[bytes]:
+    for _ in range(count):
+        yield chunk
+        await asyncio.sleep(pause)
+
+
+@dataclass
+class Rig:
+    deployment: Deployment
+    key: str
+    api: Received  # the provider's API host
+    elsewhere: Received  # another origin (another port on loopback)
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key}", **user_headers(USER)}
+
+    async def proxy(self, method: str, path: str, **kwargs: object) -> httpx.Response:
+        async with httpx.AsyncClient(timeout=SLOW_SECONDS * 2) as client:
+            headers = {**self.headers(), **kwargs.pop("headers", {})}  # type: ignore[dict-item]
+            return await client.request(
+                method,
+                f"{self.deployment.base_url}/v1/proxy/{path}",
+                headers=headers,
+                **kwargs,  # type: ignore[arg-type]
+            )
+
+
+def api_entries(base: str) -> dict[str, dict[str, object]]:
+    """`bearer`: the token in Authorization; `shop`: in the API's own header, as Shopify's entry has it; `keyed`: a
+    credential entry's API key in X-Api-Key."""
+    bearer = {
+        "display_name": "Recorded API",
+        "authorization_endpoint": f"{base}/authorize",
+        "token_endpoint": f"{base}/token",
+        "api_base_url": f"{base}/api",
+    }
+    shop = {**bearer, "api_token_header": "X-Shop-Token", "api_token_prefix": ""}
+    keyed = MockKeyedApi(base_url=f"{base}/api", header="X-Api-Key", template="{key}").catalog_entry()
+    return {"bearer": bearer, "shop": shop, "keyed": keyed}
+
+
+@asynccontextmanager
+async def rigged(deploy_with: Deploy, tmp_path: Path, env: dict[str, str], **limits: str) -> AsyncIterator[Rig]:
+    """A connector whose providers' API is a recording server on loopback, with a grant of USER's at each (made
+    through the key's tenant and through the embedded connector's); `limits`: CONNECTOR_API__* settings."""
+    api, elsewhere = Received(), Received()
+    async with serve_app(recording_api(elsewhere, "")) as other, serve_app(recording_api(api, other)) as base:
+        entries = api_entries(base)
+        settings = {f"CONNECTOR_API__{name.upper()}": value for name, value in limits.items()}
+        settings["CONNECTOR_PROVIDERS__CATALOG"] = str(write_catalog(tmp_path / "recorded.toml", entries))
+        for name in ("bearer", "shop"):
+            settings[f"CONNECTOR_PROVIDER_{name.upper()}_CLIENT_ID"] = "recorded-client"
+            settings[f"CONNECTOR_PROVIDER_{name.upper()}_CLIENT_SECRET"] = "recorded-secret"
+        async with deploy_with(**settings) as deployment:
+            store = deployment.connector.runtime.store
+            key = await make_key(store)
+            for name, tenant in itertools.product(entries, ("agent-a", "embedded")):
+                api_key = TOKEN if name == "keyed" else None
+                await seed_grant(store, env["CONNECTOR_VAULT__KEYS"], USER, name, TOKEN, tenant, api_key=api_key)
+            yield Rig(deployment, key, api, elsewhere)
+
+
+@pytest.fixture
+async def rig(deploy_with: Deploy, tmp_path: Path, connector_env: dict[str, str]) -> AsyncIterator[Rig]:
+    async with rigged(deploy_with, tmp_path, connector_env) as rig:
+        yield rig
+
+
+@pytest.mark.parametrize("provider", ["bearer", "shop", "keyed"])
+async def test_the_proxy_returns_a_redirect_and_does_not_follow_it(rig: Rig, provider: str) -> None:
+    response = await rig.proxy("GET", f"{provider}/redirect")
+    assert response.status_code == 302 and response.headers["location"].endswith("/landed")
+    assert [path for _, path, _, _ in rig.api.requests] == ["/api/redirect"]
+    assert rig.elsewhere.requests == []
+
+
+@pytest.mark.parametrize("provider", ["bearer", "shop", "keyed"])
+@pytest.mark.parametrize("where", ["client", "request"])
+async def test_http_follows_a_redirect_elsewhere_without_the_token(rig: Rig, provider: str, where: str) -> None:
+    """httpx keeps every header but Authorization on a redirect to another origin: the API's own token header
+    (Shopify's X-Shopify-Access-Token, a credential entry's key header) must not go along."""
+    on_client = {"follow_redirects": True} if where == "client" else {}
+    on_request = {"follow_redirects": True} if where == "request" else {}
+    async with rig.deployment.connector.http(USER, provider, **on_client) as api:
+        response = await api.get("redirect", **on_request)
+    assert response.status_code == 200 and response.url.path == "/landed"
+    assert [path for _, path, _, _ in rig.elsewhere.requests] == ["/landed"]
+    assert not [value for _, value in rig.elsewhere.headers() if TOKEN in value]
+    carried = {"bearer": ("authorization", f"Bearer {TOKEN}"), "shop": ("x-shop-token", TOKEN)}
+    assert carried.get(provider, ("x-api-key", TOKEN)) in rig.api.requests[0][2]
+
+
+async def test_the_agent_cannot_set_the_token_header_and_gets_no_token_back(rig: Rig) -> None:
+    agents = [("X-Shop-Token", "agent-1"), ("x-shop-token", "agent-2"), ("Authorization", "Bearer agent-3")]
+    async with httpx.AsyncClient(timeout=10) as client:
+        response = await client.get(
+            f"{rig.deployment.base_url}/v1/proxy/shop/echo", headers=[*rig.headers().items(), *agents]
+        )
+    assert response.status_code == 200
+    (_, _, sent, _) = rig.api.requests[-1]
+    assert [(n, v) for n, v in sent if n in ("x-shop-token", "authorization")] == [("x-shop-token", TOKEN)]
+    assert TOKEN not in str(response.headers.raw) and TOKEN not in response.text
+    trace = await rig.proxy("TRACE", "shop/echo")  # TRACE answers with the request it received, token and all
+    assert trace.status_code == 405 and len(rig.api.requests) == 1
+
+
+async def test_request_bodies_within_the_limit_pass_and_larger_ones_are_refused(
+    deploy_with: Deploy, tmp_path: Path, connector_env: dict[str, str]
+) -> None:
+    async def chunked(size: int) -> AsyncIterator[bytes]:
+        for _ in range(size // 10_000):
+            yield b"x" * 10_000
+
+    limits = {"proxy_max_request_bytes": "100000", "proxy_retry_body_bytes": "1000"}
+    async with rigged(deploy_with, tmp_path, connector_env, **limits) as rig:
+        streamed = await rig.proxy("POST", "bearer/echo", content=b"x" * 80_000)  # over the API's own 64 KiB
+        assert streamed.status_code == 200 and streamed.json() == {"received": 80_000}
+        for body in (b"x" * 100_001, chunked(200_000)):
+            refused = await rig.proxy("POST", "bearer/echo", content=body)
+            assert refused.status_code == 413 and refused.json()["error"]["code"] == "body_too_large"
+            assert "100000 bytes" in refused.json()["error"]["message"]
+        assert [size for _, _, _, size in rig.api.requests] == [80_000]
+
+
+@pytest.mark.duration(4)
+async def test_answers_are_cut_at_the_size_and_time_limits(
+    deploy_with: Deploy, tmp_path: Path, connector_env: dict[str, str]
+) -> None:
+    limits = {"proxy_timeout_seconds": "1", "proxy_max_seconds": "2", "proxy_max_response_bytes": "100000"}
+    async with rigged(deploy_with, tmp_path, connector_env, **limits) as rig:
+        with pytest.raises(httpx.RemoteProtocolError):  # the agent cannot take the first 100 kB for the whole
+            await rig.proxy("GET", "bearer/big")
+        started = time.monotonic()
+        hung = await rig.proxy("GET", "bearer/hang")  # no answer: proxy_timeout_seconds
+        assert hung.status_code == 504 and hung.json()["error"]["code"] == "upstream_timeout"
+        trickled = await rig.proxy("GET", "bearer/slow")  # a byte now and then: proxy_max_seconds
+        assert trickled.status_code == 504 and trickled.json()["error"]["code"] == "upstream_timeout"
+        assert time.monotonic() - started < 1 + 2 + 3
