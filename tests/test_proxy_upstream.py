@@ -209,3 +209,84 @@ async def test_answers_are_cut_at_the_size_and_time_limits(
         trickled = await rig.proxy("GET", "bearer/slow")  # a byte now and then: proxy_max_seconds
         assert trickled.status_code == 504 and trickled.json()["error"]["code"] == "upstream_timeout"
         assert time.monotonic() - started < 1 + 2 + 3
+
+
+@pytest.mark.duration(6)
+async def test_an_exchange_that_trickles_ends_at_proxy_max_seconds(
+    deploy_with: Deploy, tmp_path: Path, connector_env: dict[str, str]
+) -> None:
+    """Each read and write within proxy_timeout_seconds, the whole past proxy_max_seconds: an API that sends its
+    status line a byte at a time, or an agent that uploads its body a byte at a time, holds a connection of the
+    provider's pool (shared by every tenant) no longer than proxy_max_seconds."""
+    answering: set[asyncio.Task[object]] = set()
+
+    async def trickling_api(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        answering.add(asyncio.current_task())  # type: ignore[arg-type]
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            if head.startswith(b"POST"):
+                await reader.read()  # the body, until the connector closes the connection
+            for byte in b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-Padding: " + b"x" * 40:
+                writer.write(bytes([byte]))
+                await writer.drain()
+                await asyncio.sleep(0.25)
+            writer.write(b"\r\n\r\nok")
+            await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(trickling_api, "127.0.0.1", 0)
+    base = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    catalog = write_catalog(tmp_path / "trickling.toml", {"bearer": api_entries(base)["bearer"]})
+    settings = {
+        "CONNECTOR_PROVIDERS__CATALOG": str(catalog),
+        "CONNECTOR_PROVIDER_BEARER_CLIENT_ID": "recorded-client",
+        "CONNECTOR_PROVIDER_BEARER_CLIENT_SECRET": "recorded-secret",
+        "CONNECTOR_API__PROXY_TIMEOUT_SECONDS": "1",
+        "CONNECTOR_API__PROXY_MAX_SECONDS": "2",
+        "CONNECTOR_API__PROXY_RETRY_BODY_BYTES": "0",
+    }
+    try:
+        async with deploy_with(**settings) as deployment:
+            store = deployment.connector.runtime.store
+            key = await make_key(store)
+            await seed_grant(store, connector_env["CONNECTOR_VAULT__KEYS"], USER, "bearer", TOKEN)
+            rig = Rig(deployment, key, Received(), Received())
+            started = time.monotonic()
+            status_line = await rig.proxy("GET", "bearer/anything")
+            assert status_line.status_code == 504 and status_line.json()["error"]["code"] == "upstream_timeout"
+            assert time.monotonic() - started < 2 + 2
+            started = time.monotonic()
+            answer = await trickled_upload(rig, "bearer/anything", seconds=8)
+            assert answer.startswith(b"HTTP/1.1 504 "), answer
+            assert time.monotonic() - started < 2 + 2
+    finally:
+        server.close()
+        for task in answering:
+            task.cancel()
+
+
+async def trickled_upload(rig: Rig, path: str, *, seconds: float) -> bytes:
+    """The status line of the proxy's answer to a POST whose chunked body comes a byte every 0.25 s for `seconds`
+    (on a socket of its own: an httpx client sends the whole body before it reads the answer)."""
+    url = httpx.URL(rig.deployment.base_url)
+    assert url.port is not None
+    reader, writer = await asyncio.open_connection(url.host, url.port)
+    headers = "".join(f"{name}: {value}\r\n" for name, value in rig.headers().items())
+    writer.write(f"POST /v1/proxy/{path} HTTP/1.1\r\nHost: {url.netloc.decode()}\r\n{headers}".encode())
+    writer.write(b"Transfer-Encoding: chunked\r\n\r\n")
+
+    async def upload() -> None:
+        for _ in range(int(seconds / 0.25)):
+            writer.write(b"1\r\nx\r\n")
+            await writer.drain()
+            await asyncio.sleep(0.25)
+
+    uploading = asyncio.create_task(upload())
+    try:
+        return await asyncio.wait_for(reader.readline(), seconds + 5)
+    finally:
+        uploading.cancel()
+        writer.close()

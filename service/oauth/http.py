@@ -13,6 +13,7 @@ straight to the pool, and goes through the client's `send` whenever a call or th
 
 from __future__ import annotations
 
+import asyncio
 import time
 import urllib.request
 from collections.abc import Collection, Mapping
@@ -171,17 +172,24 @@ class ProviderHttp:
         kwargs.setdefault("timeout", self.settings.timeout)
         return httpx.AsyncClient(base_url=base_url, auth=auth, transport=transport, **kwargs)
 
-    async def send_bare(self, name: str, request: httpx.Request, auth: httpx.Auth) -> httpx.Response:
+    async def send_bare(
+        self, name: str, request: httpx.Request, auth: httpx.Auth, *, deadline: float
+    ) -> httpx.Response:
         """`request` as it is, on the provider's pool through `auth`'s flow, without the client layer (the token
         proxy relays the agent's request): no client default headers, no cookie jar, no redirect followed. The
-        response streams: read or close it."""
+        response streams: read or close it.
+
+        Sending the request and receiving the answer's headers end by `deadline` (the event loop's clock), else
+        TimeoutError: each read and write has its own timeout, but a peer that trickles (an upload, a status
+        line) would pass every one of them. What `auth` does in between (a refresh) is not cut short."""
         self.client(name)
         pool = self._pools[name]
         flow = auth.async_auth_flow(request)
         try:
             request = await flow.__anext__()
             while True:
-                response = await pool.handle_async_request(request)
+                async with asyncio.timeout_at(deadline):
+                    response = await pool.handle_async_request(request)
                 response.request = request
                 try:
                     try:

@@ -128,6 +128,7 @@ class ProxyRoute:
         self._timeout = httpx.Timeout(settings.proxy_timeout_seconds).as_dict()
 
     async def handle(self, request: Request) -> Response:
+        deadline = asyncio.get_running_loop().time() + self.settings.proxy_max_seconds  # the whole exchange's
         key = await caller(request, self.api)
         raw = request.scope.get("raw_path") or request.scope["path"].encode()
         raw_path = raw.decode("latin-1").split("?", 1)[0]
@@ -146,8 +147,11 @@ class ProxyRoute:
         )
         try:
             response = await self.providers.http.send_bare(
-                provider.name, upstream, grant_auth(self.tokens, grant.id, provider)
+                provider.name, upstream, grant_auth(self.tokens, grant.id, provider), deadline=deadline
             )
+        except TimeoutError:
+            log.warning("proxied request cut off at proxy_max_seconds")
+            raise FlowRefused("upstream_timeout") from None
         except (NotAuthorized, ProviderError, httpx.HTTPError) as exc:
             raise _refusal(exc) from None
         raw_headers = response.headers.raw
@@ -156,10 +160,12 @@ class ProxyRoute:
             dropped |= {b"content-encoding", b"content-length"}
         relayed: Response
         if self._small(response):
-            relayed = Response(await self._read_small(response), status_code=response.status_code)
+            relayed = Response(await self._read_small(response, deadline), status_code=response.status_code)
         else:
             relayed = StreamingResponse(
-                self._relay(response), status_code=response.status_code, background=BackgroundTask(response.aclose)
+                self._relay(response, deadline),
+                status_code=response.status_code,
+                background=BackgroundTask(response.aclose),
             )
         # As the provider sent them (bytes: nothing decoded and encoded again), less what only this hop may see.
         relayed.raw_headers = [(n.lower(), v) for n, v in raw_headers if n.lower() not in dropped]
@@ -207,11 +213,11 @@ class ProxyRoute:
         limit = min(SMALL_RESPONSE_BYTES, self.settings.proxy_max_response_bytes)
         return declared.isdigit() and int(declared) <= limit
 
-    async def _read_small(self, response: httpx.Response) -> bytes:
+    async def _read_small(self, response: httpx.Response, deadline: float) -> bytes:
         """The provider's bytes as they came (still encoded), read before anything is sent to the agent: a failure
         or the time limit here is an error answer, not a cut-off body."""
         try:
-            async with asyncio.timeout(self.settings.proxy_max_seconds):
+            async with asyncio.timeout_at(deadline):
                 # The transport's stream itself (its errors are httpx's): no decoder or chunker in between.
                 stream = response.stream
                 assert isinstance(stream, httpx.AsyncByteStream)
@@ -247,14 +253,13 @@ class ProxyRoute:
                 raise httpx.RequestError("request body over proxy_max_request_bytes")
             yield chunk
 
-    async def _relay(self, response: httpx.Response) -> AsyncIterator[bytes]:
-        """The provider's bytes as they come (still encoded), cut at the size and time limits."""
+    async def _relay(self, response: httpx.Response, deadline: float) -> AsyncIterator[bytes]:
+        """The provider's bytes as they come (still encoded), cut at the size limit and at `deadline`."""
         if response.is_stream_consumed:
             yield response.content
             return
         size = 0
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.settings.proxy_max_seconds
         async for chunk in response.aiter_raw():
             size += len(chunk)
             over = "proxy_max_response_bytes" if size > self.settings.proxy_max_response_bytes else None
