@@ -45,8 +45,8 @@ class Received:
 
 def recording_api(received: Received, elsewhere: str) -> Starlette:
     """The provider's API: records every request, and answers by path (`redirect`: to `elsewhere`; `echo`: with a
-    cookie and a challenge holding the token it was sent; `big`: 200 kB; `slow`: headers, then 5 bytes every 0.5 s;
-    `hang`: nothing for SLOW_SECONDS)."""
+    cookie and a challenge holding the token it was sent; `refuse`: 401; `big`: 200 kB; `slow`: headers, then 5
+    bytes every 0.5 s; `hang`: nothing for SLOW_SECONDS)."""
 
     async def anything(request: Request) -> Response:
         body = len(await request.body())
@@ -59,6 +59,8 @@ def recording_api(received: Received, elsewhere: str) -> Starlette:
             return StreamingResponse(_chunks(20, b"x" * 10_000, 0), headers={"content-length": "200000"})
         if what == "slow":
             return StreamingResponse(_chunks(20, b"x" * 5, 0.5), headers={"content-length": "100"})  # 10 s
+        if what == "refuse":
+            return JSONResponse({"message": "Bad credentials"}, 401)
         if what == "hang":  # until the connector closes the connection (the next message is its disconnect)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(request.receive(), SLOW_SECONDS)
@@ -175,6 +177,16 @@ async def test_the_agent_cannot_set_the_token_header_and_gets_no_token_back(rig:
     assert TOKEN not in str(response.headers.raw) and TOKEN not in response.text
     trace = await rig.proxy("TRACE", "shop/echo")  # TRACE answers with the request it received, token and all
     assert trace.status_code == 405 and len(rig.api.requests) == 1
+
+
+async def test_a_key_the_api_refuses_is_grant_needs_user_and_is_not_sent_again(rig: Rig) -> None:
+    refused = await rig.proxy("GET", "keyed/refuse")
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "grant_needs_user"
+    assert "(key_rejected)" in refused.json()["error"]["message"]
+    again = await rig.proxy("GET", "keyed/echo")
+    assert again.status_code == 403 and again.json()["error"]["code"] == "grant_needs_user"
+    assert [path for _, path, _, _ in rig.api.requests] == ["/api/refuse"]
+    assert TOKEN not in refused.text + again.text
 
 
 async def test_request_bodies_within_the_limit_pass_and_larger_ones_are_refused(
