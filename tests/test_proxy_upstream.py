@@ -169,11 +169,14 @@ async def test_the_agent_cannot_set_the_token_header_and_gets_no_token_back(rig:
     agents = [("X-Shop-Token", "agent-1"), ("x-shop-token", "agent-2"), ("Authorization", "Bearer agent-3")]
     async with httpx.AsyncClient(timeout=10) as client:
         response = await client.get(
-            f"{rig.deployment.base_url}/v1/proxy/shop/echo", headers=[*rig.headers().items(), *agents]
+            f"{rig.deployment.base_url}/v1/proxy/shop/echo",
+            headers=[*rig.headers().items(), *agents, ("Host", "shop-b.api.example")],  # another virtual host there
         )
     assert response.status_code == 200
     (_, _, sent, _) = rig.api.requests[-1]
     assert [(n, v) for n, v in sent if n in ("x-shop-token", "authorization")] == [("x-shop-token", TOKEN)]
+    api = httpx.URL(str(rig.deployment.connector.runtime.providers.catalog.get("shop").api_base_url))
+    assert [v for n, v in sent if n == "host"] == [api.netloc.decode()]
     assert TOKEN not in str(response.headers.raw) and TOKEN not in response.text
     trace = await rig.proxy("TRACE", "shop/echo")  # TRACE answers with the request it received, token and all
     assert trace.status_code == 405 and len(rig.api.requests) == 1
