@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -51,7 +52,9 @@ def recording_api(received: Received, elsewhere: str) -> Starlette:
     async def anything(request: Request) -> Response:
         body = len(await request.body())
         headers = [(name.decode(), value.decode()) for name, value in request.headers.raw]
-        received.requests.append((request.method, request.scope["raw_path"].decode(), headers, body))
+        query = request.scope["query_string"].decode()
+        target = request.scope["raw_path"].decode() + (f"?{query}" if query else "")
+        received.requests.append((request.method, target, headers, body))
         what = request.url.path.rsplit("/", 1)[-1]
         if what == "redirect":
             return Response(status_code=302, headers={"location": f"{elsewhere}/landed"})
@@ -102,7 +105,7 @@ class Rig:
 
 def api_entries(base: str) -> dict[str, dict[str, object]]:
     """`bearer`: the token in Authorization; `shop`: in the API's own header, as Shopify's entry has it; `keyed`: a
-    credential entry's API key in X-Api-Key."""
+    credential entry's API key in X-Api-Key; `in_query`: one in the query parameter api_token (as Pipedrive's)."""
     bearer = {
         "display_name": "Recorded API",
         "authorization_endpoint": f"{base}/authorize",
@@ -111,7 +114,8 @@ def api_entries(base: str) -> dict[str, dict[str, object]]:
     }
     shop = {**bearer, "api_token_header": "X-Shop-Token", "api_token_prefix": ""}
     keyed = MockKeyedApi(base_url=f"{base}/api", header="X-Api-Key", template="{key}").catalog_entry()
-    return {"bearer": bearer, "shop": shop, "keyed": keyed}
+    in_query = MockKeyedApi(base_url=f"{base}/api", style="query", parameter="api_token").catalog_entry()
+    return {"bearer": bearer, "shop": shop, "keyed": keyed, "in_query": in_query}
 
 
 @asynccontextmanager
@@ -130,7 +134,7 @@ async def rigged(deploy_with: Deploy, tmp_path: Path, env: dict[str, str], **lim
             store = deployment.connector.runtime.store
             key = await make_key(store)
             for name, tenant in itertools.product(entries, ("agent-a", "embedded")):
-                api_key = TOKEN if name == "keyed" else None
+                api_key = TOKEN if name in ("keyed", "in_query") else None
                 await seed_grant(store, env["CONNECTOR_VAULT__KEYS"], USER, name, TOKEN, tenant, api_key=api_key)
             yield Rig(deployment, key, api, elsewhere)
 
@@ -149,7 +153,7 @@ async def test_the_proxy_returns_a_redirect_and_does_not_follow_it(rig: Rig, pro
     assert rig.elsewhere.requests == []
 
 
-@pytest.mark.parametrize("provider", ["bearer", "shop", "keyed"])
+@pytest.mark.parametrize("provider", ["bearer", "shop", "keyed", "in_query"])
 @pytest.mark.parametrize("where", ["client", "request"])
 async def test_http_follows_a_redirect_elsewhere_without_the_token(rig: Rig, provider: str, where: str) -> None:
     """httpx keeps every header but Authorization on a redirect to another origin: the API's own token header
@@ -162,7 +166,21 @@ async def test_http_follows_a_redirect_elsewhere_without_the_token(rig: Rig, pro
     assert [path for _, path, _, _ in rig.elsewhere.requests] == ["/landed"]
     assert not [value for _, value in rig.elsewhere.headers() if TOKEN in value]
     carried = {"bearer": ("authorization", f"Bearer {TOKEN}"), "shop": ("x-shop-token", TOKEN)}
-    assert carried.get(provider, ("x-api-key", TOKEN)) in rig.api.requests[0][2]
+    if provider != "in_query":
+        assert carried.get(provider, ("x-api-key", TOKEN)) in rig.api.requests[0][2]
+
+
+async def test_a_key_in_the_query_stays_out_of_the_request_lines_httpx_logs(
+    rig: Rig, captured_logs: pytest.LogCaptureFixture
+) -> None:
+    """httpx logs every request URL at INFO; the embedded connector logs through the host application's logging,
+    which may well be at INFO."""
+    captured_logs.set_level(logging.INFO, logger="httpx")
+    async with rig.deployment.connector.http(USER, "in_query") as api:
+        assert (await api.get("echo", params={"page": "2"})).status_code == 200
+    assert rig.api.requests[-1][1] == f"/api/echo?page=2&api_token={TOKEN}"
+    lines = [record.getMessage() for record in captured_logs.records if record.name == "httpx"]
+    assert [line for line in lines if "/api/echo" in line] and not [line for line in lines if TOKEN in line]
 
 
 async def test_the_agent_cannot_set_the_token_header_and_gets_no_token_back(rig: Rig) -> None:

@@ -14,6 +14,7 @@ straight to the pool, and goes through the client's `send` whenever a call or th
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import urllib.request
 from collections.abc import Collection, Mapping
@@ -74,6 +75,24 @@ class _ApiTransport(httpx.AsyncBaseTransport):
             await self._inner.aclose()
 
 
+class _RequestLinesWithoutQueries(logging.Filter):
+    """httpx logs each request's URL at INFO, after the auth flow wrote into it: a credential entry injected as a
+    query parameter (Pipedrive's api_token) would put a key in the host application's log. The query goes; the line
+    stays (as in the connector's own access log)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) > 1 and isinstance(args[1], httpx.URL) and args[1].query:
+            record.args = (args[0], args[1].copy_with(query=None), *args[2:])
+        return True
+
+
+def _httpx_request_lines_without_queries() -> None:
+    httpx_log = logging.getLogger("httpx")
+    if not any(isinstance(f, _RequestLinesWithoutQueries) for f in httpx_log.filters):
+        httpx_log.addFilter(_RequestLinesWithoutQueries())
+
+
 class _PooledClient(httpx.AsyncClient):
     """A provider's long-lived client (no auth, no redirects followed, no cookies kept, no event hooks) whose `send`
     hands the request straight to its pool: what `AsyncClient.send` would do with it, without the layers that do
@@ -129,6 +148,7 @@ class ProviderHttp:
 
     def __init__(self, settings: HttpSettings | None = None) -> None:
         self.settings = settings or HttpSettings()
+        _httpx_request_lines_without_queries()  # the embedded connector's logging is the host application's
         self._clients: dict[str, httpx.AsyncClient] = {}
         self._pools: dict[str, httpx.AsyncBaseTransport] = {}
         self.clients_created = 0  # pools opened since start (the benchmark reports it)
