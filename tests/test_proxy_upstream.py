@@ -244,13 +244,13 @@ async def test_answers_are_cut_at_the_size_and_time_limits(
         assert time.monotonic() - started < 1 + 2 + 3
 
 
-@pytest.mark.duration(6)
+@pytest.mark.duration(8)
 async def test_an_exchange_that_trickles_ends_at_proxy_max_seconds(
     deploy_with: Deploy, tmp_path: Path, connector_env: dict[str, str]
 ) -> None:
     """Each read and write within proxy_timeout_seconds, the whole past proxy_max_seconds: an API that sends its
-    status line a byte at a time, or an agent that uploads its body a byte at a time, holds a connection of the
-    provider's pool (shared by every tenant) no longer than proxy_max_seconds."""
+    status line (or a 401's body) a byte at a time, or an agent that uploads its body a byte at a time, holds a
+    connection of the provider's pool (shared by every tenant) no longer than proxy_max_seconds."""
     answering: set[asyncio.Task[object]] = set()
 
     async def trickling_api(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -259,11 +259,15 @@ async def test_an_exchange_that_trickles_ends_at_proxy_max_seconds(
             head = await reader.readuntil(b"\r\n\r\n")
             if head.startswith(b"POST"):
                 await reader.read()  # the body, until the connector closes the connection
-            for byte in b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-Padding: " + b"x" * 40:
+            refused = b"/refuse " in head  # a 401 (which the connector reads before it may refresh), then its body
+            if refused:
+                writer.write(b"HTTP/1.1 401 Unauthorized\r\nContent-Length: 40\r\n\r\n")
+            trickled = b"x" * 40 if refused else b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-Padding: " + b"x" * 40
+            for byte in trickled:
                 writer.write(bytes([byte]))
                 await writer.drain()
                 await asyncio.sleep(0.25)
-            writer.write(b"\r\n\r\nok")
+            writer.write(b"" if refused else b"\r\n\r\nok")
             await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
@@ -287,10 +291,11 @@ async def test_an_exchange_that_trickles_ends_at_proxy_max_seconds(
             key = await make_key(store)
             await seed_grant(store, connector_env["CONNECTOR_VAULT__KEYS"], USER, "bearer", TOKEN)
             rig = Rig(deployment, key, Received(), Received())
-            started = time.monotonic()
-            status_line = await rig.proxy("GET", "bearer/anything")
-            assert status_line.status_code == 504 and status_line.json()["error"]["code"] == "upstream_timeout"
-            assert time.monotonic() - started < 2 + 2
+            for path in ("bearer/anything", "bearer/refuse"):
+                started = time.monotonic()
+                trickling = await rig.proxy("GET", path)
+                assert trickling.status_code == 504 and trickling.json()["error"]["code"] == "upstream_timeout"
+                assert time.monotonic() - started < 2 + 2, path
             started = time.monotonic()
             answer = await trickled_upload(rig, "bearer/anything", seconds=8)
             assert answer.startswith(b"HTTP/1.1 504 "), answer

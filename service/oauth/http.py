@@ -199,9 +199,10 @@ class ProviderHttp:
         proxy relays the agent's request): no client default headers, no cookie jar, no redirect followed. The
         response streams: read or close it.
 
-        Sending the request and receiving the answer's headers end by `deadline` (the event loop's clock), else
-        TimeoutError: each read and write has its own timeout, but a peer that trickles (an upload, a status
-        line) would pass every one of them. What `auth` does in between (a refresh) is not cut short."""
+        Sending the request and receiving the answer's headers (and a 401's body, which the flow reads) end by
+        `deadline` (the event loop's clock), else TimeoutError: each read and write has its own timeout, but a peer
+        that trickles (an upload, a status line) would pass every one of them. What `auth` does in between (a
+        refresh) is not cut short."""
         self.client(name)
         pool = self._pools[name]
         flow = auth.async_auth_flow(request)
@@ -212,6 +213,9 @@ class ProviderHttp:
                     response = await pool.handle_async_request(request)
                 response.request = request
                 try:
+                    if response.status_code == 401:  # the flow reads it (before a refresh): within the deadline
+                        async with asyncio.timeout_at(deadline):
+                            await response.aread()
                     try:
                         request = await flow.asend(response)
                     except StopAsyncIteration:
