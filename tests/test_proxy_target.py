@@ -32,3 +32,15 @@ def test_a_long_target_is_built_but_not_kept() -> None:
     query = b"q=" + b"x" * proxy.TARGET_KEPT_MAX_CHARS
     url = target_url("https://api.one.test/v3", "search", query)
     assert url.raw_path.endswith(query) and proxy._target_url.cache_info().currsize == kept
+
+
+@pytest.mark.parametrize("base", ["https://api.one.test", "https://api.one.test/v3"])
+@pytest.mark.parametrize(
+    "path",
+    ["@evil.test/x", "%40evil.test", ":8443/x", "%3a8443/x", "[::1]/x", "https:evil.test", "%252e%252e/x", "..;/x"],
+)
+def test_a_path_never_changes_the_host_or_port(base: str, path: str) -> None:
+    """What looks like a userinfo, a port, an IPv6 literal or a scheme is a path segment under the base, sent as is."""
+    url = target_url(base, path, b"")
+    assert (url.scheme, url.host, url.port) == ("https", "api.one.test", None)
+    assert url.raw_path == (base.removeprefix("https://api.one.test") + "/" + path).encode()
