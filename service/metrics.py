@@ -35,6 +35,7 @@ class ProviderEndpoint(StrEnum):
     DISCOVERY = "discovery"
     TOKEN = "token"  # noqa: S105 - the code exchange at the token endpoint, not a secret
     REFRESH = "refresh"  # the token endpoint, for a refresh
+    MIGRATION = "migration"  # the token endpoint, for a legacy grant's token exchange (`legacy_token_exchange`)
     USERINFO = "userinfo"
     REVOCATION = "revocation"
     PAR = "par"  # the pushed authorization request endpoint (RFC 9126)
@@ -43,6 +44,7 @@ class ProviderEndpoint(StrEnum):
 
 class RefreshResult(StrEnum):
     REFRESHED = "refreshed"  # this process called the provider and stored the new set
+    MIGRATED = "migrated"  # a legacy grant's non-expiring token was exchanged for an expiring one and stored
     REUSED = "reused"  # another process or task had refreshed it first: its set was used
     NEEDS_USER = "needs_user"  # the provider refused the grant for good: marked needs_user (reason: why)
     UNAVAILABLE = "unavailable"  # the provider could not answer (5xx, 429, timeout, no connection): backing off

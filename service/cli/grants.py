@@ -1,5 +1,5 @@
-"""`acp-connector grants list|revoke`: users' grants as stored (metadata only: never a token), and revoking one as
-the console does (audited with the CLI's operator)."""
+"""`acp-connector grants list|revoke|migrate`: users' grants as stored (metadata only: never a token), revoking one
+as the console does (audited with the CLI's operator), and migrating legacy grants (`service.tokens.migration`)."""
 
 from __future__ import annotations
 
@@ -8,15 +8,17 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, TypeVar
 
 from ..core.paging import Page, Position
-from .framework import Commands, Invocation, UsageError
+from .framework import CliError, Commands, Invocation, UsageError
 
 if TYPE_CHECKING:
     from ..core.records import GrantRecord
+    from ..providers import ProviderCatalog
     from ..store import Store
 
 T = TypeVar("T")
 
 LIMIT = 1000
+MIGRATE_BATCH = 100
 
 
 def register(commands: Commands) -> None:
@@ -63,6 +65,29 @@ def register(commands: Commands) -> None:
     )
     revoke.add_argument("grant_id", metavar="GRANT_ID", help="the grant's id (from grants list)")
     revoke.add_argument("--json", action="store_true", help='{"grantId", "revoked": true|false}')
+    migrate = grants.command(
+        "migrate",
+        run_migrate,
+        help="migrate legacy grants (non-expiring tokens) to expiring tokens, ahead of the provider's deadline",
+        description=(
+            "Every grant that holds a non-expiring token and no refresh token, at a provider whose catalog entry\n"
+            "says how to migrate it (legacy_token_exchange: Shopify, whose non-expiring tokens stop working on\n"
+            "2027-01-01), is exchanged for an expiring token and a refresh token, with no user. A grant is also\n"
+            "migrated at its next use; this covers the grants nobody uses before the deadline. Grants are read\n"
+            "--batch-size at a time. Safe while replicas serve: each grant goes through the same locks as a use,\n"
+            "so a grant used meanwhile is exchanged once. Safe to interrupt (even kill) and run again: it carries\n"
+            "on with what is left. Exit code 1 naming a grant when some could not be migrated (the provider\n"
+            "refused it: the user must connect again; or it failed for now: run again later)."
+        ),
+        examples=["acp-connector grants migrate", "acp-connector grants migrate --provider shopify --batch-size 50"],
+    )
+    migrate.add_argument("--provider", metavar="NAME", help="only this provider's grants (default: every provider)")
+    migrate.add_argument(
+        "--batch-size", type=int, default=MIGRATE_BATCH, metavar="N", help=f"grants read at a time ({MIGRATE_BATCH})"
+    )
+    migrate.add_argument(
+        "--pause", type=float, default=0.0, metavar="SECONDS", help="wait between batches, to spare the provider"
+    )
 
 
 def run_list(invocation: Invocation) -> int:
@@ -119,6 +144,85 @@ def run_revoke(invocation: Invocation) -> int:
     else:
         invocation.out(f"revoked and deleted grant {grant_id}" if revoked else f"no grant {grant_id}: nothing done")
     return 0 if revoked else 1
+
+
+def run_migrate(invocation: Invocation) -> int:
+    import asyncio
+
+    from ..app import build_runtime
+    from ..tokens.migration import MigrationReport, migrate_legacy_grants
+
+    args = invocation.args
+    if args.batch_size < 1 or args.pause < 0:
+        raise UsageError("grants migrate: --batch-size must be at least 1 and --pause not negative")
+    settings = invocation.settings()
+
+    async def run() -> tuple[list[str], MigrationReport]:
+        runtime = build_runtime(settings)
+        try:
+            await runtime.store.check_schema()
+            names = _migratable(runtime.providers.catalog, args.provider)
+            providers = [await runtime.providers.resolve(name) for name in names]
+            report = await migrate_legacy_grants(
+                runtime.store,
+                runtime.tokens,
+                providers,
+                batch_size=args.batch_size,
+                pause=args.pause,
+                progress=lambda so_far: invocation.note(f"migrated {so_far.migrated} grants so far"),
+            )
+            await runtime.store.audit.record(
+                "grants_migrated",
+                detail={
+                    "providers": names,
+                    "migrated": report.migrated,
+                    "not_legacy": report.not_legacy,
+                    "needs_user": len(report.needs_user),
+                    "failed": len(report.failed),
+                    "unreadable": len(report.unreadable),
+                },
+            )
+            return names, report
+        finally:
+            await runtime.close()
+
+    names, report = asyncio.run(run())
+    invocation.note(
+        f"{report.migrated} legacy grants migrated at {', '.join(names) or 'no provider'}; "
+        f"{len(report.needs_user)} need the user, {len(report.failed)} failed for now, "
+        f"{len(report.unreadable)} do not decrypt"
+    )
+    if report.complete:
+        return 0
+    problems = [
+        f"{len(report.needs_user)} need the user (first: {report.needs_user[0]})" if report.needs_user else "",
+        f"{len(report.failed)} failed for now (first: {report.failed[0][0]}, {report.failed[0][1]})"
+        if report.failed
+        else "",
+        f"{len(report.unreadable)} do not decrypt (first: {report.unreadable[0]})" if report.unreadable else "",
+    ]
+    raise CliError(
+        "grants migrate: some legacy grants were not migrated: " + "; ".join(p for p in problems if p),
+        "those needing the user must connect again; run again later for the others (`grants list` shows each)",
+    )
+
+
+def _migratable(catalog: ProviderCatalog, only: str | None) -> list[str]:
+    """The configured providers whose entry migrates legacy grants (`legacy_token_exchange`), or `only`."""
+    if only is not None:
+        entry = catalog.get(only)  # UnknownProvider, naming the known ones
+        if entry.quirks.token_request.legacy_exchange is None:
+            raise UsageError(
+                f"grants migrate: provider {only!r} has no legacy_token_exchange in its catalog entry",
+                "only a provider that says how to migrate its non-expiring tokens can be migrated",
+            )
+        catalog.require_configured(only)
+        return [only]
+    return [
+        entry.name
+        for entry in catalog.entries()
+        if entry.quirks.token_request.legacy_exchange is not None and entry.configured
+    ]
 
 
 def _refusals(read: Callable[[], T]) -> T:

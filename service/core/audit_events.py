@@ -76,6 +76,15 @@ _EVENTS: dict[str, str] = {
         "Refreshing an access token failed (detail: the error code, the verdict: needs_user, unavailable or "
         "rejected, and for the last two the failures in a row and the backoff)."
     ),
+    "token_migrated": (
+        "A legacy grant's non-expiring access token was exchanged for an expiring one and a refresh token "
+        "(the provider's `legacy_token_exchange`), at its use or by `acp-connector grants migrate` (detail: the "
+        "grant)."
+    ),
+    "token_migration_failed": (
+        "Migrating a legacy grant's non-expiring token failed (detail: the error code, the verdict: needs_user, "
+        "unavailable or rejected, and for the last two the failures in a row and the backoff)."
+    ),
     "grant_needs_user": (
         "The provider refused a grant for good: it is kept, never refreshed again, and needs the user to authorize "
         "again (detail: the grant and the reason code: revoked, account_changed, key_rejected)."
@@ -86,6 +95,10 @@ _EVENTS: dict[str, str] = {
     "keys_rotated": (
         "Grants and webhook signing secrets were re-encrypted under the primary vault key "
         "(`acp-connector keys rotate`)."
+    ),
+    "grants_migrated": (
+        "`acp-connector grants migrate` ran over the legacy grants (detail: the providers, how many were "
+        "migrated, found migrated already, need the user, or failed for now)."
     ),
     "key_retired": "A vault key that no longer encrypts anything was retired (`acp-connector keys retire`).",
     "api_key_created": "An API key for the /v1 API was created (`acp-connector api-keys create`).",

@@ -353,6 +353,11 @@ class ProviderGateway:
                 raise
         return fresh
 
+    async def migrate_legacy(self, provider: ResolvedProvider, tokens: TokenSet, *, now: datetime) -> TokenSet:
+        """An expiring token and a refresh token for a legacy grant's token (`token.migrate_legacy`)."""
+        migrating = token.migrate_legacy(provider, self.http_client(provider), tokens, now=now.timestamp())
+        return await self._call(provider, ProviderEndpoint.MIGRATION, migrating)
+
     def dpop(self, tokens: TokenSet) -> Dpop | None:
         """What requests with `tokens` need for DPoP: their key (None for a Bearer token) and the nonces."""
         if tokens.dpop_key is None:

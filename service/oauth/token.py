@@ -10,7 +10,7 @@ import httpx
 
 from service.core.errors import ProviderError
 from service.core.records import OFFLINE_ACCESS, TokenSet
-from service.providers.quirks import resolve_pointer
+from service.providers.quirks import TOKEN_EXCHANGE_GRANT, RequestEncoding, resolve_pointer
 
 from .dpop import Dpop
 from .endpoint import post_form
@@ -120,11 +120,15 @@ def token_set(raw: Any, entry: ResolvedProvider, *, now: float) -> TokenSet:
 
 
 async def _token_request(
-    entry: ResolvedProvider, http: httpx.AsyncClient, form: dict[str, str], action: str, dpop: Dpop | None
+    entry: ResolvedProvider,
+    http: httpx.AsyncClient,
+    form: dict[str, str],
+    action: str,
+    dpop: Dpop | None,
+    encoding: RequestEncoding | None = None,
 ) -> Any:
-    _, body = await post_form(
-        entry, http, entry.token_endpoint, form, action, encoding=entry.quirks.token_request.encoding, dpop=dpop
-    )
+    encoding = encoding or entry.quirks.token_request.encoding
+    _, body = await post_form(entry, http, entry.token_endpoint, form, action, encoding=encoding, dpop=dpop)
     return body
 
 
@@ -179,6 +183,47 @@ async def refresh(
         refresh_token=fresh.refresh_token or token.refresh_token,
         connection={**token.connection, **fresh.connection},
     )
+    if fresh.scopes is None:
+        return replace(fresh, scopes=token.scopes)
+    return with_granted_names(fresh, entry)
+
+
+def is_legacy(entry: ResolvedProvider, token: TokenSet) -> bool:
+    """Whether `token` is a legacy grant's set the provider can migrate (its entry's `legacy_token_exchange`): a
+    non-expiring access token and no refresh token."""
+    return (
+        entry.quirks.token_request.legacy_exchange is not None
+        and token.refresh_token is None
+        and token.expires_at is None
+        and not token.credential
+    )
+
+
+async def migrate_legacy(
+    entry: ResolvedProvider, http: httpx.AsyncClient, token: TokenSet, *, now: float, dpop: Dpop | None = None
+) -> TokenSet:
+    """An expiring token and a refresh token for a legacy grant's non-expiring `token` (RFC 8693 token exchange,
+    the access token as the subject token, as the entry's `legacy_token_exchange` says). The answer must carry a
+    refresh token and an expiry: a grant migrated to another non-expiring token would be migrated again at every
+    use. The connection's values and, when the answer names none, the scopes carry over."""
+    spec = entry.quirks.token_request.legacy_exchange
+    if spec is None or not is_legacy(entry, token):
+        raise ProviderError(f"the {entry.display_name} grant cannot be migrated", code="not_migratable")
+    form = {
+        "grant_type": TOKEN_EXCHANGE_GRANT,
+        "subject_token": token.access_token,
+        "subject_token_type": spec.subject_token_type,
+    }
+    if spec.requested_token_type is not None:
+        form["requested_token_type"] = spec.requested_token_type
+    form.update(spec.params)
+    body = await _token_request(entry, http, form, "token migration", dpop, spec.encoding)
+    fresh = _bound(token_set(body, entry, now=now), dpop)
+    if fresh.refresh_token is None:
+        raise _token_error(entry, "to a token migration has no refresh token", "refresh_token")
+    if fresh.expires_at is None:
+        raise _token_error(entry, "to a token migration has no expiry", "expires")
+    fresh = replace(fresh, connection={**token.connection, **fresh.connection})
     if fresh.scopes is None:
         return replace(fresh, scopes=token.scopes)
     return with_granted_names(fresh, entry)

@@ -36,6 +36,15 @@ def _token_quirks(request: TokenRequest, shape: TokenResponseShape) -> list[str]
         "rotating": "refresh tokens rotate: each refresh must give a new one (single-use)",
     }
     lines.append(refresh[request.refresh_tokens])
+    legacy = request.legacy_exchange
+    if legacy is not None:
+        asked = f", asking {legacy.requested_token_type}" if legacy.requested_token_type else ""
+        adds = "".join(f", adds {k}={v}" for k, v in legacy.params.items())
+        lines.append(
+            "a grant stored with a non-expiring token and no refresh token is migrated by token exchange "
+            f"(RFC 8693, {legacy.encoding}: the token as {legacy.subject_token_type}{asked}{adds}) at its next use "
+            "or by `acp-connector grants migrate`"
+        )
     moved = shape.members()
     if moved:
         lines.append("token response: " + ", ".join(f"{k} at {v}" for k, v in moved.items()))

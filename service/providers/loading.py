@@ -116,9 +116,15 @@ def _from_env_text(key: str, text: str) -> Any:
         if text.startswith("["):
             return _json_value(text, "a JSON list of strings")
         return [part for part in text.replace(",", " ").split() if part]
-    if isinstance(default, dict | BaseModel):
+    if isinstance(default, dict | BaseModel) or _is_table(field_info):
         return _json_value(text, 'a JSON object, e.g. {"prompt": "consent"}')
     return text
+
+
+def _is_table(field_info: Any) -> bool:
+    """Whether a catalog key is an optional sub-table (`legacy_token_exchange`): unset by default."""
+    annotation = getattr(field_info, "annotation", None)
+    return any(isinstance(arg, type) and issubclass(arg, BaseModel) for arg in getattr(annotation, "__args__", ()))
 
 
 def _json_value(text: str, expected: str) -> Any:
@@ -282,6 +288,11 @@ def _check_consistency(values: dict[str, Any], table: ProviderTable, source: _So
             for needed in ("issuer", "jwks_uri"):
                 if not values.get(needed):
                     raise source.error(needed, "is required for an OpenID Connect provider (oidc = true)")
+    if table.legacy_token_exchange is not None and table.refresh_tokens == "none":
+        raise source.error(
+            "legacy_token_exchange",
+            'migrates a grant to an expiring token and a refresh token: refresh_tokens = "none" contradicts it',
+        )
     for key in ("extra_authorize_params", "extra_token_params", "extra_refresh_params"):
         reserved = _RESERVED_PARAMS.intersection(getattr(table, key))
         if reserved:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, StrictBool, StrictStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, field_validator
 
 RequestEncoding = Literal["form", "json"]
 ExpiryForm = Literal["seconds", "milliseconds", "epoch_seconds", "never"]
@@ -101,14 +101,60 @@ class TokenResponseShape(_Table):
         }
 
 
+# RFC 8693 §2.1: the grant type of a token exchange, and the parameters the connector sets itself on one.
+TOKEN_EXCHANGE_GRANT = "urn:ietf:params:oauth:grant-type:token-exchange"
+_EXCHANGE_RESERVED = frozenset(
+    {
+        "grant_type",
+        "subject_token",
+        "subject_token_type",
+        "requested_token_type",
+        "actor_token",
+        "actor_token_type",
+        "client_id",
+        "client_secret",
+        "client_assertion",
+        "client_assertion_type",
+        "refresh_token",
+        "code",
+    }
+)
+
+
+_TOKEN_TYPE = r"^[\x21-\x7e]+$"  # a token type is a URI (RFC 8693 §3): printable, no spaces
+
+
+class LegacyTokenExchange(_Table):
+    """`legacy_token_exchange = {...}`: how a grant stored with a non-expiring access token and no refresh token is
+    migrated, with no user, to an expiring token and a refresh token: an RFC 8693 token exchange at the token
+    endpoint, the stored access token as the subject token (Shopify's migration to expiring offline tokens)."""
+
+    subject_token_type: StrictStr = Field(min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$")
+    requested_token_type: StrictStr | None = Field(
+        default=None, min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$"
+    )
+    encoding: RequestEncoding = "form"  # RFC 8693 §2.1 is a form; a provider's own library may send JSON
+    params: dict[StrictStr, StrictStr] = {}  # extra parameters of the exchange (Shopify's expiring = "1")
+
+    @field_validator("params")
+    @classmethod
+    def _not_reserved(cls, value: dict[str, str]) -> dict[str, str]:
+        reserved = _EXCHANGE_RESERVED.intersection(value)
+        if reserved:
+            raise ValueError(f"may not set {', '.join(sorted(reserved))}: the connector sets those itself")
+        return value
+
+
 @dataclass(frozen=True, slots=True)
 class TokenRequest:
-    """How the token endpoint is called: the body's encoding and extra parameters of the code exchange and refresh."""
+    """How the token endpoint is called: the body's encoding and extra parameters of the code exchange and refresh,
+    and how a legacy grant (a non-expiring token, no refresh token) is migrated, when the provider has a way."""
 
     encoding: RequestEncoding = "form"
     exchange_params: Mapping[str, str] = field(default_factory=dict)
     refresh_params: Mapping[str, str] = field(default_factory=dict)
     refresh_tokens: RefreshTokens = "reusable"
+    legacy_exchange: LegacyTokenExchange | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "exchange_params", MappingProxyType(dict(self.exchange_params)))

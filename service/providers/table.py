@@ -12,6 +12,7 @@ from .quirks import (
     AccountSource,
     ApiAuth,
     ConnectionValue,
+    LegacyTokenExchange,
     Quirks,
     RefreshTokens,
     RequestEncoding,
@@ -92,6 +93,7 @@ class ProviderTable(_Strict):
     extra_refresh_params: dict[StrictStr, StrictStr] = Field(default_factory=dict)
     token_request_encoding: RequestEncoding = "form"
     refresh_tokens: RefreshTokens = "reusable"
+    legacy_token_exchange: LegacyTokenExchange | None = None
     scope_aliases: dict[StrictStr, StrictStr] = Field(default_factory=dict)
     scope_descriptions: dict[StrictStr, ScopeDescription] = Field(default_factory=dict)
     token_endpoint_auth_method: TokenEndpointAuthMethod | None = None
@@ -115,6 +117,7 @@ class ProviderTable(_Strict):
                 exchange_params=self.extra_token_params,
                 refresh_params=self.extra_refresh_params,
                 refresh_tokens=self.refresh_tokens,
+                legacy_exchange=self.legacy_token_exchange,
             ),
             token_response=self.token_response
             if self.dead_refresh_token_errors is None
@@ -146,6 +149,7 @@ QUIRK_KEYS = frozenset(
         "extra_refresh_params",
         "token_request_encoding",
         "refresh_tokens",
+        "legacy_token_exchange",
         "token_response",
         "revocation",
         "connection",
@@ -164,4 +168,5 @@ OAUTH_ONLY_KEYS = (
     "issuer",
     "jwks_uri",
     "default_scopes",
+    "legacy_token_exchange",
 )

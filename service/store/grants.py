@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Collection
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -18,6 +18,7 @@ from service.core.identity import Identity
 from service.core.records import GrantRecord
 
 from .engine import Database, begun, dump_json
+from .file_locks import FileLocks
 from .grant_pages import listing
 from .grant_rows import from_row as _from_row
 from .grant_rows import to_row as _to_row
@@ -26,6 +27,7 @@ from .tables import grants
 
 # How long a replica waits for another one's refresh of the same grant (longer than a provider call may take).
 REFRESH_LOCK_TIMEOUT = "30s"
+REFRESH_LOCK_SECONDS = 30.0  # the same, for SQLite's file locks
 LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL's SQLSTATE when lock_timeout ran out
 
 # One grant per tenant, user, provider and provider account (migration 0015: the tenant joined the key).
@@ -72,6 +74,9 @@ _FIND_IN = _FIND.where(grants.c.tenant.in_(bindparam("tenants", expanding=True))
 class GrantRepository:
     def __init__(self, db: Database) -> None:
         self._db = db
+        self._file_locks: FileLocks | None = None
+        if db.dialect == "sqlite":
+            self._file_locks = FileLocks.beside(db.url.database, REFRESH_LOCK_SECONDS)
 
     @property
     def db(self) -> Database:
@@ -144,12 +149,23 @@ class GrantRepository:
 
         On PostgreSQL the row is locked (`SELECT … FOR UPDATE`) in a transaction that lasts the block: another
         replica refreshing the same grant waits, then reads what this one stored. `LockedGrant.update_tokens`
-        writes in that transaction, so the new set is committed before the lock is released. SQLite serves one
-        process, whose own lock (tokens.py) is the single flight: nothing is held open across the provider call.
+        writes in that transaction, so the new set is committed before the lock is released. On SQLite nothing is
+        held open across the provider call: the process's own lock (tokens.py) is the single flight within it, and
+        a file lock beside the database (`file_locks`) across the processes sharing the file (a command run beside
+        the serving one).
         """
         if self._db.dialect != "postgresql":
-            found = await self.get(id)
-            yield None if found is None else LockedGrant(found, self, None)
+            if self._file_locks is None:
+                found = await self.get(id)
+                yield None if found is None else LockedGrant(found, self, None)
+                return
+            async with AsyncExitStack() as held:
+                try:
+                    await held.enter_async_context(self._file_locks.hold(id))
+                except TimeoutError:
+                    raise _refresh_busy() from None
+                found = await self.get(id)
+                yield None if found is None else LockedGrant(found, self, None)
             return
         async with begun(self._db.writer) as conn:
             await conn.execute(text(f"SET LOCAL lock_timeout = '{REFRESH_LOCK_TIMEOUT}'"))
@@ -159,9 +175,7 @@ class GrantRepository:
             except DBAPIError as exc:
                 if getattr(exc.orig, "sqlstate", None) != LOCK_NOT_AVAILABLE:
                     raise
-                raise ConnectorError(
-                    "another replica's refresh of this grant is taking too long; try again", code="refresh_busy"
-                ) from None
+                raise _refresh_busy() from None
             yield None if row is None else LockedGrant(_from_row(row), self, conn)
 
     async def update_tokens(
@@ -260,6 +274,25 @@ class GrantRepository:
             rows = (await c.execute(statement)).mappings().all()
         return [_from_row(row) for row in rows]
 
+    async def without_expiry(
+        self, providers: Collection[str], *, after: str = "", limit: int, conn: AsyncConnection | None = None
+    ) -> list[GrantRecord]:
+        """Up to `limit` grants at one of `providers` whose access token has no stored expiry (those a legacy token
+        migration looks at, `grants migrate`), by id, ids after `after`."""
+        statement = (
+            select(grants)
+            .where(
+                grants.c.provider.in_(sorted(providers)),
+                grants.c.token_expires_at.is_(None),
+                grants.c.id > after,
+            )
+            .order_by(grants.c.id)
+            .limit(limit)
+        )
+        async with self._db.read(conn) as c:
+            rows = (await c.execute(statement)).mappings().all()
+        return [_from_row(row) for row in rows]
+
     async def swap_ciphertext(
         self,
         id: str,
@@ -287,6 +320,10 @@ class GrantRepository:
         async with self._db.write(conn) as c:
             result = await c.execute(delete(grants).where(grants.c.id == id))
         return result.rowcount > 0
+
+
+def _refresh_busy() -> ConnectorError:
+    return ConnectorError("another replica's refresh of this grant is taking too long; try again", code="refresh_busy")
 
 
 @dataclass

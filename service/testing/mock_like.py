@@ -28,6 +28,7 @@ from service.providers.loading import build_entry
 from service.providers.quirks import fill
 
 from .mock_http import MockRequest, MockResponse, first_values
+from .mock_legacy import TOKEN_EXCHANGE, LegacyTokens
 from .mock_oidc import MockOIDCProvider
 from .mock_provider import MockOAuthProvider
 from .mock_shapes import Route, account_document, mock_url, path_pattern, shaped_error, shaped_token_answer
@@ -80,6 +81,11 @@ class EmulatedProvider(MockOIDCProvider):
         }
         if entry.quirks.token_response.expires_form == "never":
             settings["expires_in"] = None
+        legacy = entry.quirks.token_request.legacy_exchange
+        if legacy is not None:  # its legacy tokens are migrated as the entry says
+            settings["legacy"] = LegacyTokens(
+                legacy.subject_token_type, legacy.requested_token_type, dict(legacy.params)
+            )
         return cls(name=name, table=table, **{**settings, **fields})
 
     @functools.cached_property
@@ -206,13 +212,19 @@ class EmulatedProvider(MockOIDCProvider):
         return None
 
     def _token_form(self, entry: ProviderEntry, request: MockRequest) -> dict[str, str] | str:
-        """The token request's parameters, or why they are refused (encoding, extra parameters)."""
+        """The token request's parameters, or why they are refused (encoding, extra parameters); a legacy token's
+        exchange is encoded as the entry's `legacy_token_exchange` says, its parameters checked by `mock_legacy`."""
         is_json = request.header("content-type").startswith("application/json")
-        if is_json != (entry.quirks.token_request.encoding == "json"):
-            return f"the token request must be {entry.quirks.token_request.encoding}-encoded"
-        form = {k: str(v) for k, v in json.loads(request.body or b"{}").items()} if is_json else request.form()
+        form = request.params()
         grant_type = form.get("grant_type")
         extra = entry.quirks.token_request
+        encoding = extra.encoding
+        if grant_type == TOKEN_EXCHANGE and extra.legacy_exchange is not None:
+            encoding = extra.legacy_exchange.encoding
+        if is_json != (encoding == "json"):
+            return f"the token request must be {encoding}-encoded"
+        if grant_type == TOKEN_EXCHANGE:
+            return form
         wanted = extra.exchange_params if grant_type == "authorization_code" else extra.refresh_params
         for key, value in wanted.items():
             if form.get(key) != value:
@@ -233,8 +245,11 @@ class EmulatedProvider(MockOIDCProvider):
         method = self._client_auth(request, form)
         if method is not None and entry.token_endpoint_auth_method not in (None, method):
             return MockResponse.json(401, {"error": "invalid_client", "error_description": f"{method} is refused"})
-        plain = MockRequest("POST", "/token", {}, request.headers, urlencode(form).encode())
+        headers = {**request.headers, "content-type": "application/x-www-form-urlencoded"}
+        plain = MockRequest("POST", "/token", {}, headers, urlencode(form).encode())
         answer = (MockOIDCProvider._token if entry.oidc else MockOAuthProvider._token)(self, plain)
+        if answer.headers.get("content-type") != "application/json":
+            return answer  # an outage's page (`token_outages`), passed on as it is
         body = json.loads(answer.body)
         if answer.status != 200:
             return self._token_error(entry, form.get("grant_type", ""), str(body.get("error")), answer.status)
@@ -260,7 +275,7 @@ class EmulatedProvider(MockOIDCProvider):
         """The access token an API call carries in the entry's header, if this mock issued it and it is live."""
         auth = self.entry.quirks.api_auth
         header = request.header(auth.header)
-        if not header.startswith(auth.prefix) or header[len(auth.prefix) :] not in self._access:
+        if not header.startswith(auth.prefix) or not self.api_accepts(header[len(auth.prefix) :]):
             return None
         return header[len(auth.prefix) :]
 

@@ -141,7 +141,7 @@ class MockOIDCProvider(MockOAuthProvider):
         return answer
 
     def _token(self, request: MockRequest) -> MockResponse:
-        grant_type = request.form().get("grant_type")
+        grant_type = request.params().get("grant_type")
         answer = super()._token(request)
         if answer.status != 200 or (grant_type == "refresh_token" and not self.id_token_on_refresh):
             return answer

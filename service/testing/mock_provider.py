@@ -10,12 +10,7 @@ fails), `offline_access` is dropped without `prompt=consent` and refresh tokens 
 `narrow_scopes` are refused at consent (a narrowed grant), access tokens live 30 seconds, and its client secret
 contains `+/=:`. `MockOIDCProvider.strict()` also returns an ID token on refresh.
 
-The endpoint logic works on plain `MockRequest` / `MockResponse` values (`mock_http`); two adapters
-(`mock_serving`) put it on a transport:
-
-- `install(router)`: in-process, through a respx router (httpx calls never leave the process);
-- `asgi_app()` / `serve_http()` / `serve_forever()`: a Starlette app served by uvicorn on loopback, reachable from
-  other processes (e.g. an agent spawned over stdio). `acp-connector mock-provider --port N` runs it standalone.
+`issue_legacy_token()` hands out a legacy grant's token, migrated by a token exchange (`mock_legacy`).
 """
 
 from __future__ import annotations
@@ -27,7 +22,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Self
 from urllib.parse import parse_qs, unquote_plus, urlsplit
 
+from .mock_grants import _Grant, _IssuedCode
 from .mock_http import MockRequest, MockResponse, s256
+from .mock_legacy import TOKEN_EXCHANGE, LegacyTokens, MockLegacy
 from .mock_serving import MockServing
 from .sign_in import SignInPages
 from .sign_in import page as sign_in_page
@@ -37,29 +34,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class _IssuedCode:
-    client_id: str
-    redirect_uri: str
-    scope: str  # as granted
-    code_challenge: str | None
-    nonce: str | None = None
-    account: dict[str, Any] | None = None  # whom the user signed in as (None: the provider's `account`)
-    used: bool = False
-
-
-@dataclass
-class _Grant:
-    """What one authorization granted; every token issued for it (and its refreshes) belongs to it."""
-
-    scope: str
-    nonce: str | None
-    refreshable: bool
-    account: dict[str, Any] | None = None
-    tokens: set[str] = field(default_factory=set)
-
-
-@dataclass
-class MockOAuthProvider(MockServing):
+class MockOAuthProvider(MockServing, MockLegacy):
     """A provider at `base_url` that issues real-looking, random tokens and validates every step."""
 
     base_url: str = "https://oauth.mock-provider.test"
@@ -79,11 +54,14 @@ class MockOAuthProvider(MockServing):
     # off, consent is given at once (fast tests). `users` are the accounts to choose from besides `account`.
     sign_in_page: bool = False
     users: list[dict[str, Any]] = field(default_factory=list)
-    # Over HTTP: seconds a refresh answer takes to leave, after the refresh token was already rotated.
+    # Over HTTP: seconds a refresh (or token exchange) answer takes to leave, after the refresh token was already
+    # rotated (the legacy token already exchanged).
     refresh_delay: float = 0.0
-    # Refreshes whose answer is lost after the rotation: the client's call times out (respx: at once; over
-    # HTTP: after the client's own timeout), and the refresh token it sent is dead.
+    # Refreshes (and token exchanges) whose answer is lost after the rotation: the client's call times out (respx:
+    # at once; over HTTP: after the client's own timeout), and the refresh token (legacy token) it sent is dead.
     lose_refresh_answers: int = 0
+    # Legacy grants (Shopify's non-expiring tokens) and their migration by token exchange (`mock_legacy`).
+    legacy: LegacyTokens = field(default_factory=LegacyTokens)
     # Strictness (all on in `strict()`):
     form_encoded_basic: bool = False  # Basic credentials are form-decoded only (else raw is accepted too)
     offline_access_needs_consent: bool = False  # offline_access is dropped unless prompt includes consent
@@ -200,9 +178,9 @@ class MockOAuthProvider(MockServing):
 
     def _answer_lost(self, request: MockRequest, answer: MockResponse) -> bool:
         """Whether to drop this answer (a successful refresh, while `lose_refresh_answers` lasts)."""
-        if self.lose_refresh_answers <= 0 or request.path != "/token" or answer.status != 200:
+        if self.lose_refresh_answers <= 0 or answer.status != 200:  # (the token endpoint's path: any emulated one)
             return False
-        if request.form().get("grant_type") != "refresh_token":
+        if request.params().get("grant_type") not in ("refresh_token", TOKEN_EXCHANGE):
             return False
         self.lose_refresh_answers -= 1
         return True
@@ -288,7 +266,7 @@ class MockOAuthProvider(MockServing):
         return None
 
     def _token(self, request: MockRequest) -> MockResponse:
-        form = request.form()
+        form = request.params()
         method = self._client_auth(request, form)
         self.token_requests.append({"grant_type": form.get("grant_type", ""), "client_auth": method or "failed"})
         if method is None:
@@ -325,9 +303,13 @@ class MockOAuthProvider(MockServing):
                 return MockResponse.json(200, self._issue(self._grants[old], with_scope=False, refresh=False))
             self._refresh.discard(old)  # rotation: the old refresh token dies
             return MockResponse.json(200, self._issue(self._grants[old], with_scope=False))
+        if grant_type == TOKEN_EXCHANGE:
+            return self._exchange(form)
         return MockResponse.json(400, {"error": "unsupported_grant_type"})
 
-    def _issue(self, grant: _Grant, *, with_scope: bool, refresh: bool = True) -> dict[str, Any]:
+    def _issue(
+        self, grant: _Grant, *, with_scope: bool, refresh: bool = True, expires_in: int | None = None
+    ) -> dict[str, Any]:
         access = "mock_at_" + secrets.token_urlsafe(24)
         self.issued_access_tokens.append(access)
         self._access.add(access)
@@ -336,8 +318,8 @@ class MockOAuthProvider(MockServing):
         body: dict[str, Any] = {"access_token": access, "token_type": "bearer"}
         if with_scope:
             body["scope"] = ",".join(grant.scope.split()) if self.comma_scopes else grant.scope
-        if self.expires_in is not None:
-            body["expires_in"] = self.expires_in
+        if (expires_in or self.expires_in) is not None:
+            body["expires_in"] = expires_in or self.expires_in
         if grant.refreshable and refresh:
             refresh_token = "mock_rt_" + secrets.token_urlsafe(24)
             self.issued_refresh_tokens.append(refresh_token)
@@ -363,7 +345,7 @@ class MockOAuthProvider(MockServing):
 
     def _bearer_ok(self, request: MockRequest) -> bool:
         header = request.header("authorization")
-        return header.lower().startswith("bearer ") and header[7:] in self._access
+        return header.lower().startswith("bearer ") and self.api_accepts(header[7:])
 
     def _user(self, request: MockRequest) -> MockResponse:
         self.api_calls.append(self._api_path(request))

@@ -24,6 +24,10 @@ if TYPE_CHECKING:
     from starlette.responses import Response
 
 
+# Token requests whose answer leaves `refresh_delay` late: a refresh, a legacy token's exchange (RFC 8693).
+_DELAYED_GRANTS = ("refresh_token", "urn:ietf:params:oauth:grant-type:token-exchange")
+
+
 class MockServing:
     base_url: str
     refresh_delay: float
@@ -88,8 +92,8 @@ class MockServing:
             answer = self.handle(mock_request)
             if self._answer_lost(mock_request, answer):
                 await asyncio.Event().wait()  # never answer: the client's timeout ends the call
-            if self.refresh_delay and mock_request.path == "/token":
-                if mock_request.form().get("grant_type") == "refresh_token":
+            if self.refresh_delay and answer.status == 200:
+                if mock_request.params().get("grant_type") in _DELAYED_GRANTS:
                     await asyncio.sleep(self.refresh_delay)
             if self.response_delay:
                 await asyncio.sleep(self.response_delay)

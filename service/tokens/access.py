@@ -22,6 +22,7 @@ from service.core.records import GrantRecord, TokenSet
 from service.metrics import Metrics, RefreshResult
 from service.oauth import ProviderGateway, ResolvedProvider
 from service.oauth.dpop import Dpop
+from service.oauth.token import is_legacy
 from service.store import Store
 from service.util.bounded import Bounded
 from service.util.locks import KeyedLocks
@@ -190,13 +191,18 @@ class TokenAccess:
     def _due(self, tokens: TokenSet, ahead: float = 0.0) -> bool:
         return tokens.expires_within(max(refresh_margin(tokens), ahead), now=self.now().timestamp())
 
-    def _must_refresh(self, tokens: TokenSet, stale: str | None, ahead: float = 0.0) -> bool:
-        """Whether `tokens` must be refreshed before use: due (or expiring within `ahead` seconds), or its access
-        token is the one just rejected."""
-        return (stale is not None and tokens.access_token == stale) or self._due(tokens, ahead)
+    def _must_refresh(
+        self, tokens: TokenSet, provider: ResolvedProvider, stale: str | None, ahead: float = 0.0
+    ) -> bool:
+        """Whether `tokens` must be renewed before use: due (or expiring within `ahead` seconds), its access token is
+        the one just rejected, or it is a legacy grant's non-expiring token the provider migrates."""
+        if stale is not None and tokens.access_token == stale:
+            return True
+        return self._due(tokens, ahead) or is_legacy(provider, tokens)
 
     async def access_token(self, grant_id: str, provider: ResolvedProvider, *, stale: str | None = None) -> str:
-        """A usable access token; refreshes when due, or when the caller saw `stale` rejected."""
+        """A usable access token; refreshes when due, or when the caller saw `stale` rejected; a legacy grant (a
+        non-expiring token its provider migrates, `legacy_token_exchange`) is migrated first."""
         self._used[grant_id] = (self.now().timestamp(), provider.name)
         self._used.move_to_end(grant_id)  # the least recently used go first
         return await self._token(grant_id, provider, stale, 0.0)
@@ -218,13 +224,21 @@ class TokenAccess:
         refresh on use: across replicas one refresh reaches the provider). Not a use of the grant."""
         await self._token(grant_id, provider, None, ahead)
 
-    async def _token(self, grant_id: str, provider: ResolvedProvider, stale: str | None, ahead: float) -> str:
+    async def migrate(self, grant_id: str, provider: ResolvedProvider) -> None:
+        """Migrate a legacy grant now if it still is one (`grants migrate`), through the locks a use takes: a grant
+        used meanwhile, on any replica, is exchanged once. Not a use. Raises what a use would (GrantNeedsUser,
+        ProviderError: a transient failure is not hidden behind the old token here)."""
+        await self._token(grant_id, provider, None, 0.0, fallback=False)
+
+    async def _token(
+        self, grant_id: str, provider: ResolvedProvider, stale: str | None, ahead: float, *, fallback: bool = True
+    ) -> str:
         cached = self._tokens.get(grant_id)
-        if cached is not None and not self._must_refresh(cached, stale, ahead):
+        if cached is not None and not self._must_refresh(cached, provider, stale, ahead):
             return cached.access_token
         async with self._locks.hold(grant_id):
             cached = self._tokens.get(grant_id)  # another task here may have refreshed it meanwhile
-            if cached is not None and not self._must_refresh(cached, stale, ahead):
+            if cached is not None and not self._must_refresh(cached, provider, stale, ahead):
                 return cached.access_token
             if cached is None:  # the first use in this process (or since the grant changed): the stored set may do
                 grant = await self.store.grants.get(grant_id)
@@ -233,12 +247,15 @@ class TokenAccess:
                 if grant.health.needs_user:  # never refreshed again, nor used, until the user authorizes anew
                     raise needs_user_error(grant, provider.display_name, grant.health.reason)
                 cached = self._tokens[grant_id] = self.decrypt(grant)
-                if not self._must_refresh(cached, stale, ahead):
+                if not self._must_refresh(cached, provider, stale, ahead):
                     return cached.access_token
-            return await self._refresh(grant_id, provider, stale, ahead)
+            return await self._refresh(grant_id, provider, stale, ahead, fallback)
 
-    async def _refresh(self, grant_id: str, provider: ResolvedProvider, stale: str | None, ahead: float) -> str:
-        """Refresh under the grant's lock (one replica at a time), unless what is stored by then will do.
+    async def _refresh(
+        self, grant_id: str, provider: ResolvedProvider, stale: str | None, ahead: float, fallback: bool
+    ) -> str:
+        """Refresh (or migrate a legacy grant) under the grant's lock (one replica at a time), unless what is stored
+        by then will do.
 
         The set read once the lock is held is the newest: a replica that refreshed first stored its result (with
         a rotated refresh token) before it released the lock, and so does this one. A failed or timed-out
@@ -252,22 +269,26 @@ class TokenAccess:
             if grant.health.needs_user:
                 self._tokens.pop(grant_id, None)
                 raise needs_user_error(grant, provider.display_name, grant.health.reason)
-            if not self._must_refresh(tokens, stale, ahead):
+            if not self._must_refresh(tokens, provider, stale, ahead):
                 self.metrics.refresh(grant.provider, RefreshResult.REUSED)  # another replica refreshed first
                 self._tokens[grant_id] = tokens
                 return tokens.access_token
-            if tokens.refresh_token is None:
+            bound = provider.bound(tokens.connection) if tokens.connection else provider
+            if is_legacy(provider, tokens):
+                result = await self.refresher.migrate(locked, tokens, bound)
+            elif tokens.refresh_token is None:
                 self._tokens[grant_id] = tokens
                 if stale is not None:
                     raise NotAuthorized(f"the {provider.display_name} token was rejected and cannot be refreshed")
                 return tokens.access_token
-            bound = provider.bound(tokens.connection) if tokens.connection else provider
-            result = await self.refresher.attempt(locked, tokens, bound)
-        return self._settle(grant_id, tokens, result, stale)
+            else:
+                result = await self.refresher.attempt(locked, tokens, bound)
+        return self._settle(grant_id, tokens, result, stale, fallback)
 
-    def _settle(self, grant_id: str, before: TokenSet, result: Refreshed, stale: str | None) -> str:
+    def _settle(self, grant_id: str, before: TokenSet, result: Refreshed, stale: str | None, fallback: bool) -> str:
         """After the lock's commit: publish what changed, then answer. A transient failure still answers with the
-        token it had when that one has not expired and was not just rejected (it is only due for refresh)."""
+        token it had when that one has not expired and was not just rejected (it is only due for refresh, or a
+        legacy token still waiting for its migration), unless `fallback` is off."""
         for event in result.published:
             self.events.publish(event)
         if result.tokens is not None:
@@ -277,7 +298,7 @@ class TokenAccess:
         if isinstance(result.error, NotAuthorized):
             self._tokens.pop(grant_id, None)
             raise result.error
-        usable = stale != before.access_token and not before.expires_within(0, now=self.now().timestamp())
+        usable = fallback and stale != before.access_token and not before.expires_within(0, now=self.now().timestamp())
         if usable:
             return before.access_token
         raise result.error

@@ -55,3 +55,12 @@ def classify(exc: ProviderError, provider: ResolvedProvider) -> Verdict:
     if exc.status is None:
         return Verdict(Kind.UNAVAILABLE, "timeout" if exc.timed_out else "connection")
     return Verdict(Kind.REJECTED, "oauth_error" if exc.error is not None else "bad_answer")
+
+
+def classify_migration(exc: ProviderError, provider: ResolvedProvider) -> Verdict:
+    """The verdict on a legacy grant's migration (token exchange) that raised `exc`: as a refresh's, and a 401 that
+    names an OAuth error other than `invalid_client` refused the subject token itself (the grant is dead). A bare
+    401, or `invalid_client`, may be our own client's fault: it backs off, never marking every grant needs_user."""
+    if isinstance(exc, EndpointError) and exc.status == 401 and exc.error not in (None, "invalid_client"):
+        return Verdict(Kind.NEEDS_USER, HealthReason.REVOKED.value)
+    return classify(exc, provider)

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 from service.core.errors import GrantNeedsUser, NotAuthorized, ProviderError, ProviderUnavailable
 from service.core.events import Event, GrantChange, GrantChanged, GrantEvent, GrantEventKind
@@ -30,7 +30,7 @@ from service.store import Store
 from service.store.grants import LockedGrant
 from service.vault import Vault
 
-from .classify import Kind, Verdict, classify
+from .classify import Kind, Verdict, classify, classify_migration
 
 log = logging.getLogger("service.tokens")
 
@@ -53,6 +53,22 @@ class Refreshed:
     tokens: TokenSet | None = None
     error: NotAuthorized | ProviderError | None = None
     published: list[GrantChanged | GrantEvent] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Renewal:
+    """What a call that renews a grant's tokens under its lock is (a refresh, or a legacy grant's migration): how its
+    failures are judged, and the words, audit events and metric result of each ending."""
+
+    action: str  # in messages: "the refresh is retried in ..."
+    done_event: str
+    failed_event: str
+    result: RefreshResult
+    classify: Callable[[ProviderError, ResolvedProvider], Verdict]
+
+
+REFRESH = Renewal("refresh", "refreshed", "refresh_failed", RefreshResult.REFRESHED, classify)
+MIGRATION = Renewal("migration", "token_migrated", "token_migration_failed", RefreshResult.MIGRATED, classify_migration)
 
 
 def needs_user_error(grant: GrantRecord, display_name: str, reason: str | None) -> GrantNeedsUser:
@@ -91,17 +107,33 @@ class Refresher:
 
     async def attempt(self, locked: LockedGrant, tokens: TokenSet, provider: ResolvedProvider) -> Refreshed:
         """Refresh `tokens` (read under the lock, with a refresh token) unless a backoff holds it back."""
+        grant = locked.grant
+        call = self.providers.refresh(provider, tokens, account_id=grant.provider_account_id, now=self.now())
+        return await self._renew(locked, provider, call, REFRESH)
+
+    async def migrate(self, locked: LockedGrant, tokens: TokenSet, provider: ResolvedProvider) -> Refreshed:
+        """Migrate a legacy grant's `tokens` (read under the lock: a non-expiring token, no refresh token) by the
+        provider's token exchange (`legacy_token_exchange`), unless a backoff holds it back. The provider's old
+        token is dead once it answers: its answer is stored before the lock is released, and a migration whose
+        answer was lost is retried with the same token (Shopify answers a retry with the same pair)."""
+        call = self.providers.migrate_legacy(provider, tokens, now=self.now())
+        return await self._renew(locked, provider, call, MIGRATION)
+
+    async def _renew(
+        self, locked: LockedGrant, provider: ResolvedProvider, call: Coroutine[Any, Any, TokenSet], kind: Renewal
+    ) -> Refreshed:
         grant, now = locked.grant, self.now()
         waiting_until = grant.health.next_attempt_at
         if waiting_until is not None and now < waiting_until:
+            call.close()  # never started: no request is made
             self.metrics.refresh(grant.provider, RefreshResult.BACKED_OFF)
             retry = (waiting_until - now).total_seconds()
-            message = f"{provider.display_name} is unavailable; the refresh is retried in {retry:.0f} s"
+            message = f"{provider.display_name} is unavailable; the {kind.action} is retried in {retry:.0f} s"
             return Refreshed(error=ProviderUnavailable(message, retry_after=retry))
         try:
-            fresh = await self.providers.refresh(provider, tokens, account_id=grant.provider_account_id, now=now)
+            fresh = await call
         except ProviderError as exc:
-            return await self._failed(locked, provider, exc)
+            return await self._failed(locked, provider, exc, kind)
         key_id, blob = self.vault.encrypt_json(fresh.to_json(), aad=grant_aad_of(grant))
         stored = await locked.update_tokens(
             token_key_id=key_id,
@@ -116,9 +148,9 @@ class Refresher:
                 return Refreshed(error=NotAuthorized("the grant was disconnected"))
             self.metrics.refresh(grant.provider, RefreshResult.REUSED)
             return Refreshed(tokens=self.decrypt(current))
-        self.metrics.refresh(grant.provider, RefreshResult.REFRESHED)
+        self.metrics.refresh(grant.provider, kind.result)
         await self.store.audit.record(
-            "refreshed",
+            kind.done_event,
             identity=grant.identity,
             provider=grant.provider,
             detail={"grant_id": grant.id},
@@ -128,31 +160,33 @@ class Refresher:
         changed = GrantChanged(grant.id, grant.identity, grant.provider, GrantChange.REFRESHED)
         return Refreshed(tokens=fresh, published=[changed])
 
-    async def _failed(self, locked: LockedGrant, provider: ResolvedProvider, exc: ProviderError) -> Refreshed:
+    async def _failed(
+        self, locked: LockedGrant, provider: ResolvedProvider, exc: ProviderError, kind: Renewal
+    ) -> Refreshed:
         grant, now = locked.grant, self.now()
-        verdict = classify(exc, provider)
+        verdict = kind.classify(exc, provider)
         check = exc.check
         if check is not None:
-            log.warning("refused a refresh of grant %s: %s", grant.id, exc)
+            log.warning("refused a %s of grant %s: %s", kind.action, grant.id, exc)
         detail: dict[str, object] = {"grant_id": grant.id, "reason": exc.code, "verdict": verdict.kind.value}
         detail.update({"check": check} if check else {})
         if verdict.kind is Kind.NEEDS_USER:
-            return await self.needs_user(locked, provider, verdict, detail)
+            return await self.needs_user(locked, provider, verdict, detail, kind.failed_event)
         failures = grant.health.failures + 1
         wait = self.backoff.wait(failures, verdict.retry_after, self.rand)
         await locked.refresh_failed(now=now, next_refresh_at=now + wait, failures=failures)
         detail.update(failures=failures, retry_in_seconds=round(wait.total_seconds(), 1))
         await self.store.audit.record(
-            "refresh_failed", identity=grant.identity, provider=grant.provider, detail=detail, now=now, conn=locked.tx
+            kind.failed_event, identity=grant.identity, provider=grant.provider, detail=detail, now=now, conn=locked.tx
         )
         result = RefreshResult.UNAVAILABLE if verdict.kind is Kind.UNAVAILABLE else RefreshResult.REJECTED
         self.metrics.refresh(grant.provider, result, verdict.reason)
         error: ProviderError
         if verdict.kind is Kind.UNAVAILABLE:
             retry = max(wait.total_seconds(), verdict.retry_after or 0.0)
-            error = ProviderUnavailable(f"{exc}; the refresh is retried in {retry:.0f} s", retry_after=retry)
+            error = ProviderUnavailable(f"{exc}; the {kind.action} is retried in {retry:.0f} s", retry_after=retry)
         else:
-            error = ProviderError(f"{exc}; the refresh is retried in {wait.total_seconds():.0f} s", code=exc.code)
+            error = ProviderError(f"{exc}; the {kind.action} is retried in {wait.total_seconds():.0f} s", code=exc.code)
         return Refreshed(error=error)
 
     async def needs_user(
