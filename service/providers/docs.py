@@ -51,6 +51,17 @@ without a value it must carry ends it with `provider_callback_error`. Nothing is
 documents as arriving with HTTP 200 (`errors_with_200`) and the refresh errors that mean the user must authorize
 again (`dead_refresh_token_errors`) are data on the entry (`ProviderEntry.quirks.token_response`).
 
+## Legacy grants
+
+A grant stored with a non-expiring access token and no refresh token, at a provider whose entry has
+`legacy_token_exchange` (Shopify, whose non-expiring tokens stop working on 2027-01-01), is migrated with no user:
+an RFC 8693 token exchange at the token endpoint, the stored token as the subject token, as the entry says (its
+token types, extra parameters and body encoding). It happens at the grant's next use, once, under the same locks as
+a refresh (one exchange whichever replicas use it), and for every such grant with `acp-connector grants migrate`
+(docs/configuration.md, "Migrating legacy grants"). The answer must carry a refresh token and an expiry; from then
+on the grant refreshes as any other. A refusal of the old token (`invalid_grant`, or a 401 naming another error
+than `invalid_client`) marks the grant `needs_user`; any other failure backs off, as a refresh does.
+
 ## Adding a provider
 
 1. Find the provider's OAuth documentation: the authorization and token endpoints, how the client authenticates
