@@ -50,6 +50,23 @@ def entry_of(tmp_path: Path, table: str, env: dict[str, str] | None = None) -> P
             "not a regular expression",
         ),
         ('extra_token_params = { client_secret = "x" }', "acme.extra_token_params", "may not set client_secret"),
+        ("legacy_token_exchange = { params = {} }", "acme.legacy_token_exchange.subject_token_type", "Field required"),
+        (
+            'legacy_token_exchange = { subject_token_type = "urn:x", params = { subject_token = "x" } }',
+            "acme.legacy_token_exchange.params",
+            "may not set subject_token",
+        ),
+        (
+            'legacy_token_exchange = { subject_token_type = "urn:x", encoding = "xml" }',
+            "acme.legacy_token_exchange.encoding",
+            "Input should be",
+        ),
+        ('legacy_token_exchange = { subject_token_type = "a b" }', "acme.legacy_token_exchange.subject_token_type", ""),
+        (
+            'refresh_tokens = "none"\nlegacy_token_exchange = { subject_token_type = "urn:x" }',
+            "acme.legacy_token_exchange",
+            'refresh_tokens = "none" contradicts it',
+        ),
     ],
 )
 def test_a_wrong_quirk_names_the_file_and_the_key(tmp_path: Path, table: str, key: str, problem: str) -> None:
@@ -82,6 +99,14 @@ def test_quirks_can_be_set_from_the_environment(tmp_path: Path) -> None:
         {"CONNECTOR_PROVIDERS__ACME__CONNECTION": connection, "CONNECTOR_PROVIDERS__ACME__REFRESH_TOKENS": "none"},
     )
     assert entry.quirks.value("shop") is not None and entry.quirks.token_request.refresh_tokens == "none"
+
+
+def test_a_legacy_token_exchange_can_be_set_from_the_environment(tmp_path: Path) -> None:
+    exchange = '{"subject_token_type": "urn:x:offline", "encoding": "json", "params": {"expiring": "1"}}'
+    entry = entry_of(tmp_path, "", {"CONNECTOR_PROVIDERS__ACME__LEGACY_TOKEN_EXCHANGE": exchange})
+    legacy = entry.quirks.token_request.legacy_exchange
+    assert legacy is not None and legacy.subject_token_type == "urn:x:offline" and legacy.params == {"expiring": "1"}
+    assert legacy.encoding == "json" and legacy.requested_token_type is None
 
 
 def test_agent_values_are_refused_by_name(tmp_path: Path) -> None:
