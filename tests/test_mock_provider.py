@@ -10,8 +10,10 @@ import json
 import os
 import socket
 import stat
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import httpx
@@ -25,6 +27,7 @@ from service.testing import MockOAuthProvider, MockOIDCProvider
 from .identity_support import logging_restored
 
 REDIRECT = "http://127.0.0.1:9/callback/github"
+REPO = Path(__file__).resolve().parents[1]
 
 
 @asynccontextmanager
@@ -262,3 +265,82 @@ def test_a_port_zero_socket_whose_listen_clashes_is_replaced(monkeypatch: pytest
     with listening_socket("127.0.0.1") as held, pytest.raises(OSError) as refused:
         listening_socket("127.0.0.1", held.getsockname()[1])  # a port asked for by number is not replaced
     assert refused.value.errno == errno.EADDRINUSE
+
+
+@asynccontextmanager
+async def _mock_process(*args: str) -> AsyncIterator[str]:
+    """`acp-connector mock-provider ARGS --port 0` in a process of its own: its base URL while the block runs."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONNECTOR_")}
+    env.update(CONNECTOR_PROVIDER_SHOPIFY_CLIENT_ID="dev-id", CONNECTOR_PROVIDER_SHOPIFY_CLIENT_SECRET="dev-secret")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "service.cli",
+        "mock-provider",
+        *args,
+        "--port",
+        "0",
+        env={**env, "PYTHONPATH": str(REPO)},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        assert process.stdout is not None
+        first = (await asyncio.wait_for(process.stdout.readline(), 60)).decode()
+        assert first.startswith("# mock OAuth provider at "), first
+        yield first.removeprefix("# mock OAuth provider at ").split(";")[0]
+    finally:
+        process.terminate()
+        await process.wait()
+
+
+async def test_the_mock_provider_process_migrates_legacy_tokens_as_shopify_does() -> None:
+    """`mock-provider --like shopify --legacy` over HTTP, as Shopify's library calls it: a legacy token from the code
+    exchange, its JSON token exchange, the old token dead after it, a retry answered the same pair until that pair is
+    refreshed, an unknown token refused."""
+    async with _mock_process("--like", "shopify", "--legacy") as base_url, httpx.AsyncClient() as http:
+        shop = f"{base_url}/acme.myshopify.com/admin"
+        client = {"client_id": "dev-id", "client_secret": "dev-secret"}
+        query = {"client_id": "dev-id", "redirect_uri": REDIRECT, "response_type": "code", "scope": "read_products"}
+        authorized = await http.get(f"{shop}/oauth/authorize", params={**query, "state": "s"})
+        code = parse_qs(urlsplit(authorized.headers["location"]).query)["code"][0]
+        form = {"grant_type": "authorization_code", "code": code, "redirect_uri": REDIRECT, "expiring": "1", **client}
+        legacy = (await http.post(f"{shop}/oauth/access_token", data=form)).json()
+        assert set(legacy) == {"access_token", "scope", "token_type"}  # no expiry, no refresh token
+        old = legacy["access_token"]
+
+        async def api(token: str) -> int:
+            return (
+                await http.get(f"{shop}/api/2025-01/products.json", headers={"X-Shopify-Access-Token": token})
+            ).status_code
+
+        async def exchange(subject: str, **changed: str) -> httpx.Response:
+            body = {
+                **client,
+                "grant_type": "urn:ietf:params:oauth:grant-type:token-exchange",
+                "subject_token": subject,
+                "subject_token_type": "urn:shopify:params:oauth:token-type:offline-access-token",
+                "requested_token_type": "urn:shopify:params:oauth:token-type:offline-access-token",
+                "expiring": "1",
+                **changed,
+            }
+            return await http.post(f"{shop}/oauth/access_token", json=body, headers={"Accept": "application/json"})
+
+        assert await api(old) == 200
+        assert (await http.post(f"{shop}/oauth/access_token", data={**client, "subject_token": old})).status_code == 400
+        assert (await exchange(old, expiring="0")).status_code == 400  # as Shopify's migration asks, or refused
+        migrated = await exchange(old)
+        assert migrated.status_code == 200, migrated.text
+        pair = migrated.json()
+        assert pair["expires_in"] == 3600 and pair["refresh_token"] and pair["refresh_token_expires_in"]
+        assert await api(old) == 401 and await api(pair["access_token"]) == 200
+        again = await exchange(old)  # the answer was lost: a retry with the original token gets the same pair
+        assert (again.json()["access_token"], again.json()["refresh_token"]) == (
+            pair["access_token"],
+            pair["refresh_token"],
+        )
+        refresh = {"grant_type": "refresh_token", "refresh_token": pair["refresh_token"], **client}
+        assert (await http.post(f"{shop}/oauth/access_token", data=refresh)).status_code == 200
+        for subject in (old, "shpat_unknown"):  # the pair was refreshed: recovery is over; an unknown token
+            refused = await exchange(subject)
+            assert refused.status_code == 400 and refused.json()["error"] == "invalid_grant"

@@ -23,7 +23,11 @@ def register(commands: Commands) -> None:
             "--like NAME emulates the shipped catalog's entry NAME (config/providers.toml) instead: its URLs moved\n"
             "onto the mock, its quirks insisted on (token response shape, request encoding, client\n"
             "authentication, per-connection values, API token header, revocation style); the printed table is\n"
-            "that entry pointing at the mock. --name defaults to NAME then."
+            "that entry pointing at the mock. --name defaults to NAME then.\n\n"
+            "--legacy makes the code exchange answer a legacy token (non-expiring, no refresh token), as Shopify\n"
+            "did before its expiring offline tokens: a grant connected then is a legacy one, which the connector\n"
+            "migrates at its first use by the token exchange its entry declares (legacy_token_exchange); the mock\n"
+            "answers that exchange as Shopify does (the old token dead after it, a retry answered the same pair)."
         ),
         examples=[
             "CONNECTOR_PROVIDER_GITHUB_CLIENT_ID=dev CONNECTOR_PROVIDER_GITHUB_CLIENT_SECRET=dev "
@@ -31,6 +35,8 @@ def register(commands: Commands) -> None:
             "acp-connector mock-provider --strict --narrow repo",
             "CONNECTOR_PROVIDER_SLACK_CLIENT_ID=dev CONNECTOR_PROVIDER_SLACK_CLIENT_SECRET=dev "
             "acp-connector mock-provider --like slack --port 0",
+            "CONNECTOR_PROVIDER_SHOPIFY_CLIENT_ID=dev CONNECTOR_PROVIDER_SHOPIFY_CLIENT_SECRET=dev "
+            "acp-connector mock-provider --like shopify --legacy",
         ],
     )
     mock.add_argument("--host", default="127.0.0.1", help="loopback address to listen on (default: 127.0.0.1)")
@@ -46,6 +52,9 @@ def register(commands: Commands) -> None:
     mock.add_argument("--like", metavar="NAME", help="emulate the shipped catalog's entry NAME and its quirks")
     mock.add_argument("--strict", action="store_true", help="behave like a strictly conformant OpenID provider")
     mock.add_argument("--narrow", nargs="*", default=[], metavar="SCOPE", help="scopes the consent refuses")
+    mock.add_argument(
+        "--legacy", action="store_true", help="the code exchange answers legacy (non-expiring) tokens, to migrate"
+    )
     mock.add_argument(
         "--sign-in-page",
         action="store_true",
@@ -82,6 +91,7 @@ def run(invocation: Invocation) -> int:
         provider = EmulatedProvider.like(args.like, **fields)
     else:
         provider = (MockOAuthProvider.strict if args.strict else MockOAuthProvider)(**fields)
+    provider.legacy.on_code_exchange = args.legacy
 
     def ready(base_url: str) -> None:
         table = toml_table(args.name, provider.catalog_entry())

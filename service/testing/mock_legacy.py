@@ -6,7 +6,8 @@ and `params` as Shopify's migration sends them, in JSON or a form) migrates it t
 token. The old token is dead from then on; a retry with the same token within `retry_seconds` (Shopify: seven
 days) answers the same pair, until that pair is refreshed; an unknown, revoked or already-dead subject token is
 `invalid_grant`. With `refuse_api_calls` the API refuses legacy tokens (Shopify's from 2027-01-01) while their
-exchange still works.
+exchange still works; with `on_code_exchange` the code exchange answers a legacy token, as the provider did before
+its expiring tokens (the grant a connector stores then is a legacy one, migrated at its first use).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class LegacyTokens:
     retry_seconds: float = 7 * 86400.0
     clock: Callable[[], float] = time.time
     refuse_api_calls: bool = False
+    on_code_exchange: bool = False  # the code exchange answers a legacy token (`mock-provider --legacy`)
     exchanges: dict[str, int] = field(default_factory=dict)  # legacy token -> exchanges asked with it
     issued: set[str] = field(default_factory=set)  # legacy tokens handed out (live or not)
     migrated: dict[str, _Migration] = field(default_factory=dict)  # legacy token -> its exchange

@@ -293,6 +293,9 @@ class MockOAuthProvider(MockServing, MockLegacy):
             refreshable = self.issue_refresh_token and (
                 not self.refresh_token_needs_offline_access or "offline_access" in issued.scope.split()
             )
+            if self.legacy.on_code_exchange:  # as before the provider's expiring tokens: a legacy grant
+                token = self.issue_legacy_token(issued.account, issued.scope)
+                return MockResponse.json(200, {"access_token": token, "token_type": "bearer", "scope": issued.scope})
             grant = _Grant(issued.scope, issued.nonce, refreshable, issued.account)
             return MockResponse.json(200, self._issue(grant, with_scope=True))
         if grant_type == "refresh_token":

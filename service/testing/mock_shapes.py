@@ -72,6 +72,8 @@ def shaped_token_answer(
         seconds = int(body["expires_in"])
         given = {"milliseconds": seconds * 1000, "epoch_seconds": int(time.time()) + seconds}
         put(answer, shape.expires, given.get(shape.expires_form, seconds))
+    if "refresh_token_expires_in" in body:  # a migrated legacy grant's (Shopify's answer has it)
+        answer["refresh_token_expires_in"] = body["refresh_token_expires_in"]
     for value in quirks.values_from("token_response"):
         assert value.pointer is not None
         put(answer, value.pointer, values[value.name])
