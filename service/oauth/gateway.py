@@ -35,7 +35,7 @@ from .dpop import Dpop, DpopKey, DpopNonces
 from .http import ProviderHttp
 from .id_token import IdTokenExpectations, JwksCache, unverified_claims, validate_id_token
 from .par import pushed_authorization_url
-from .resolved import ResolvedProvider
+from .resolved import ResolvedProvider, callback_values
 from .revocation import revoke
 from .userinfo import account_label, fetch_account
 
@@ -382,23 +382,6 @@ class ProviderGateway:
             if exc.transport and provider.discovered:
                 self.invalidate(provider.name)  # the endpoint may have moved: read the document again
             raise
-
-
-def callback_values(provider: ResolvedProvider, params: Mapping[str, str]) -> dict[str, str]:
-    """The per-connection values the provider's callback carries, each checked (ProviderError naming it)."""
-    values: dict[str, str] = {}
-    for value in provider.quirks.values_from("callback"):
-        assert value.parameter is not None  # the catalog requires it for this source
-        text = params.get(value.parameter, "")
-        problem = "is missing" if not text else ("is not usable" if value.problem(text) is not None else None)
-        if problem is not None:
-            raise ProviderError(
-                f"{provider.display_name} callback's {value.parameter} {problem} "
-                f"({provider.name}.connection.{value.name})",
-                code="provider_callback_error",
-            )
-        values[value.name] = text
-    return values
 
 
 def _resolved(provider: Provider) -> ResolvedProvider:

@@ -230,3 +230,20 @@ _BOUND_FIELDS = (
     "issuer",
     "par_endpoint",
 )
+
+
+def callback_values(provider: ResolvedProvider, params: Mapping[str, str]) -> dict[str, str]:
+    """The per-connection values the provider's callback carries, each checked (ProviderError naming it)."""
+    values: dict[str, str] = {}
+    for value in provider.quirks.values_from("callback"):
+        assert value.parameter is not None  # the catalog requires it for this source
+        text = params.get(value.parameter, "")
+        problem = "is missing" if not text else ("is not usable" if value.problem(text) is not None else None)
+        if problem is not None:
+            raise ProviderError(
+                f"{provider.display_name} callback's {value.parameter} {problem} "
+                f"({provider.name}.connection.{value.name})",
+                code="provider_callback_error",
+            )
+        values[value.name] = text
+    return values
