@@ -46,8 +46,9 @@ class Received:
 
 def recording_api(received: Received, elsewhere: str) -> Starlette:
     """The provider's API: records every request, and answers by path (`redirect`: to `elsewhere`; `echo`: with a
-    cookie and a challenge holding the token it was sent; `refuse`: 401; `big`: 200 kB; `slow`: headers, then 5
-    bytes every 0.5 s; `hang`: nothing for SLOW_SECONDS)."""
+    cookie and a challenge holding the token it was sent; `refuse`: 401; `missing`: 404; `broken`: 500; `moved`: to
+    `missing` on the same origin; `big`: 200 kB; `slow`: headers, then 5 bytes every 0.5 s; `hang`: nothing for
+    SLOW_SECONDS)."""
 
     async def anything(request: Request) -> Response:
         body = len(await request.body())
@@ -58,6 +59,10 @@ def recording_api(received: Received, elsewhere: str) -> Starlette:
         what = request.url.path.rsplit("/", 1)[-1]
         if what == "redirect":
             return Response(status_code=302, headers={"location": f"{elsewhere}/landed"})
+        if what == "moved":  # on the same origin
+            return Response(status_code=302, headers={"location": "missing?moved=1"})
+        if what in ("missing", "broken"):
+            return JSONResponse({"message": what}, 404 if what == "missing" else 500)
         if what == "big":
             return StreamingResponse(_chunks(20, b"x" * 10_000, 0), headers={"content-length": "200000"})
         if what == "slow":
@@ -181,6 +186,47 @@ async def test_a_key_in_the_query_stays_out_of_the_request_lines_httpx_logs(
     assert rig.api.requests[-1][1] == f"/api/echo?page=2&api_token={TOKEN}"
     lines = [record.getMessage() for record in captured_logs.records if record.name == "httpx"]
     assert [line for line in lines if "/api/echo" in line] and not [line for line in lines if TOKEN in line]
+
+
+@pytest.mark.parametrize("provider", ["bearer", "shop", "keyed", "in_query"])
+async def test_http_hands_back_requests_without_the_token(rig: Rig, provider: str) -> None:
+    """The requests httpx hands the host application (a response's, its history's, its next request, an error's)
+    are the ones the auth flow sent, token and key included: `raise_for_status()`'s message names the URL (a key
+    in its query), and a host that logs `response.request` would log the secret. The API still receives it."""
+    handed: list[httpx.Request] = []
+    messages: list[str] = []
+
+    async def host_hook(response: httpx.Response) -> None:  # the host application's own response hook
+        handed.append(response.request)
+
+    hooks = {"response": [host_hook]}
+    async with rig.deployment.connector.http(USER, provider, event_hooks=hooks) as api:
+        for path in ("missing", "broken"):
+            response = await api.get(path, params={"page": "2"})
+            with pytest.raises(httpx.HTTPStatusError) as raised:
+                response.raise_for_status()
+            assert str(response.url).endswith(f"/api/{path}?page=2")
+            messages.append(str(raised.value))
+            handed.append(raised.value.request)
+        moved = await api.get("moved", follow_redirects=True)
+        assert moved.status_code == 404 and len(moved.history) == 1
+        handed.extend([moved.request, moved.history[0].request])
+        not_followed = await api.get("moved")
+        assert not_followed.next_request is not None
+        handed.extend([not_followed.request, not_followed.next_request])
+        async with api.stream("POST", "broken", content=b"body") as streamed:
+            assert streamed.status_code == 500 and streamed.request.content == b"body"
+            handed.append(streamed.request)
+        with pytest.raises(httpx.ReadTimeout) as timed_out:
+            await api.get("hang", timeout=0.5)
+        handed.append(timed_out.value.request)
+    shown = [*messages, *(f"{r!r} {r.url} {r.headers!r} {r.headers.raw!r}" for r in handed)]
+    assert len(shown) == 2 + len(handed) and not [text for text in shown if TOKEN in text]
+    assert len(rig.api.requests) == 7
+    for _, target, headers, _ in rig.api.requests:  # each carried it
+        if provider == "in_query" and target.endswith("?moved=1"):
+            continue  # a redirect httpx follows has the query its Location names, not the one the auth flow wrote
+        assert TOKEN in target or [value for _, value in headers if TOKEN in value], target
 
 
 async def test_the_agent_cannot_set_the_token_header_and_gets_no_token_back(rig: Rig) -> None:

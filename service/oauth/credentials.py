@@ -47,6 +47,13 @@ def form_of(entry: ProviderEntry) -> CredentialForm | None:
     )
 
 
+def secret_parameters(entry: ProviderEntry) -> frozenset[str]:
+    """The query parameters a credential entry injects its values as (none for an OAuth entry)."""
+    if entry.credential is None:
+        return frozenset()
+    return frozenset(i.parameter for i in entry.credential.inject if i.style == "query" and i.parameter)
+
+
 def inject(request: httpx.Request, spec: CredentialSpec, values: Mapping[str, str]) -> None:
     """Write every injection of `spec` into `request` (headers replaced, a query parameter set)."""
     for injection in spec.inject:

@@ -166,12 +166,14 @@ class ProviderGateway:
         client_kwargs: Mapping[str, Any],
     ) -> httpx.AsyncClient:
         """A client for the provider's API over its pool, with `auth`, which writes the grant's secret into
-        `secret_headers` (close it after use; the pool stays)."""
+        `secret_headers` or a credential entry's query parameters (close it after use; the pool stays). The
+        requests it hands back (`response.request`, ...) are copies without them."""
         return self.http.api_client(
             provider.name,
             base_url=provider.api_base_url or "",
             auth=auth,
             secret_headers=secret_headers,
+            secret_parameters=credentials.secret_parameters(provider.entry),
             client_kwargs=client_kwargs,
         )
 

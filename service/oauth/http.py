@@ -14,6 +14,7 @@ straight to the pool, and goes through the client's `send` whenever a call or th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import urllib.request
@@ -73,6 +74,65 @@ class _ApiTransport(httpx.AsyncBaseTransport):
     async def aclose(self) -> None:
         if not self._lent:
             await self._inner.aclose()
+
+
+class _ApiClient(httpx.AsyncClient):
+    """A client whose auth writes a grant's secret into each request (`secret_headers`, the query parameters
+    `secret_parameters`): what it hands to the host application (a response's `request`, those of its `history`, its
+    `next_request`, an error's `request`) is a copy without them, so `raise_for_status()`'s message, a logged
+    `response.request.url` or `.headers` show no token or key. The first response hook makes the copy: the auth flow
+    and the redirect handling keep the request as sent (httpx builds a redirect from its own variable, not from
+    `response.request`), and the host's own response hooks see the copy already."""
+
+    def __init__(self, *, secret_headers: Collection[str], secret_parameters: Collection[str], **kwargs: Any) -> None:
+        self._secret_headers = frozenset(name.lower() for name in secret_headers)
+        self._secret_parameters = tuple(secret_parameters)
+        super().__init__(**kwargs)
+        self.event_hooks = self._event_hooks
+
+    @property
+    def event_hooks(self) -> dict[str, list[Any]]:
+        return self._event_hooks
+
+    @event_hooks.setter
+    def event_hooks(self, event_hooks: Mapping[str, list[Any]]) -> None:
+        given = [hook for hook in event_hooks.get("response", []) if hook != self._redact_response]
+        self._event_hooks = {
+            "request": list(event_hooks.get("request", [])),
+            "response": [self._redact_response, *given],
+        }
+
+    async def _redact_response(self, response: httpx.Response) -> None:
+        response.request = self._redacted(response.request)
+
+    async def send(self, request: httpx.Request, **kwargs: Any) -> httpx.Response:
+        try:
+            response = await super().send(request, **kwargs)
+        except httpx.HTTPError as exc:  # httpx's docs log `exc.request.url`
+            with contextlib.suppress(RuntimeError):  # an error without a request
+                exc.request = self._redacted(exc.request)
+            raise
+        if response.next_request is not None:  # a redirect not followed: the request httpx would send next
+            response.next_request = self._redacted(response.next_request)
+        return response
+
+    def _redacted(self, request: httpx.Request) -> httpx.Request:
+        """`request` without the secret headers and query parameters (`request` itself when it has none)."""
+        url = request.url
+        parameters = [name for name in self._secret_parameters if name in url.params] if url.query else ()
+        raw = request.headers.raw
+        if not parameters and not any(name.decode("latin-1").lower() in self._secret_headers for name, _ in raw):
+            return request
+        for name in parameters:
+            url = url.copy_remove_param(name)
+        headers = httpx.Headers(
+            [(name, value) for name, value in raw if name.decode("latin-1").lower() not in self._secret_headers],
+            encoding=request.headers.encoding,
+        )
+        copy = httpx.Request(request.method, url, headers=headers, stream=request.stream, extensions=request.extensions)
+        if isinstance(request.stream, httpx.ByteStream):
+            copy.read()  # its `content`, as the request's
+        return copy
 
 
 class _RequestLinesWithoutQueries(logging.Filter):
@@ -172,11 +232,13 @@ class ProviderHttp:
         base_url: str,
         auth: httpx.Auth,
         secret_headers: Collection[str],
+        secret_parameters: Collection[str] = (),
         client_kwargs: Mapping[str, Any],
     ) -> httpx.AsyncClient:
         """A client for one use of the provider's API, over the provider's pool (close it when done). `auth` writes
-        the grant's secret into `secret_headers`: a redirect followed to another origin than `base_url`'s goes
-        without them."""
+        the grant's secret into `secret_headers` (and the query parameters `secret_parameters`): a redirect followed
+        to another origin than `base_url`'s goes without the headers, and the requests the client hands back
+        (`response.request`, ...) are copies without either."""
         refused = _POOL_OPTIONS.intersection(client_kwargs)
         if refused:
             raise TypeError(
@@ -190,7 +252,14 @@ class ProviderHttp:
         inner = self._pools[name] if given is None else given
         transport = _ApiTransport(inner, httpx.URL(base_url), secret_headers, lent=given is None)
         kwargs.setdefault("timeout", self.settings.timeout)
-        return httpx.AsyncClient(base_url=base_url, auth=auth, transport=transport, **kwargs)
+        return _ApiClient(
+            secret_headers=secret_headers,
+            secret_parameters=secret_parameters,
+            base_url=base_url,
+            auth=auth,
+            transport=transport,
+            **kwargs,
+        )
 
     async def send_bare(
         self, name: str, request: httpx.Request, auth: httpx.Auth, *, deadline: float
