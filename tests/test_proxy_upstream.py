@@ -22,7 +22,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from service import Identity
+from service.core.errors import GrantUnreadable, VaultError
 from service.testing import MockKeyedApi
+from service.vault import generate_key
 
 from .api_support import make_key, user_headers
 from .conftest import Deploy, Deployment, write_catalog
@@ -254,6 +256,46 @@ async def test_a_key_the_api_refuses_is_grant_needs_user_and_is_not_sent_again(r
     assert again.status_code == 403 and again.json()["error"]["code"] == "grant_needs_user"
     assert [path for _, path, _, _ in rig.api.requests] == ["/api/refuse"]
     assert TOKEN not in refused.text + again.text
+
+
+@pytest.mark.parametrize("key", ["gone", "k1"])
+async def test_a_grant_the_vault_cannot_decrypt_is_503_grant_unreadable(
+    rig: Rig, key: str, captured_logs: pytest.LogCaptureFixture
+) -> None:
+    """A grant under a key no longer in the ring (`gone`), or one that does not decrypt under the ring's key of its
+    id (`k1`, another key of that id): the operator's misconfiguration, not the agent's. The proxy answers 503
+    grant_unreadable (it was a 500) and logs the grant and its key id; nothing goes to the API."""
+    store = rig.deployment.connector.runtime.store
+    user = Identity("https://login.example.com", "unreadable")
+    other_key = generate_key(key)
+    grants = {}
+    for name in ("bearer", "keyed"):
+        api_key = TOKEN if name == "keyed" else None
+        grants[name] = await seed_grant(store, other_key, user, name, TOKEN, api_key=api_key)
+        await seed_grant(store, other_key, user, name, TOKEN, "embedded", api_key=api_key)
+    for name, grant in grants.items():
+        refused = await rig.proxy("GET", f"{name}/echo", headers=user_headers(user))
+        assert refused.status_code == 503, refused.text
+        assert refused.json()["error"]["code"] == "grant_unreadable" and key not in refused.text
+        warned = [
+            r.getMessage() for r in captured_logs.records if r.levelno == logging.WARNING and grant.id in r.getMessage()
+        ]
+        assert len(warned) == 1 and f"key {key}" in warned[0], warned
+        assert ("not in the vault's key ring" in warned[0]) == (key == "gone")
+        assert grant.token_ciphertext.hex() not in warned[0]
+    assert not [r for r in captured_logs.records if r.levelno >= logging.ERROR]
+    if key == "gone":  # the embedded connector says so when the client is asked for, before any request
+        for name in grants:
+            with pytest.raises(GrantUnreadable) as raised:
+                async with rig.deployment.connector.http(user, name):
+                    pass
+            assert raised.value.code == "grant_unreadable" and "key gone" in str(raised.value)
+    else:  # with its key in the ring, at the first request (the token is decrypted then)
+        for name in grants:
+            async with rig.deployment.connector.http(user, name) as api:
+                with pytest.raises(VaultError):
+                    await api.get("echo")
+    assert rig.api.requests == []
 
 
 async def test_request_bodies_within_the_limit_pass_and_larger_ones_are_refused(

@@ -5,6 +5,7 @@
     ├── ProviderNotConfigured, UnknownProvider
     ├── SchemaNotCurrent, DatabaseUnavailable
     ├── VaultError
+    │   └── GrantUnreadable         ... a stored grant's (its key left the ring): the operator's to fix
     ├── NotAuthorized               no grant covers the request
     ├── AccountChoiceNeeded         several accounts at the provider, and the call named none
     ├── ProviderError               a provider refused or failed
@@ -108,6 +109,25 @@ class VaultError(ConnectorError):
     """A ciphertext could not be decrypted (wrong key, tampered, or moved to another row)."""
 
     code = "vault_error"
+
+
+class GrantUnreadable(VaultError):
+    """A stored grant the vault cannot decrypt: its key left the key ring (the operator's to fix: put it back), or
+    its ciphertext was altered. Names the grant and its key id, never key material nor the ciphertext."""
+
+    code = "grant_unreadable"
+
+    def __init__(self, grant_id: str, provider: str, key_id: str, *, key_in_ring: bool) -> None:
+        if key_in_ring:
+            problem = f"does not decrypt under its key {key_id}: its ciphertext was altered or moved"
+        else:
+            problem = (
+                f"is encrypted under key {key_id}, which is not in the vault's key ring: put that key back "
+                "(acp-connector keys status lists the keys the grants use)"
+            )
+        super().__init__(f"grant {grant_id} at {provider} {problem}")
+        self.grant_id = grant_id
+        self.key_id = key_id
 
 
 class NotAuthorized(ConnectorError):

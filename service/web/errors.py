@@ -284,6 +284,12 @@ REFUSALS: dict[str, Refusal] = {
         "Provider unavailable",
         "The provider could not renew the access token just now; nothing changed. Try again after Retry-After.",
     ),
+    "grant_unreadable": Refusal(
+        503,
+        "Grant unreadable",
+        "The user's grant cannot be decrypted with this connector's vault keys, so nothing was sent to the provider: "
+        "the operator's to fix (the connector's log names the grant and its key).",
+    ),
     "proxy_not_available": Refusal(404, "No API to proxy", "This provider has no API base URL to proxy to."),
     "proxy_path_refused": Refusal(400, "Path refused", "The path must stay under the provider's API base URL."),
     "upstream_unavailable": Refusal(502, "Provider unavailable", "The provider's API could not be reached."),

@@ -29,9 +29,11 @@ from service.core.errors import (
     ConnectorError,
     FlowRefused,
     GrantNeedsUser,
+    GrantUnreadable,
     NotAuthorized,
     ProviderError,
     ProviderUnavailable,
+    VaultError,
     account_choice_refused,
 )
 from service.core.identity import Identity
@@ -152,6 +154,8 @@ class ProxyRoute:
         except TimeoutError:
             log.warning("proxied request cut off at proxy_max_seconds")
             raise FlowRefused("upstream_timeout") from None
+        except VaultError:
+            raise self._unreadable(grant) from None
         except (NotAuthorized, ProviderError, httpx.HTTPError) as exc:
             raise _refusal(exc) from None
         raw_headers = response.headers.raw
@@ -197,6 +201,8 @@ class ProxyRoute:
             raise FlowRefused("no_grant" if account is None else "unknown_account")
         try:
             provider = self.tokens.bound(grant, provider)  # the API base may be the grant's (an instance URL)
+        except VaultError:
+            raise self._unreadable(grant) from None
         except ConnectorError as exc:
             raise FlowRefused(exc.code, detail={"message": str(exc)}) from None
         if not provider.api_base_url:
@@ -204,6 +210,15 @@ class ProxyRoute:
         if checked is not None and provider.api_base_url == base:
             return provider, grant, checked
         return provider, grant, target_url(provider.api_base_url, rest, query)
+
+    def _unreadable(self, grant: GrantRecord) -> FlowRefused:
+        """A grant the vault cannot decrypt: the operator's to fix, told in the log by ids (never the ciphertext),
+        and 503 `grant_unreadable` to the agent."""
+        key_id = grant.token_key_id
+        log.warning(
+            "%s", GrantUnreadable(grant.id, grant.provider, key_id, key_in_ring=key_id in self.tokens.vault.ring)
+        )
+        return FlowRefused("grant_unreadable")
 
     def _small(self, response: httpx.Response) -> bool:
         """Whether the response declares a body small enough to read whole (and within the size limit)."""
