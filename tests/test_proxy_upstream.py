@@ -248,6 +248,28 @@ async def test_the_agent_cannot_set_the_token_header_and_gets_no_token_back(rig:
     assert trace.status_code == 405 and len(rig.api.requests) == 1
 
 
+async def test_what_proxies_say_of_the_agent_does_not_reach_the_provider(rig: Rig) -> None:
+    """The agent's addresses, host names and scheme as its own proxies wrote them are not the provider's to know
+    (nor to build its URLs from); the agent's other headers go on."""
+    topology = {
+        "Forwarded": "for=10.1.2.3;host=agent.internal;proto=http",
+        "X-Forwarded-For": "10.1.2.3, 10.0.0.1",
+        "X-Forwarded-Host": "agent.internal",
+        "X-Forwarded-Proto": "http",
+        "X-Forwarded-Port": "8080",
+        "X-Forwarded-Prefix": "/agent",
+        "X-Real-IP": "10.1.2.3",
+        "True-Client-IP": "10.1.2.3",
+        "Via": "1.1 agent-gateway.internal",
+    }
+    answer = await rig.proxy("GET", "bearer/echo", headers={**topology, "X-Request-Id": "kept-1"})
+    assert answer.status_code == 200
+    (_, _, sent, _) = rig.api.requests[-1]
+    assert ("x-request-id", "kept-1") in sent
+    assert not [(name, value) for name, value in sent if name in {n.lower() for n in topology}]
+    assert not [value for _, value in sent if "10.1.2.3" in value or "internal" in value]
+
+
 async def test_a_key_the_api_refuses_is_grant_needs_user_and_is_not_sent_again(rig: Rig) -> None:
     refused = await rig.proxy("GET", "keyed/refuse")
     assert refused.status_code == 403 and refused.json()["error"]["code"] == "grant_needs_user"

@@ -3,7 +3,8 @@
 The token is added by `GrantAuth` (refreshed ahead of expiry; one refresh and one retry after a 401 when the
 request body can be sent again). Bodies stream both ways (an answer that declares at most SMALL_RESPONSE_BYTES is
 read whole, then sent); the agent's own `Authorization`, cookies, our
-`Connector-*` headers and hop-by-hop headers never reach the provider; the target is always under the provider's
+`Connector-*` headers, hop-by-hop headers and what proxies say of the agent (`Forwarded`, `X-Forwarded-*`,
+`X-Real-IP`, `Via`, ...) never reach the provider; the target is always under the provider's
 API base URL (a path that would leave it is refused before anything is sent).
 """
 
@@ -67,7 +68,33 @@ HOP_BY_HOP = frozenset(
         "host",
     }
 )
-NOT_FORWARDED = HOP_BY_HOP | {"authorization", "cookie", "content-length", "expect"}
+# What a proxy on the agent's side says of it (its address, host names, scheme, the hops): the agent's topology is
+# not the provider's business, and a provider's own host or scheme logic could follow it.
+PROXY_IDENTITY = frozenset(
+    {
+        "forwarded",
+        "x-forwarded-for",
+        "x-forwarded-host",
+        "x-forwarded-proto",
+        "x-forwarded-port",
+        "x-forwarded-prefix",
+        "x-forwarded-server",
+        "x-forwarded-ssl",
+        "x-forwarded-scheme",
+        "x-real-ip",
+        "x-client-ip",
+        "x-cluster-client-ip",
+        "true-client-ip",
+        "cf-connecting-ip",
+        "fastly-client-ip",
+        "x-original-forwarded-for",
+        "x-original-host",
+        "x-original-url",
+        "x-rewrite-url",
+        "via",
+    }
+)
+NOT_FORWARDED = HOP_BY_HOP | PROXY_IDENTITY | {"authorization", "cookie", "content-length", "expect"}
 # The server writes its own Date on every response; a second one would make the field invalid (RFC 9110 5.3, 6.6.1).
 NOT_RETURNED = HOP_BY_HOP | {"set-cookie", "www-authenticate", "date"}
 NOT_FORWARDED_RAW = frozenset(name.encode("latin-1") for name in NOT_FORWARDED)
@@ -302,8 +329,9 @@ def _user(request: Request) -> Identity:
 
 def _forwarded(received: list[tuple[bytes, bytes]], auth_header: str) -> list[tuple[bytes, bytes]]:
     """The agent's headers (the ASGI scope's: names in lower case) that go on to the provider: neither hop-by-hop
-    ones (those its Connection headers list included), nor its Authorization or cookies, nor our `Connector-*`
-    headers, nor the API's own auth header; a User-Agent of ours when it sent none."""
+    ones (those its Connection headers list included), nor its Authorization or cookies, nor what proxies say of it
+    (`PROXY_IDENTITY`), nor our `Connector-*` headers, nor the API's own auth header; a User-Agent of ours when it
+    sent none."""
     listed = _tokens(b", ".join(value for name, value in received if name == b"connection"))
     listed |= {auth_header.lower().encode("latin-1")}
     headers = [
