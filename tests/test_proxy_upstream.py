@@ -48,9 +48,9 @@ class Received:
 
 def recording_api(received: Received, elsewhere: str) -> Starlette:
     """The provider's API: records every request, and answers by path (`redirect`: to `elsewhere`; `echo`: with a
-    cookie and a challenge holding the token it was sent; `refuse`: 401; `missing`: 404; `broken`: 500; `moved`: to
-    `missing` on the same origin; `big`: 200 kB; `slow`: headers, then 5 bytes every 0.5 s; `hang`: nothing for
-    SLOW_SECONDS)."""
+    cookie and a challenge holding the token it was sent; `refuse`: 401; `refuse-big`: 401 with 200 kB; `missing`:
+    404; `broken`: 500; `moved`: to `missing` on the same origin; `big`: 200 kB; `slow`: headers, then 5 bytes every
+    0.5 s; `hang`: nothing for SLOW_SECONDS)."""
 
     async def anything(request: Request) -> Response:
         body = len(await request.body())
@@ -71,6 +71,8 @@ def recording_api(received: Received, elsewhere: str) -> Starlette:
             return StreamingResponse(_chunks(20, b"x" * 5, 0.5), headers={"content-length": "100"})  # 10 s
         if what == "refuse":
             return JSONResponse({"message": "Bad credentials"}, 401)
+        if what == "refuse-big":  # as it comes, with no length declared
+            return StreamingResponse(_chunks(20, b"x" * 10_000, 0), status_code=401)
         if what == "hang":  # until the connector closes the connection (the next message is its disconnect)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(request.receive(), SLOW_SECONDS)
@@ -336,6 +338,21 @@ async def test_request_bodies_within_the_limit_pass_and_larger_ones_are_refused(
             assert refused.status_code == 413 and refused.json()["error"]["code"] == "body_too_large"
             assert "100000 bytes" in refused.json()["error"]["message"]
         assert [size for _, _, _, size in rig.api.requests] == [80_000]
+
+
+async def test_a_401_with_a_large_body_is_502_and_the_small_one_is_relayed(
+    rig: Rig, captured_logs: pytest.LogCaptureFixture
+) -> None:
+    """The proxy reads a 401's body whole before it may refresh (and relays it when there is no retry): an error's
+    few words, not 200 kB, and not a 500."""
+    small = await rig.proxy("GET", "bearer/refuse")  # no refresh token: the API's own 401 comes back
+    assert small.status_code == 401 and small.json() == {"message": "Bad credentials"}
+    big = await rig.proxy("GET", "bearer/refuse-big")
+    assert big.status_code == 502 and big.json()["error"]["code"] == "upstream_unavailable"
+    assert [r for r in captured_logs.records if "401 answer cut off" in r.getMessage() and r.levelno == logging.WARNING]
+    assert not [r for r in captured_logs.records if r.levelno >= logging.ERROR]
+    again = await rig.proxy("GET", "bearer/echo")
+    assert again.status_code == 200
 
 
 @pytest.mark.duration(4)

@@ -19,13 +19,14 @@ from .client_auth import AUTH_METHODS, AuthChoice, basic_credentials, choose_aut
 from .client_keys import ClientKeys
 from .discovery import DISCOVERY_FAILED
 from .gateway import ProviderGateway
-from .http import HttpSettings, ProviderHttp
+from .http import AnswerTooLarge, HttpSettings, ProviderHttp
 from .id_token import IdTokenExpectations, JwksCache
 from .resolved import ResolvedProvider
 
 __all__ = [
     "AUTH_METHODS",
     "DISCOVERY_FAILED",
+    "AnswerTooLarge",
     "AuthChoice",
     "ClientKeys",
     "DiscoveryError",

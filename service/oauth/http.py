@@ -18,7 +18,7 @@ import contextlib
 import logging
 import time
 import urllib.request
-from collections.abc import Collection, Mapping
+from collections.abc import AsyncIterator, Collection, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -133,6 +133,29 @@ class _ApiClient(httpx.AsyncClient):
         if isinstance(request.stream, httpx.ByteStream):
             copy.read()  # its `content`, as the request's
         return copy
+
+
+class AnswerTooLarge(Exception):
+    """An answer's body read whole (a 401's, before a refresh) passed its size limit."""
+
+
+class _CappedStream(httpx.AsyncByteStream):
+    """`inner`, ending in AnswerTooLarge past `limit` bytes (as received, before any content decoding)."""
+
+    def __init__(self, inner: httpx.AsyncByteStream, limit: int) -> None:
+        self._inner = inner
+        self._limit = limit
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        size = 0
+        async for chunk in self._inner:
+            size += len(chunk)
+            if size > self._limit:
+                raise AnswerTooLarge(f"an answer's body over {self._limit} bytes")
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
 
 
 class _RequestLinesWithoutQueries(logging.Filter):
@@ -262,7 +285,7 @@ class ProviderHttp:
         )
 
     async def send_bare(
-        self, name: str, request: httpx.Request, auth: httpx.Auth, *, deadline: float
+        self, name: str, request: httpx.Request, auth: httpx.Auth, *, deadline: float, max_401_bytes: int
     ) -> httpx.Response:
         """`request` as it is, on the provider's pool through `auth`'s flow, without the client layer (the token
         proxy relays the agent's request): no client default headers, no cookie jar, no redirect followed. The
@@ -271,7 +294,7 @@ class ProviderHttp:
         Sending the request and receiving the answer's headers (and a 401's body, which the flow reads) end by
         `deadline` (the event loop's clock), else TimeoutError: each read and write has its own timeout, but a peer
         that trickles (an upload, a status line) would pass every one of them. What `auth` does in between (a
-        refresh) is not cut short."""
+        refresh) is not cut short. A 401's body (read whole) over `max_401_bytes` raises AnswerTooLarge."""
         self.client(name)
         pool = self._pools[name]
         flow = auth.async_auth_flow(request)
@@ -283,6 +306,9 @@ class ProviderHttp:
                 response.request = request
                 try:
                     if response.status_code == 401:  # the flow reads it (before a refresh): within the deadline
+                        stream = response.stream
+                        assert isinstance(stream, httpx.AsyncByteStream)
+                        response.stream = _CappedStream(stream, max_401_bytes)  # and within a size
                         async with asyncio.timeout_at(deadline):
                             await response.aread()
                     try:

@@ -39,7 +39,7 @@ from service.core.errors import (
 )
 from service.core.identity import Identity
 from service.core.records import GrantRecord
-from service.oauth import ProviderGateway, ResolvedProvider
+from service.oauth import AnswerTooLarge, ProviderGateway, ResolvedProvider
 from service.tokens import TokenAccess, api_origin, grant_auth
 from service.version import __version__
 
@@ -104,6 +104,9 @@ _UNSAFE_PATH = re.compile(r"(^|/)\.\.?(/|$)|\\|[\x00-\x1f\x7f]")
 # A response that declares at most this many bytes is read whole and sent as one body: streaming it would cost a
 # task (and a task group) per response, more than the whole of a small API answer.
 SMALL_RESPONSE_BYTES = 64 * 1024
+# A 401's body is read whole (before a refresh, to be relayed when there is no retry): an error's few words, not a
+# download; a larger one is answered 502 upstream_unavailable.
+MAX_401_BYTES = 64 * 1024
 
 
 @functools.lru_cache(maxsize=64)
@@ -174,13 +177,21 @@ class ProxyRoute:
         upstream = httpx.Request(
             request.method, url, headers=headers, content=content, extensions={"timeout": self._timeout}
         )
+        max_401_bytes = min(MAX_401_BYTES, self.settings.proxy_max_response_bytes)
         try:
             response = await self.providers.http.send_bare(
-                provider.name, upstream, grant_auth(self.tokens, grant.id, provider), deadline=deadline
+                provider.name,
+                upstream,
+                grant_auth(self.tokens, grant.id, provider),
+                deadline=deadline,
+                max_401_bytes=max_401_bytes,
             )
         except TimeoutError:
             log.warning("proxied request cut off at proxy_max_seconds")
             raise FlowRefused("upstream_timeout") from None
+        except AnswerTooLarge:
+            log.warning("proxied 401 answer cut off: its body is over %s bytes", max_401_bytes)
+            raise FlowRefused("upstream_unavailable") from None
         except VaultError:
             raise self._unreadable(grant) from None
         except (NotAuthorized, ProviderError, httpx.HTTPError) as exc:
