@@ -233,6 +233,39 @@ async def test_http_hands_back_requests_without_the_token(rig: Rig, provider: st
         assert TOKEN in target or [value for _, value in headers if TOKEN in value], target
 
 
+@pytest.mark.parametrize("provider", ["bearer", "shop", "keyed", "in_query"])
+async def test_http_request_hooks_see_requests_without_the_token(rig: Rig, provider: str) -> None:
+    """The host application's request hooks run after the auth flow wrote the secret (httpx's docs log
+    `request.url` there: a key in the query would be in it). They see the request without it, may change it, and the
+    API receives their change and the secret, on a redirect too; a redirect to another origin still goes without."""
+    seen: list[str] = []
+
+    async def host_hook(request: httpx.Request) -> None:
+        seen.append(f"{request.url} {request.headers.raw!r}")
+        request.headers["X-Host-Hook"] = "1"
+
+    async with rig.deployment.connector.http(USER, provider, event_hooks={"request": [host_hook]}) as api:
+        assert (await api.get("missing", params={"page": "2"})).status_code == 404  # (echo's cookie holds the token)
+        assert (await api.get("moved", follow_redirects=True)).status_code == 404
+        assert (await api.get("redirect", follow_redirects=True)).status_code == 200
+    assert len(seen) == 5 and not [text for text in seen if TOKEN in text]
+    assert "page=2" in seen[0]
+    assert [target.split("?")[0] for _, target, _, _ in rig.api.requests] == [
+        "/api/missing",
+        "/api/moved",
+        "/api/missing",
+        "/api/redirect",
+    ]
+    for _, target, headers, _ in rig.api.requests:
+        assert ("x-host-hook", "1") in headers
+        if provider == "in_query" and target.endswith("?moved=1"):
+            continue  # a redirect httpx follows has the query its Location names, not the one the auth flow wrote
+        assert TOKEN in target or [value for _, value in headers if TOKEN in value], target
+    assert "page=2" in rig.api.requests[0][1]
+    (_, _, landed, _) = rig.elsewhere.requests[0]
+    assert ("x-host-hook", "1") in landed and not [value for _, value in landed if TOKEN in value]
+
+
 async def test_the_agent_cannot_set_the_token_header_and_gets_no_token_back(rig: Rig) -> None:
     agents = [("X-Shop-Token", "agent-1"), ("x-shop-token", "agent-2"), ("Authorization", "Bearer agent-3")]
     async with httpx.AsyncClient(timeout=10) as client:

@@ -18,6 +18,7 @@ import contextlib
 import logging
 import time
 import urllib.request
+import weakref
 from collections.abc import AsyncIterator, Collection, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -51,24 +52,65 @@ class HttpSettings:
         )
 
 
+class _Hidden:
+    """A request's secret headers and query parameters while the host application's request hooks run."""
+
+    __slots__ = ("headers", "parameters")
+
+    def __init__(self, headers: list[tuple[str, str]], parameters: list[tuple[str, str]]) -> None:
+        self.headers = headers
+        self.parameters = parameters
+
+
 class _ApiTransport(httpx.AsyncBaseTransport):
     """The transport of a client that carries a grant's secret to the provider's API. A request for another origin
     (a redirect followed: httpx keeps every header on it but Authorization) goes without the headers that carry it.
+    What `hide` took out of a request (for the host's request hooks) is put back here, for the API's origin only.
     A provider's pool is lent (`lent`): closing the client does not close the pool."""
 
     def __init__(
-        self, inner: httpx.AsyncBaseTransport, origin: httpx.URL, secret_headers: Collection[str], *, lent: bool
+        self,
+        inner: httpx.AsyncBaseTransport,
+        origin: httpx.URL,
+        secret_headers: Collection[str],
+        secret_parameters: Collection[str],
+        *,
+        lent: bool,
     ) -> None:
         self._inner = inner
         self._home = (origin.scheme, origin.host, origin.port)
-        self._secret_headers = tuple(secret_headers)
+        self._secret_headers = frozenset(name.lower() for name in secret_headers)
+        self._secret_parameters = tuple(secret_parameters)
         self._lent = lent
+        self._hidden: weakref.WeakKeyDictionary[httpx.Request, _Hidden] = weakref.WeakKeyDictionary()
+
+    def hide(self, request: httpx.Request) -> None:
+        """Take the secret out of `request` until it is sent (the host's request hooks see it without)."""
+        url = request.url
+        parameters = [
+            (name, value) for name in self._secret_parameters if url.query for value in url.params.get_list(name)
+        ]
+        for name in dict(parameters):
+            url = url.copy_remove_param(name)
+        request.url = url
+        headers = [(name, value) for name, value in request.headers.multi_items() if name in self._secret_headers]
+        for name in dict(headers):
+            del request.headers[name]
+        if headers or parameters:
+            self._hidden[request] = _Hidden(headers, parameters)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         url = request.url
+        hidden = self._hidden.pop(request, None)
         if (url.scheme, url.host, url.port) != self._home:
             for name in self._secret_headers:
                 request.headers.pop(name, None)
+        elif hidden is not None:
+            for name, value in hidden.headers:
+                request.headers[name] = value
+            for name, value in hidden.parameters:
+                url = url.copy_add_param(name, value)
+            request.url = url
         return await self._inner.handle_async_request(request)
 
     async def aclose(self) -> None:
@@ -82,12 +124,21 @@ class _ApiClient(httpx.AsyncClient):
     `next_request`, an error's `request`) is a copy without them, so `raise_for_status()`'s message, a logged
     `response.request.url` or `.headers` show no token or key. The first response hook makes the copy: the auth flow
     and the redirect handling keep the request as sent (httpx builds a redirect from its own variable, not from
-    `response.request`), and the host's own response hooks see the copy already."""
+    `response.request`), and the host's own response hooks see the copy already. The host's request hooks run after
+    the auth flow wrote the secret: the first request hook takes it out, the transport puts it back."""
 
-    def __init__(self, *, secret_headers: Collection[str], secret_parameters: Collection[str], **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        secret_headers: Collection[str],
+        secret_parameters: Collection[str],
+        transport: _ApiTransport,
+        **kwargs: Any,
+    ) -> None:
         self._secret_headers = frozenset(name.lower() for name in secret_headers)
         self._secret_parameters = tuple(secret_parameters)
-        super().__init__(**kwargs)
+        self._api_transport = transport
+        super().__init__(transport=transport, **kwargs)
         self.event_hooks = self._event_hooks
 
     @property
@@ -96,11 +147,16 @@ class _ApiClient(httpx.AsyncClient):
 
     @event_hooks.setter
     def event_hooks(self, event_hooks: Mapping[str, list[Any]]) -> None:
-        given = [hook for hook in event_hooks.get("response", []) if hook != self._redact_response]
+        requests = [hook for hook in event_hooks.get("request", []) if hook != self._hide_request]
+        responses = [hook for hook in event_hooks.get("response", []) if hook != self._redact_response]
         self._event_hooks = {
-            "request": list(event_hooks.get("request", [])),
-            "response": [self._redact_response, *given],
+            "request": [self._hide_request, *requests],
+            "response": [self._redact_response, *responses],
         }
+
+    async def _hide_request(self, request: httpx.Request) -> None:
+        if len(self._event_hooks["request"]) > 1:  # only the host's hooks would see it
+            self._api_transport.hide(request)
 
     async def _redact_response(self, response: httpx.Response) -> None:
         response.request = self._redacted(response.request)
@@ -273,7 +329,7 @@ class ProviderHttp:
         if given is None:
             self.client(name)
         inner = self._pools[name] if given is None else given
-        transport = _ApiTransport(inner, httpx.URL(base_url), secret_headers, lent=given is None)
+        transport = _ApiTransport(inner, httpx.URL(base_url), secret_headers, secret_parameters, lent=given is None)
         kwargs.setdefault("timeout", self.settings.timeout)
         return _ApiClient(
             secret_headers=secret_headers,
