@@ -114,7 +114,8 @@ class Rig:
 
 def api_entries(base: str) -> dict[str, dict[str, object]]:
     """`bearer`: the token in Authorization; `shop`: in the API's own header, as Shopify's entry has it; `keyed`: a
-    credential entry's API key in X-Api-Key; `in_query`: one in the query parameter api_token (as Pipedrive's)."""
+    credential entry's API key in X-Api-Key; `in_query`: one in the query parameter api_token (as Pipedrive's);
+    `sited`: as `bearer`, its API base named by a per-connection value (the grant's, so read from its tokens)."""
     bearer = {
         "display_name": "Recorded API",
         "authorization_endpoint": f"{base}/authorize",
@@ -124,7 +125,9 @@ def api_entries(base: str) -> dict[str, dict[str, object]]:
     shop = {**bearer, "api_token_header": "X-Shop-Token", "api_token_prefix": ""}
     keyed = MockKeyedApi(base_url=f"{base}/api", header="X-Api-Key", template="{key}").catalog_entry()
     in_query = MockKeyedApi(base_url=f"{base}/api", style="query", parameter="api_token").catalog_entry()
-    return {"bearer": bearer, "shop": shop, "keyed": keyed, "in_query": in_query}
+    site = {"source": "agent", "pattern": "^[a-z]+$", "description": "the site", "example": "api"}
+    sited = {**bearer, "api_base_url": f"{base}/{{site}}", "connection": {"site": site}}
+    return {"bearer": bearer, "shop": shop, "keyed": keyed, "in_query": in_query, "sited": sited}
 
 
 @asynccontextmanager
@@ -136,7 +139,7 @@ async def rigged(deploy_with: Deploy, tmp_path: Path, env: dict[str, str], **lim
         entries = api_entries(base)
         settings = {f"CONNECTOR_API__{name.upper()}": value for name, value in limits.items()}
         settings["CONNECTOR_PROVIDERS__CATALOG"] = str(write_catalog(tmp_path / "recorded.toml", entries))
-        for name in ("bearer", "shop"):
+        for name in ("bearer", "shop", "sited"):
             settings[f"CONNECTOR_PROVIDER_{name.upper()}_CLIENT_ID"] = "recorded-client"
             settings[f"CONNECTOR_PROVIDER_{name.upper()}_CLIENT_SECRET"] = "recorded-secret"
         async with deploy_with(**settings) as deployment:
@@ -321,12 +324,13 @@ async def test_a_grant_the_vault_cannot_decrypt_is_503_grant_unreadable(
 ) -> None:
     """A grant under a key no longer in the ring (`gone`), or one that does not decrypt under the ring's key of its
     id (`k1`, another key of that id): the operator's misconfiguration, not the agent's. The proxy answers 503
-    grant_unreadable (it was a 500) and logs the grant and its key id; nothing goes to the API."""
+    grant_unreadable (it was a 500) and logs the grant and its key id; nothing goes to the API. The grants listing
+    still lists them (it was a 500 for an entry whose per-connection values it shows: `sited`)."""
     store = rig.deployment.connector.runtime.store
     user = Identity("https://login.example.com", "unreadable")
     other_key = generate_key(key)
     grants = {}
-    for name in ("bearer", "keyed"):
+    for name in ("bearer", "keyed", "sited"):
         api_key = TOKEN if name == "keyed" else None
         grants[name] = await seed_grant(store, other_key, user, name, TOKEN, api_key=api_key)
         await seed_grant(store, other_key, user, name, TOKEN, "embedded", api_key=api_key)
@@ -340,6 +344,14 @@ async def test_a_grant_the_vault_cannot_decrypt_is_503_grant_unreadable(
         assert len(warned) == 1 and f"key {key}" in warned[0], warned
         assert ("not in the vault's key ring" in warned[0]) == (key == "gone")
         assert grant.token_ciphertext.hex() not in warned[0]
+    async with httpx.AsyncClient(timeout=10) as client:  # the listing lists them ("sited" without its values)
+        listed = await client.get(
+            f"{rig.deployment.base_url}/v1/grants",
+            params={"issuer": user.issuer, "subject": user.subject},
+            headers={"Authorization": f"Bearer {rig.key}"},
+        )
+    assert listed.status_code == 200
+    assert {g["grantId"] for g in listed.json()["grants"]} == {g.id for g in grants.values()}
     assert not [r for r in captured_logs.records if r.levelno >= logging.ERROR]
     if key == "gone":  # the embedded connector says so when the client is asked for, before any request
         for name in grants:
@@ -347,10 +359,10 @@ async def test_a_grant_the_vault_cannot_decrypt_is_503_grant_unreadable(
                 async with rig.deployment.connector.http(user, name):
                     pass
             assert raised.value.code == "grant_unreadable" and "key gone" in str(raised.value)
-    else:  # with its key in the ring, at the first request (the token is decrypted then)
+    else:  # with its key in the ring, when it is decrypted (for "sited", its API base; else the first request)
         for name in grants:
-            async with rig.deployment.connector.http(user, name) as api:
-                with pytest.raises(VaultError):
+            with pytest.raises(VaultError):
+                async with rig.deployment.connector.http(user, name) as api:
                     await api.get("echo")
     assert rig.api.requests == []
 
