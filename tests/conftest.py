@@ -154,13 +154,21 @@ def keyed() -> MockKeyedApi:
 def no_stray_log_handlers() -> Iterator[None]:
     """What a test's `configure()` (the CLI run in-process, a served app) adds to the root logger goes with the test:
     a handler left writing to that test's captured stderr, closed afterwards, would turn every later log line into
-    a "Logging error" traceback. pytest's own capture handlers (subclasses) are pytest's to manage."""
+    a "Logging error" traceback. pytest's own capture handlers (subclasses) are pytest's to manage. So do the levels
+    it sets (`httpx`, `alembic`, the CLI's `service.audit` at WARNING): a later test capturing INFO would see nothing
+    of those loggers, depending on which tests ran before it in its process."""
     root = logging.getLogger()
     before, level = list(root.handlers), root.level
+    levels = {
+        name: logger.level for name, logger in root.manager.loggerDict.items() if isinstance(logger, logging.Logger)
+    }
     yield
     for handler in [h for h in root.handlers if type(h) is logging.StreamHandler and h not in before]:
         root.removeHandler(handler)
     root.setLevel(level)
+    for name, logger in list(root.manager.loggerDict.items()):
+        if isinstance(logger, logging.Logger) and logger.level != levels.get(name, logging.NOTSET):
+            logger.setLevel(levels.get(name, logging.NOTSET))
 
 
 @pytest.fixture
