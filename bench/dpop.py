@@ -30,8 +30,8 @@ from pathlib import Path
 
 import httpx
 
-from bench.harness import connector_env, free_port, machine, percentile
-from bench.proxy import BLOCK, latencies, wait_up
+from bench.harness import connector_env, free_port, machine, percentile, wait_until_up
+from bench.proxy import BLOCK, latencies
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "bench-access-token"  # noqa: S105 - what the fake provider accepts as a Bearer token
@@ -160,8 +160,8 @@ async def main(calls: int) -> None:
             ),
         }  # fmt: skip
         try:
-            await wait_up(f"{upstream}/plain/small")
-            await wait_up(f"http://127.0.0.1:{port}/healthz")
+            await wait_until_up(f"{upstream}/plain/small", within=60)
+            await wait_until_up(f"http://127.0.0.1:{port}/healthz", within=60)
             proxy_headers = {
                 "Authorization": f"Bearer {api_key}",
                 "Connector-User-Issuer": USER[0],

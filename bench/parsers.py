@@ -15,8 +15,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.harness import connector_env, free_port
-from bench.proxy import seed, server_missing, wait_up
+from bench.harness import connector_env, free_port, wait_until_up
+from bench.proxy import seed, server_missing
 
 MALFORMED = {
     "a control character in a header value": b"GET /v1/grants HTTP/1.1\r\nHost: x\r\nIdempotency-Key: a\x01b\r\n\r\n",
@@ -100,7 +100,7 @@ async def main() -> None:
             try:
                 for name, port in ports.items():
                     try:
-                        await wait_up(f"http://127.0.0.1:{port}/healthz")
+                        await wait_until_up(f"http://127.0.0.1:{port}/healthz", within=60)
                     except RuntimeError:
                         output = (Path(tmp) / "servers.log").read_text(errors="replace")[-2000:]
                         raise SystemExit(f"{name} did not come up; the servers' output ends:\n{output}") from None
