@@ -32,6 +32,7 @@ from service.vault import KeyRing, Vault, generate_key
 
 from .conftest import fresh_postgres_database
 from .migration_support import legacy_tokens, seed_grant, stored_set
+from .test_replicas import run_replicas
 
 REPO = Path(__file__).resolve().parents[1]
 CLI = (sys.executable, "-m", "service.cli")
@@ -234,34 +235,8 @@ async def test_two_replicas_using_one_legacy_grant_at_once_exchange_it_once(setu
     config = setup.tmp / "connector.toml"
     config.write_text("# every setting comes from the environment\n")
     env = {**process_env(setup), "CONNECTOR_CONFIG": str(config)}
-    procs = [
-        await asyncio.create_subprocess_exec(
-            *(sys.executable, "-m", "tests.replica_worker", "20", ISSUER, "user-0", "shopify"),
-            cwd=REPO,
-            env=env,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        for _ in range(2)
-    ]
-    try:
-        for proc in procs:
-            assert proc.stdout is not None
-            assert (await asyncio.wait_for(proc.stdout.readline(), 180)).strip() == b"ready"
-        for proc in procs:
-            assert proc.stdin is not None
-            proc.stdin.write(b"go\n")
-            await proc.stdin.drain()
-        outputs = await asyncio.wait_for(asyncio.gather(*(proc.communicate() for proc in procs)), 120)
-    finally:
-        for proc in procs:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
-    for proc, (out, err) in zip(procs, outputs, strict=True):
-        assert proc.returncode == 0, err.decode()
-        assert out.decode().strip().splitlines()[-1] == '{"statuses": {"200": 20}, "errors": {}}'
+    results = await run_replicas(env, 2, 20, user(0), "shopify")
+    assert results == [{"statuses": {"200": 20}, "errors": {}}] * 2
     assert mock.legacy.exchanges == {token: 1}
     stored = await setup.store.grants.get(grant.id)
     assert stored is not None

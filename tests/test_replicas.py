@@ -28,7 +28,7 @@ from acp import text_block
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from service import ElicitationStatus
+from service import ElicitationStatus, Identity
 from service.config import ReplicaSettings
 from service.core.handles import grant_aad
 from service.core.records import TokenSet
@@ -114,17 +114,18 @@ async def expire_stored_tokens(deployment: Deployment) -> TokenSet:
     return expired
 
 
-async def run_replicas(env: dict[str, str], count: int, uses: int) -> list[dict[str, dict[str, int]]]:
-    """Start `count` replica processes, let them all start using the grant at once, and collect their results."""
+async def run_replicas(
+    env: dict[str, str], count: int, uses: int, user: Identity = ALICE, provider: str | None = None
+) -> list[dict[str, dict[str, int]]]:
+    """Start `count` replica processes, let them all start using `user`'s grant (at `provider`, github by default)
+    at once, and collect their results."""
     process_env = {**os.environ, **env, "PYTHONPATH": str(REPO)}
+    worker = ("tests.replica_worker", str(uses), user.issuer, user.subject, *([provider] if provider else []))
     procs = [
         await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "tests.replica_worker",
-            str(uses),
-            ALICE.issuer,
-            ALICE.subject,
+            *worker,
             cwd=REPO,
             env=process_env,
             stdin=asyncio.subprocess.PIPE,
