@@ -9,7 +9,6 @@ thin facade: the work is done by the parts `service.app` wires (`runtime`).
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -19,7 +18,7 @@ import httpx
 
 from .acp import AcpAuthorizer, AgentCalls
 from .config import Settings, load_settings
-from .core.errors import GrantUnreadable, NotAuthorized
+from .core.errors import NotAuthorized
 from .core.events import ElicitationEvent, Event, GrantEvent
 from .core.identity import Identity
 from .core.outcomes import GrantInfo
@@ -27,8 +26,6 @@ from .core.records import ElicitationRecord
 from .core.tenants import EMBEDDED_TENANT
 from .tokens import grant_auth, secret_headers
 from .util.clock import Clock
-
-log = logging.getLogger("service.connector")
 
 if TYPE_CHECKING:
     from starlette.applications import Starlette
@@ -163,9 +160,7 @@ class Connector(AgentCalls):
             which = "" if account is None else " for that account"
             raise NotAuthorized(f"{user} has no {resolved.display_name} grant{which} with scopes {list(scopes)}")
         if grant.token_key_id not in runtime.vault.ring:  # the operator's to fix: said before any request
-            unreadable = GrantUnreadable(grant.id, grant.provider, grant.token_key_id, key_in_ring=False)
-            log.warning("%s", unreadable)
-            raise unreadable
+            raise runtime.tokens.unreadable(grant)
         resolved = runtime.tokens.bound(grant, resolved)  # the API base may be the grant's (an instance URL)
         auth = grant_auth(runtime.tokens, grant.id, resolved)
         secrets = secret_headers(resolved)

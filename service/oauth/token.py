@@ -178,14 +178,7 @@ async def refresh(
         raise _token_error(
             entry, "to a refresh has no new refresh token (this provider's refresh tokens rotate)", "refresh_token"
         )
-    fresh = replace(
-        fresh,
-        refresh_token=fresh.refresh_token or token.refresh_token,
-        connection={**token.connection, **fresh.connection},
-    )
-    if fresh.scopes is None:
-        return replace(fresh, scopes=token.scopes)
-    return with_granted_names(fresh, entry)
+    return _carried_over(replace(fresh, refresh_token=fresh.refresh_token or token.refresh_token), token, entry)
 
 
 def is_legacy(entry: ResolvedProvider, token: TokenSet) -> bool:
@@ -223,6 +216,12 @@ async def migrate_legacy(
         raise _token_error(entry, "to a token migration has no refresh token", "refresh_token")
     if fresh.expires_at is None:
         raise _token_error(entry, "to a token migration has no expiry", "expires")
+    return _carried_over(fresh, token, entry)
+
+
+def _carried_over(fresh: TokenSet, token: TokenSet, entry: ResolvedProvider) -> TokenSet:
+    """`fresh`, renewing `token`, with the connection's values and (when the answer names none) the scopes of
+    `token` carried over."""
     fresh = replace(fresh, connection={**token.connection, **fresh.connection})
     if fresh.scopes is None:
         return replace(fresh, scopes=token.scopes)

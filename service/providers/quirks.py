@@ -129,10 +129,8 @@ class LegacyTokenExchange(_Table):
     migrated, with no user, to an expiring token and a refresh token: an RFC 8693 token exchange at the token
     endpoint, the stored access token as the subject token (Shopify's migration to expiring offline tokens)."""
 
-    subject_token_type: StrictStr = Field(min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$")
-    requested_token_type: StrictStr | None = Field(
-        default=None, min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$"
-    )
+    subject_token_type: StrictStr = Field(min_length=1, max_length=200, pattern=_TOKEN_TYPE)
+    requested_token_type: StrictStr | None = Field(default=None, min_length=1, max_length=200, pattern=_TOKEN_TYPE)
     encoding: RequestEncoding = "form"  # RFC 8693 §2.1 is a form; a provider's own library may send JSON
     params: dict[StrictStr, StrictStr] = {}  # extra parameters of the exchange (Shopify's expiring = "1")
 

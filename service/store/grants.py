@@ -155,15 +155,12 @@ class GrantRepository:
         the serving one).
         """
         if self._db.dialect != "postgresql":
-            if self._file_locks is None:
-                found = await self.get(id)
-                yield None if found is None else LockedGrant(found, self, None)
-                return
             async with AsyncExitStack() as held:
-                try:
-                    await held.enter_async_context(self._file_locks.hold(id))
-                except TimeoutError:
-                    raise _refresh_busy() from None
+                if self._file_locks is not None:
+                    try:  # only the lock's wait: what the block raises passes as it is
+                        await held.enter_async_context(self._file_locks.hold(id))
+                    except TimeoutError:
+                        raise _refresh_busy() from None
                 found = await self.get(id)
                 yield None if found is None else LockedGrant(found, self, None)
             return

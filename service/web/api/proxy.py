@@ -30,7 +30,6 @@ from service.core.errors import (
     ConnectorError,
     FlowRefused,
     GrantNeedsUser,
-    GrantUnreadable,
     NotAuthorized,
     ProviderError,
     ProviderUnavailable,
@@ -250,13 +249,8 @@ class ProxyRoute:
         return provider, grant, target_url(provider.api_base_url, rest, query)
 
     def _unreadable(self, grant: GrantRecord) -> FlowRefused:
-        """A grant the vault cannot decrypt: the operator's to fix, told in the log by ids (never the ciphertext),
-        and 503 `grant_unreadable` to the agent."""
-        key_id = grant.token_key_id
-        log.warning(
-            "%s", GrantUnreadable(grant.id, grant.provider, key_id, key_in_ring=key_id in self.tokens.vault.ring)
-        )
-        return FlowRefused("grant_unreadable")
+        """A grant the vault cannot decrypt: the operator's to fix (told in the log), 503 `grant_unreadable` here."""
+        return FlowRefused(self.tokens.unreadable(grant).code)
 
     def _small(self, response: httpx.Response) -> bool:
         """Whether the response declares a body small enough to read whole (and within the size limit)."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -14,7 +13,7 @@ from starlette.responses import Response
 
 from service.core.agent_api import AgentApi, Created
 from service.core.answers import AnswerKind, ClientAnswer
-from service.core.errors import FlowRefused, GrantUnreadable, VaultError
+from service.core.errors import FlowRefused, VaultError
 from service.core.outcomes import AuthorizationOutcome, GrantInfo, StopCause
 from service.core.records import ApiElicitationRecord, ApiKeyRecord, ElicitationRecord, GrantRecord
 from service.core.scopes import ElicitationScope, RequestScope, SessionScope
@@ -23,8 +22,6 @@ from service.tokens import TokenAccess
 from ..inputs import invalid
 from . import models
 from .io import answer, caller, identity_of, query_text, read_model
-
-log = logging.getLogger("service.web")
 
 _ANSWERS = {
     "accept": AnswerKind.ACCEPT,
@@ -247,10 +244,7 @@ class ElicitationRoutes:
         try:
             connection = self.tokens.shown_connection(grant)
         except VaultError:  # the operator's to fix (its use is 503 grant_unreadable): listed without those values
-            key_id = grant.token_key_id
-            log.warning(
-                "%s", GrantUnreadable(grant.id, grant.provider, key_id, key_in_ring=key_id in self.tokens.vault.ring)
-            )
+            self.tokens.unreadable(grant)
             connection = {}
         return grant_model(grant, elicitations.display_name(grant.provider), elicitations.now(), connection)
 
