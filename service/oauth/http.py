@@ -52,14 +52,35 @@ class HttpSettings:
         )
 
 
-class _Hidden:
-    """A request's secret headers and query parameters while the host application's request hooks run."""
+@dataclass(frozen=True, slots=True)
+class _Taken:
+    """What `_Secrets.take` found in a request: its URL without the secret parameters, and the items taken out."""
+
+    url: httpx.URL
+    headers: list[tuple[str, str]]
+    parameters: list[tuple[str, str]]
+
+
+class _Secrets:
+    """Where a grant's auth writes its secret into a request: headers (`secret_headers`, any case) and query
+    parameters (a credential entry's)."""
 
     __slots__ = ("headers", "parameters")
 
-    def __init__(self, headers: list[tuple[str, str]], parameters: list[tuple[str, str]]) -> None:
-        self.headers = headers
-        self.parameters = parameters
+    def __init__(self, headers: Collection[str], parameters: Collection[str]) -> None:
+        self.headers = frozenset(name.lower() for name in headers)
+        self.parameters = tuple(parameters)
+
+    def take(self, request: httpx.Request) -> _Taken | None:
+        """The secret items of `request` and its URL without them (None when it holds none); `request` unchanged."""
+        url = request.url
+        parameters = [(name, value) for name in self.parameters if url.query for value in url.params.get_list(name)]
+        headers = [(name, value) for name, value in request.headers.multi_items() if name in self.headers]
+        if not parameters and not headers:
+            return None
+        for name in dict(parameters):
+            url = url.copy_remove_param(name)
+        return _Taken(url, headers, parameters)
 
 
 class _ApiTransport(httpx.AsyncBaseTransport):
@@ -68,42 +89,28 @@ class _ApiTransport(httpx.AsyncBaseTransport):
     What `hide` took out of a request (for the host's request hooks) is put back here, for the API's origin only.
     A provider's pool is lent (`lent`): closing the client does not close the pool."""
 
-    def __init__(
-        self,
-        inner: httpx.AsyncBaseTransport,
-        origin: httpx.URL,
-        secret_headers: Collection[str],
-        secret_parameters: Collection[str],
-        *,
-        lent: bool,
-    ) -> None:
+    def __init__(self, inner: httpx.AsyncBaseTransport, origin: httpx.URL, secrets: _Secrets, *, lent: bool) -> None:
         self._inner = inner
         self._home = (origin.scheme, origin.host, origin.port)
-        self._secret_headers = frozenset(name.lower() for name in secret_headers)
-        self._secret_parameters = tuple(secret_parameters)
+        self._secrets = secrets
         self._lent = lent
-        self._hidden: weakref.WeakKeyDictionary[httpx.Request, _Hidden] = weakref.WeakKeyDictionary()
+        self._hidden: weakref.WeakKeyDictionary[httpx.Request, _Taken] = weakref.WeakKeyDictionary()
 
     def hide(self, request: httpx.Request) -> None:
         """Take the secret out of `request` until it is sent (the host's request hooks see it without)."""
-        url = request.url
-        parameters = [
-            (name, value) for name in self._secret_parameters if url.query for value in url.params.get_list(name)
-        ]
-        for name in dict(parameters):
-            url = url.copy_remove_param(name)
-        request.url = url
-        headers = [(name, value) for name, value in request.headers.multi_items() if name in self._secret_headers]
-        for name in dict(headers):
+        taken = self._secrets.take(request)
+        if taken is None:
+            return
+        request.url = taken.url
+        for name in dict(taken.headers):
             del request.headers[name]
-        if headers or parameters:
-            self._hidden[request] = _Hidden(headers, parameters)
+        self._hidden[request] = taken
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         url = request.url
         hidden = self._hidden.pop(request, None)
         if (url.scheme, url.host, url.port) != self._home:
-            for name in self._secret_headers:
+            for name in self._secrets.headers:
                 request.headers.pop(name, None)
         elif hidden is not None:
             for name, value in hidden.headers:
@@ -127,16 +134,8 @@ class _ApiClient(httpx.AsyncClient):
     `response.request`), and the host's own response hooks see the copy already. The host's request hooks run after
     the auth flow wrote the secret: the first request hook takes it out, the transport puts it back."""
 
-    def __init__(
-        self,
-        *,
-        secret_headers: Collection[str],
-        secret_parameters: Collection[str],
-        transport: _ApiTransport,
-        **kwargs: Any,
-    ) -> None:
-        self._secret_headers = frozenset(name.lower() for name in secret_headers)
-        self._secret_parameters = tuple(secret_parameters)
+    def __init__(self, *, secrets: _Secrets, transport: _ApiTransport, **kwargs: Any) -> None:
+        self._secrets = secrets
         self._api_transport = transport
         super().__init__(transport=transport, **kwargs)
         self.event_hooks = self._event_hooks
@@ -174,18 +173,17 @@ class _ApiClient(httpx.AsyncClient):
 
     def _redacted(self, request: httpx.Request) -> httpx.Request:
         """`request` without the secret headers and query parameters (`request` itself when it has none)."""
-        url = request.url
-        parameters = [name for name in self._secret_parameters if name in url.params] if url.query else ()
-        raw = request.headers.raw
-        if not parameters and not any(name.decode("latin-1").lower() in self._secret_headers for name, _ in raw):
+        taken = self._secrets.take(request)
+        if taken is None:
             return request
-        for name in parameters:
-            url = url.copy_remove_param(name)
+        secret = self._secrets.headers
         headers = httpx.Headers(
-            [(name, value) for name, value in raw if name.decode("latin-1").lower() not in self._secret_headers],
+            [(name, value) for name, value in request.headers.raw if name.decode("latin-1").lower() not in secret],
             encoding=request.headers.encoding,
         )
-        copy = httpx.Request(request.method, url, headers=headers, stream=request.stream, extensions=request.extensions)
+        copy = httpx.Request(
+            request.method, taken.url, headers=headers, stream=request.stream, extensions=request.extensions
+        )
         if isinstance(request.stream, httpx.ByteStream):
             copy.read()  # its `content`, as the request's
         return copy
@@ -329,16 +327,10 @@ class ProviderHttp:
         if given is None:
             self.client(name)
         inner = self._pools[name] if given is None else given
-        transport = _ApiTransport(inner, httpx.URL(base_url), secret_headers, secret_parameters, lent=given is None)
+        secrets = _Secrets(secret_headers, secret_parameters)
+        transport = _ApiTransport(inner, httpx.URL(base_url), secrets, lent=given is None)
         kwargs.setdefault("timeout", self.settings.timeout)
-        return _ApiClient(
-            secret_headers=secret_headers,
-            secret_parameters=secret_parameters,
-            base_url=base_url,
-            auth=auth,
-            transport=transport,
-            **kwargs,
-        )
+        return _ApiClient(secrets=secrets, base_url=base_url, auth=auth, transport=transport, **kwargs)
 
     async def send_bare(
         self, name: str, request: httpx.Request, auth: httpx.Auth, *, deadline: float, max_401_bytes: int
