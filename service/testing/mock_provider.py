@@ -10,6 +10,8 @@ fails), `offline_access` is dropped without `prompt=consent` and refresh tokens 
 `narrow_scopes` are refused at consent (a narrowed grant), access tokens live 30 seconds, and its client secret
 contains `+/=:`. `MockOIDCProvider.strict()` also returns an ID token on refresh.
 
+The endpoint logic works on plain `MockRequest` / `MockResponse` values (`mock_http`); `mock_serving` puts it on a
+transport: a respx router in-process, or uvicorn on loopback (`acp-connector mock-provider --port N` standalone).
 `issue_legacy_token()` hands out a legacy grant's token, migrated by a token exchange (`mock_legacy`).
 """
 
