@@ -24,7 +24,7 @@ from .core.identity import Identity
 from .core.outcomes import GrantInfo
 from .core.records import ElicitationRecord
 from .core.tenants import EMBEDDED_TENANT
-from .tokens import grant_auth, secret_headers
+from .tokens import grant_auth, secret_headers, unreadable_error
 from .util.clock import Clock
 
 if TYPE_CHECKING:
@@ -160,7 +160,7 @@ class Connector(AgentCalls):
             which = "" if account is None else " for that account"
             raise NotAuthorized(f"{user} has no {resolved.display_name} grant{which} with scopes {list(scopes)}")
         if grant.token_key_id not in runtime.vault.ring:  # the operator's to fix: said before any request
-            raise runtime.tokens.unreadable(grant)
+            raise unreadable_error(grant, runtime.vault)
         resolved = runtime.tokens.bound(grant, resolved)  # the API base may be the grant's (an instance URL)
         auth = grant_auth(runtime.tokens, grant.id, resolved)
         secrets = secret_headers(resolved)

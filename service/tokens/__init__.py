@@ -5,7 +5,7 @@ headers they write it into), and `ProactiveRefresh` (tokens of grants in use ref
 from .access import REFRESH_AHEAD_MAX_SECONDS, REFRESH_AHEAD_SHARE, TokenAccess, refresh_margin
 from .auth import CredentialAuth, GrantAuth, api_origin, grant_auth, secret_headers
 from .proactive import ProactiveRefresh
-from .refresh import EventBus, grant_aad_of
+from .refresh import EventBus, grant_aad_of, unreadable_error
 
 __all__ = [
     "REFRESH_AHEAD_MAX_SECONDS",
@@ -20,4 +20,5 @@ __all__ = [
     "grant_auth",
     "refresh_margin",
     "secret_headers",
+    "unreadable_error",
 ]

@@ -14,7 +14,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime
 
 from service.core.coverage import find_grant
-from service.core.errors import ConnectorError, GrantUnreadable, NotAuthorized, ProviderError
+from service.core.errors import ConnectorError, NotAuthorized, ProviderError
 from service.core.events import Event, GrantChange, GrantChanged, GrantEvent, GrantEventKind
 from service.core.health import HealthReason, RefreshBackoff
 from service.core.identity import Identity
@@ -156,15 +156,6 @@ class TokenAccess:
     # -- tokens ----------------------------------------------------------------------------------------------
     def decrypt(self, grant: GrantRecord) -> TokenSet:
         return self.refresher.decrypt(grant)
-
-    def unreadable(self, grant: GrantRecord) -> GrantUnreadable:
-        """The error for a grant this vault cannot decrypt, logged for the operator (ids only, never the ciphertext):
-        its key left the ring, or its ciphertext does not open under that key."""
-        error = GrantUnreadable(
-            grant.id, grant.provider, grant.token_key_id, key_in_ring=grant.token_key_id in self.vault.ring
-        )
-        log.warning("%s", error)
-        return error
 
     def dpop(self, grant_id: str) -> Dpop | None:
         """The DPoP key (and the providers' nonces) of the grant's token as last handed out by `access_token`; None

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from service.core.errors import GrantNeedsUser, NotAuthorized, ProviderError, ProviderUnavailable
+from service.core.errors import GrantNeedsUser, GrantUnreadable, NotAuthorized, ProviderError, ProviderUnavailable
 from service.core.events import Event, GrantChange, GrantChanged, GrantEvent, GrantEventKind
 from service.core.handles import grant_aad
 from service.core.health import HealthReason, RefreshBackoff, reason_sentence
@@ -75,6 +75,14 @@ def needs_user_error(grant: GrantRecord, display_name: str, reason: str | None) 
     code = reason or HealthReason.REVOKED.value
     sentence = reason_sentence(code, display_name) or f"the {display_name} access can no longer be used"
     return GrantNeedsUser(display_name, grant_id=grant.id, reason=code, sentence=sentence)
+
+
+def unreadable_error(grant: GrantRecord, vault: Vault) -> GrantUnreadable:
+    """The error for a grant `vault` cannot decrypt, logged for the operator (ids only, never the ciphertext): its
+    key left the ring, or its ciphertext does not open under that key."""
+    error = GrantUnreadable(grant.id, grant.provider, grant.token_key_id, key_in_ring=grant.token_key_id in vault.ring)
+    log.warning("%s", error)
+    return error
 
 
 class Refresher:

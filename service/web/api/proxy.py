@@ -39,7 +39,7 @@ from service.core.errors import (
 from service.core.identity import Identity
 from service.core.records import GrantRecord
 from service.oauth import AnswerTooLarge, ProviderGateway, ResolvedProvider
-from service.tokens import TokenAccess, api_origin, grant_auth
+from service.tokens import TokenAccess, api_origin, grant_auth, unreadable_error
 from service.version import __version__
 
 from ..inputs import read_body
@@ -250,7 +250,7 @@ class ProxyRoute:
 
     def _unreadable(self, grant: GrantRecord) -> FlowRefused:
         """A grant the vault cannot decrypt: the operator's to fix (told in the log), 503 `grant_unreadable` here."""
-        return FlowRefused(self.tokens.unreadable(grant).code)
+        return FlowRefused(unreadable_error(grant, self.tokens.vault).code)
 
     def _small(self, response: httpx.Response) -> bool:
         """Whether the response declares a body small enough to read whole (and within the size limit)."""

@@ -17,7 +17,7 @@ from service.core.errors import FlowRefused, VaultError
 from service.core.outcomes import AuthorizationOutcome, GrantInfo, StopCause
 from service.core.records import ApiElicitationRecord, ApiKeyRecord, ElicitationRecord, GrantRecord
 from service.core.scopes import ElicitationScope, RequestScope, SessionScope
-from service.tokens import TokenAccess
+from service.tokens import TokenAccess, unreadable_error
 
 from ..inputs import invalid
 from . import models
@@ -244,7 +244,7 @@ class ElicitationRoutes:
         try:
             connection = self.tokens.shown_connection(grant)
         except VaultError:  # the operator's to fix (its use is 503 grant_unreadable): listed without those values
-            self.tokens.unreadable(grant)
+            unreadable_error(grant, self.tokens.vault)
             connection = {}
         return grant_model(grant, elicitations.display_name(grant.provider), elicitations.now(), connection)
 
